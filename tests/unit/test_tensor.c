@@ -1,0 +1,88 @@
+#include "strata/error.h"
+#include "strata/rng.h"
+#include "strata/tensor.h"
+#include "test_util.h"
+
+#include <math.h>
+#include <string.h>
+
+static void test_list_add_find(void)
+{
+    strata_tensor_list l;
+    strata_tensor_list_init(&l);
+    int64_t s1[2] = {3, 4}, s2[1] = {5};
+    float v[5] = {1, 2, 3, 4, 5};
+    CU_ASSERT_EQUAL(strata_tensor_list_add(&l, "a.weight", 2, s1, NULL), STRATA_OK);
+    CU_ASSERT_EQUAL(strata_tensor_list_add(&l, "a.bias", 1, s2, v), STRATA_OK);
+    CU_ASSERT_EQUAL(strata_tensor_list_add(&l, "a.bias", 1, s2, v), STRATA_EINVAL);
+    CU_ASSERT_EQUAL(strata_tensor_list_add(&l, "", 1, s2, v), STRATA_EINVAL);
+    int64_t bad[1] = {0};
+    CU_ASSERT_EQUAL(strata_tensor_list_add(&l, "z", 1, bad, NULL), STRATA_EINVAL);
+    CU_ASSERT_EQUAL(l.count, 2);
+    CU_ASSERT_EQUAL(strata_tensor_list_numel(&l), 17);
+    strata_tensor *b = strata_tensor_list_find(&l, "a.bias");
+    CU_ASSERT_PTR_NOT_NULL_FATAL(b);
+    CU_ASSERT_EQUAL(b->data[4], 5.0f);
+    CU_ASSERT_EQUAL(strata_tensor_list_find(&l, "a.weight")->data[11], 0.0f);
+    CU_ASSERT_PTR_NULL(strata_tensor_list_find(&l, "nope"));
+
+    strata_tensor_list c;
+    strata_tensor_list_init(&c);
+    CU_ASSERT_EQUAL(strata_tensor_list_copy(&c, &l), STRATA_OK);
+    CU_ASSERT(strata_tensor_list_same_layout(&c, &l));
+    CU_ASSERT_EQUAL(memcmp(c.items[1].data, v, sizeof(v)), 0);
+    char buf[64];
+    strata_tensor_shape_str(&c.items[0], buf, sizeof(buf));
+    CU_ASSERT_STRING_EQUAL(buf, "[3, 4]");
+    strata_tensor_list_cleanup(&c);
+    strata_tensor_list_cleanup(&l);
+}
+
+static void test_shape_overflow(void)
+{
+    int64_t huge[4] = {1LL << 40, 1LL << 40, 2, 2};
+    size_t n;
+    CU_ASSERT_EQUAL(strata_shape_numel(4, huge, &n), STRATA_ETOOBIG);
+    CU_ASSERT_EQUAL(strata_shape_numel(5, huge, &n), STRATA_EINVAL);
+}
+
+static void test_rng_reproducible_and_moments(void)
+{
+    strata_rng a, b;
+    strata_rng_seed(&a, 42, 0);
+    strata_rng_seed(&b, 42, 0);
+    for (int i = 0; i < 100; i++)
+        CU_ASSERT_EQUAL(strata_rng_u64(&a), strata_rng_u64(&b));
+    strata_rng_seed(&b, 42, 1);
+    CU_ASSERT_NOT_EQUAL(strata_rng_u64(&a), strata_rng_u64(&b));
+    double sum = 0, sum2 = 0, gsum = 0;
+    const int n = 200000;
+    for (int i = 0; i < n; i++) {
+        double x = strata_rng_normal(&a);
+        sum += x;
+        sum2 += x * x;
+        gsum += strata_rng_gamma(&a, 0.5);
+    }
+    CU_ASSERT(fabs(sum / n) < 0.01);
+    CU_ASSERT(fabs(sum2 / n - 1.0) < 0.02);
+    CU_ASSERT(fabs(gsum / n - 0.5) < 0.01);
+}
+
+int main(void)
+{
+    CU_TestInfo tensor_tests[] = {
+        {"list add/find/copy", test_list_add_find},
+        {"shape overflow", test_shape_overflow},
+        CU_TEST_INFO_NULL,
+    };
+    CU_TestInfo rng_tests[] = {
+        {"reproducible, moments", test_rng_reproducible_and_moments},
+        CU_TEST_INFO_NULL,
+    };
+    CU_SuiteInfo suites[] = {
+        {"tensor", NULL, NULL, NULL, NULL, tensor_tests},
+        {"rng", NULL, NULL, NULL, NULL, rng_tests},
+        CU_SUITE_INFO_NULL,
+    };
+    return strata_test_run(suites);
+}
