@@ -1,0 +1,44 @@
+/* Client optimiser: SGD with momentum, Nesterov momentum, weight decay and
+ * the FedProx proximal term mu/2 * ||w - w_anchor||^2.
+ *
+ * Update per element (PyTorch's SGD, dampening 0):
+ *   g = grad + weight_decay * w + prox_mu * (w - anchor)
+ *   v = momentum * v + g                      (when momentum > 0)
+ *   g = nesterov ? g + momentum * v : v
+ *   w = w - lr * g
+ * The optimiser owns its momentum buffers; one thread at a time. */
+#ifndef STRATA_OPTIM_H
+#define STRATA_OPTIM_H
+
+#include "strata/error.h"
+#include "strata/tensor.h"
+
+typedef struct strata_sgd_config {
+    float lr;
+    float momentum;
+    float weight_decay;
+    float prox_mu;
+    int nesterov;
+} strata_sgd_config;
+
+typedef struct strata_sgd strata_sgd;
+
+/* Checks cfg (lr > 0, momentum in [0,1), weight_decay >= 0, prox_mu >= 0,
+ * nesterov needs momentum > 0) and creates an optimiser for parameters laid
+ * out like params (borrowed; only the layout is read). */
+int strata_sgd_new(const strata_tensor_list *params, const strata_sgd_config *cfg, strata_sgd **out,
+                   strata_diag *diag);
+void strata_sgd_free(strata_sgd *o);
+
+/* Sets the FedProx anchor (usually the global model the round started
+ * from); borrowed, must outlive the steps. NULL disables the term. The
+ * anchor must have the layout of params. */
+int strata_sgd_set_anchor(strata_sgd *o, const strata_tensor_list *anchor);
+
+/* Zeroes the momentum buffers (e.g. at the start of a federated round). */
+void strata_sgd_reset(strata_sgd *o);
+
+/* Applies one update to params from grads (same layout as at creation). */
+int strata_sgd_step(strata_sgd *o, strata_tensor_list *params, const strata_tensor_list *grads);
+
+#endif

@@ -1,0 +1,933 @@
+#include "strata/model.h"
+
+#include <cblas.h>
+#include <jansson.h>
+#include <math.h>
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MAX_LAYERS 64
+#define MAX_ARCH_BYTES (1u << 20)
+#define MAX_DIM_SIZE 65536
+
+typedef enum { L_LINEAR, L_CONV2D, L_MAXPOOL, L_RELU, L_FLATTEN, L_DROPOUT } layer_kind;
+
+typedef struct layer {
+    layer_kind kind;
+    int in_c, in_h, in_w; /* per-sample input geometry (flat: in_c features) */
+    int out_c, out_h, out_w;
+    size_t in_dim, out_dim;
+    int k, stride, pad; /* conv2d, maxpool2d */
+    int has_bias;
+    float p; /* dropout probability */
+    int w, b; /* indices into params/grads, -1 when absent */
+    float *cols; /* conv2d: im2col of the last forward, K x (B*P) */
+    int32_t *argmax; /* maxpool2d: flat input offset per output */
+    float *mask; /* dropout: scale per element of the last forward */
+} layer;
+
+struct strata_model {
+    char *arch;
+    int nlayers;
+    layer layers[MAX_LAYERS];
+    strata_tensor_list params, grads;
+    float mean, std;
+    size_t cap_batch; /* buffers sized for this many samples */
+    size_t batch; /* samples in the last forward */
+    float **act; /* act[i]: input of layer i; act[nlayers]: logits */
+    float *gbuf[2]; /* ping-pong gradient buffers */
+    float *scratch[2]; /* conv2d workspaces */
+    size_t max_dim, max_scratch;
+    float *probs; /* softmax of the last loss computation */
+    int input_grad;
+    float *dinput;
+};
+
+static const char MLP_JSON[] =
+    "{\"name\":\"mlp\",\"input\":[1,28,28],\"layers\":["
+    "{\"type\":\"flatten\"},"
+    "{\"type\":\"linear\",\"name\":\"fc1\",\"out_features\":200},{\"type\":\"relu\"},"
+    "{\"type\":\"linear\",\"name\":\"fc2\",\"out_features\":200},{\"type\":\"relu\"},"
+    "{\"type\":\"linear\",\"name\":\"fc3\",\"out_features\":10}]}";
+
+static const char CNN_JSON[] =
+    "{\"name\":\"cnn\",\"input\":[1,28,28],\"layers\":["
+    "{\"type\":\"conv2d\",\"name\":\"conv1\",\"out_channels\":32,\"kernel_size\":5,\"padding\":2},"
+    "{\"type\":\"relu\"},{\"type\":\"maxpool2d\",\"kernel_size\":2},"
+    "{\"type\":\"conv2d\",\"name\":\"conv2\",\"out_channels\":64,\"kernel_size\":5,\"padding\":2},"
+    "{\"type\":\"relu\"},{\"type\":\"maxpool2d\",\"kernel_size\":2},"
+    "{\"type\":\"flatten\"},"
+    "{\"type\":\"linear\",\"name\":\"fc1\",\"out_features\":512},{\"type\":\"relu\"},"
+    "{\"type\":\"linear\",\"name\":\"fc2\",\"out_features\":10}]}";
+
+const char *strata_model_builtin_json(const char *name)
+{
+    if (name == NULL)
+        return NULL;
+    if (strcmp(name, "mlp") == 0)
+        return MLP_JSON;
+    if (strcmp(name, "cnn") == 0)
+        return CNN_JSON;
+    return NULL;
+}
+
+int strata_set_threads(int threads)
+{
+    if (threads <= 0) {
+        const char *env = getenv("OMP_NUM_THREADS");
+        threads = (env && atoi(env) > 0) ? atoi(env) : omp_get_num_procs();
+    }
+    omp_set_num_threads(threads);
+    openblas_set_num_threads(threads);
+    return threads;
+}
+
+/* ---- architecture parsing ---- */
+
+static int get_int_field(json_t *obj, const char *key, int idx, int required, int def, int min,
+                         int max, int *out, strata_diag *diag)
+{
+    json_t *v = json_object_get(obj, key);
+    if (v == NULL) {
+        if (required)
+            return strata_diag_set(diag, STRATA_EINVAL, "layers[%d].%s: missing (required)", idx,
+                                   key);
+        *out = def;
+        return STRATA_OK;
+    }
+    if (!json_is_integer(v) || json_integer_value(v) < min || json_integer_value(v) > max)
+        return strata_diag_set(diag, STRATA_EINVAL,
+                               "layers[%d].%s: expected an integer in [%d, %d]", idx, key, min,
+                               max);
+    *out = (int)json_integer_value(v);
+    return STRATA_OK;
+}
+
+static int check_keys(json_t *obj, int idx, const char *const *allowed, strata_diag *diag)
+{
+    const char *key;
+    json_t *v;
+    json_object_foreach(obj, key, v)
+    {
+        int ok = 0;
+        for (const char *const *a = allowed; *a; a++)
+            if (strcmp(*a, key) == 0)
+                ok = 1;
+        if (!ok)
+            return strata_diag_set(diag, STRATA_EINVAL, "layers[%d]: unknown key '%s'", idx, key);
+    }
+    return STRATA_OK;
+}
+
+static int add_param(strata_model *m, const char *lname, const char *suffix, int ndim,
+                     const int64_t *shape, int idx, int *slot, strata_diag *diag)
+{
+    char name[STRATA_MAX_NAME];
+    if ((size_t)snprintf(name, sizeof(name), "%s.%s", lname, suffix) >= sizeof(name))
+        return strata_diag_set(diag, STRATA_EINVAL, "layers[%d].name: too long", idx);
+    if (strata_tensor_list_find(&m->params, name) != NULL)
+        return strata_diag_set(diag, STRATA_EINVAL, "layers[%d].name: '%s' is used twice", idx,
+                               lname);
+    int rc = strata_tensor_list_add(&m->params, name, ndim, shape, NULL);
+    if (rc == STRATA_OK)
+        rc = strata_tensor_list_add(&m->grads, name, ndim, shape, NULL);
+    if (rc < 0)
+        return strata_diag_set(diag, rc, "layers[%d]: cannot create parameter %s: %s", idx, name,
+                               strata_strerror(rc));
+    *slot = (int)m->params.count - 1;
+    return STRATA_OK;
+}
+
+static int parse_layer(strata_model *m, json_t *lj, int idx, int *c, int *h, int *w, int *flat,
+                       strata_diag *diag)
+{
+    static const char *const k_linear[] = {"type", "name", "out_features", "bias", NULL};
+    static const char *const k_conv[] = {"type",   "name",    "out_channels", "kernel_size",
+                                         "stride", "padding", "bias",         NULL};
+    static const char *const k_pool[] = {"type", "kernel_size", "stride", NULL};
+    static const char *const k_plain[] = {"type", NULL};
+    static const char *const k_drop[] = {"type", "p", NULL};
+    if (!json_is_object(lj))
+        return strata_diag_set(diag, STRATA_EINVAL, "layers[%d]: expected an object", idx);
+    const char *type = json_string_value(json_object_get(lj, "type"));
+    if (type == NULL)
+        return strata_diag_set(diag, STRATA_EINVAL, "layers[%d].type: missing or not a string",
+                               idx);
+    layer *L = &m->layers[idx];
+    memset(L, 0, sizeof(*L));
+    L->w = L->b = -1;
+    L->in_c = *c;
+    L->in_h = *h;
+    L->in_w = *w;
+    L->in_dim = (size_t)*c * (size_t)*h * (size_t)*w;
+    int rc;
+    const char *lname = NULL;
+    if (strcmp(type, "linear") == 0 || strcmp(type, "conv2d") == 0) {
+        lname = json_string_value(json_object_get(lj, "name"));
+        if (lname == NULL || lname[0] == '\0')
+            return strata_diag_set(diag, STRATA_EINVAL,
+                                   "layers[%d].name: missing or not a non-empty string", idx);
+        json_t *bias = json_object_get(lj, "bias");
+        if (bias != NULL && !json_is_boolean(bias))
+            return strata_diag_set(diag, STRATA_EINVAL, "layers[%d].bias: expected true or false",
+                                   idx);
+        L->has_bias = bias == NULL || json_is_true(bias);
+    }
+    if (strcmp(type, "linear") == 0) {
+        if ((rc = check_keys(lj, idx, k_linear, diag)) < 0)
+            return rc;
+        if (!*flat)
+            return strata_diag_set(diag, STRATA_EINVAL,
+                                   "layers[%d]: linear needs a flat input; add a flatten layer "
+                                   "before it",
+                                   idx);
+        int out = 0;
+        if ((rc = get_int_field(lj, "out_features", idx, 1, 0, 1, 1 << 20, &out, diag)) < 0)
+            return rc;
+        if ((size_t)out * L->in_dim > ((size_t)1 << 31))
+            return strata_diag_set(diag, STRATA_EINVAL, "layers[%d]: weight matrix too large",
+                                   idx);
+        L->kind = L_LINEAR;
+        int64_t ws[2] = {out, (int64_t)L->in_dim}, bs[1] = {out};
+        if ((rc = add_param(m, lname, "weight", 2, ws, idx, &L->w, diag)) < 0)
+            return rc;
+        if (L->has_bias && (rc = add_param(m, lname, "bias", 1, bs, idx, &L->b, diag)) < 0)
+            return rc;
+        *c = out;
+        *h = *w = 1;
+    } else if (strcmp(type, "conv2d") == 0) {
+        if ((rc = check_keys(lj, idx, k_conv, diag)) < 0)
+            return rc;
+        if (*flat)
+            return strata_diag_set(diag, STRATA_EINVAL,
+                                   "layers[%d]: conv2d needs an image input, not a flat one", idx);
+        int oc = 0, k = 0, s = 1, p = 0;
+        if ((rc = get_int_field(lj, "out_channels", idx, 1, 0, 1, 65536, &oc, diag)) < 0 ||
+            (rc = get_int_field(lj, "kernel_size", idx, 1, 0, 1, 64, &k, diag)) < 0 ||
+            (rc = get_int_field(lj, "stride", idx, 0, 1, 1, 64, &s, diag)) < 0 ||
+            (rc = get_int_field(lj, "padding", idx, 0, 0, 0, 64, &p, diag)) < 0)
+            return rc;
+        if (*h + 2 * p < k || *w + 2 * p < k)
+            return strata_diag_set(diag, STRATA_EINVAL,
+                                   "layers[%d].kernel_size: %d is larger than the padded input "
+                                   "%dx%d",
+                                   idx, k, *h + 2 * p, *w + 2 * p);
+        L->kind = L_CONV2D;
+        L->k = k;
+        L->stride = s;
+        L->pad = p;
+        int64_t ws[4] = {oc, *c, k, k}, bs[1] = {oc};
+        if ((rc = add_param(m, lname, "weight", 4, ws, idx, &L->w, diag)) < 0)
+            return rc;
+        if (L->has_bias && (rc = add_param(m, lname, "bias", 1, bs, idx, &L->b, diag)) < 0)
+            return rc;
+        *h = (*h + 2 * p - k) / s + 1;
+        *w = (*w + 2 * p - k) / s + 1;
+        *c = oc;
+    } else if (strcmp(type, "maxpool2d") == 0) {
+        if ((rc = check_keys(lj, idx, k_pool, diag)) < 0)
+            return rc;
+        if (*flat)
+            return strata_diag_set(diag, STRATA_EINVAL,
+                                   "layers[%d]: maxpool2d needs an image input, not a flat one",
+                                   idx);
+        int k = 0, s = 1;
+        if ((rc = get_int_field(lj, "kernel_size", idx, 1, 0, 1, 64, &k, diag)) < 0 ||
+            (rc = get_int_field(lj, "stride", idx, 0, k, 1, 64, &s, diag)) < 0)
+            return rc;
+        if (*h < k || *w < k)
+            return strata_diag_set(diag, STRATA_EINVAL,
+                                   "layers[%d].kernel_size: %d is larger than the input %dx%d",
+                                   idx, k, *h, *w);
+        L->kind = L_MAXPOOL;
+        L->k = k;
+        L->stride = s;
+        *h = (*h - k) / s + 1;
+        *w = (*w - k) / s + 1;
+    } else if (strcmp(type, "relu") == 0 || strcmp(type, "flatten") == 0) {
+        if ((rc = check_keys(lj, idx, k_plain, diag)) < 0)
+            return rc;
+        L->kind = type[0] == 'r' ? L_RELU : L_FLATTEN;
+        if (L->kind == L_FLATTEN) {
+            *c = *c * *h * *w;
+            *h = *w = 1;
+            *flat = 1;
+        }
+    } else if (strcmp(type, "dropout") == 0) {
+        if ((rc = check_keys(lj, idx, k_drop, diag)) < 0)
+            return rc;
+        json_t *pv = json_object_get(lj, "p");
+        double p = 0.5;
+        if (pv != NULL) {
+            if (!json_is_number(pv) || json_number_value(pv) < 0.0 || json_number_value(pv) >= 1.0)
+                return strata_diag_set(diag, STRATA_EINVAL,
+                                       "layers[%d].p: expected a number in [0, 1)", idx);
+            p = json_number_value(pv);
+        }
+        L->kind = L_DROPOUT;
+        L->p = (float)p;
+    } else {
+        return strata_diag_set(diag, STRATA_EINVAL,
+                               "layers[%d].type: unknown layer type '%s' (expected linear, "
+                               "conv2d, maxpool2d, relu, flatten or dropout)",
+                               idx, type);
+    }
+    L->out_c = *c;
+    L->out_h = *h;
+    L->out_w = *w;
+    L->out_dim = (size_t)*c * (size_t)*h * (size_t)*w;
+    return STRATA_OK;
+}
+
+int strata_model_from_json(const char *json, size_t len, strata_model **out, strata_diag *diag)
+{
+    *out = NULL;
+    if (len > MAX_ARCH_BYTES)
+        return strata_diag_set(diag, STRATA_ETOOBIG, "architecture JSON larger than %u bytes",
+                               MAX_ARCH_BYTES);
+    json_error_t jerr;
+    json_t *root = json_loadb(json, len, JSON_REJECT_DUPLICATES, &jerr);
+    if (root == NULL)
+        return strata_diag_set(diag, STRATA_EINVAL, "architecture JSON, line %d column %d: %s",
+                               jerr.line, jerr.column, jerr.text);
+    int rc = STRATA_EINVAL;
+    strata_model *m = calloc(1, sizeof(*m));
+    if (m == NULL) {
+        json_decref(root);
+        return STRATA_ENOMEM;
+    }
+    strata_tensor_list_init(&m->params);
+    strata_tensor_list_init(&m->grads);
+    m->std = 1.0f;
+    if (!json_is_object(root)) {
+        rc = strata_diag_set(diag, STRATA_EINVAL, "architecture: expected a JSON object");
+        goto out;
+    }
+    const char *key;
+    json_t *val;
+    json_object_foreach(root, key, val)
+    {
+        if (strcmp(key, "name") != 0 && strcmp(key, "input") != 0 && strcmp(key, "layers") != 0) {
+            rc = strata_diag_set(diag, STRATA_EINVAL, "architecture: unknown key '%s'", key);
+            goto out;
+        }
+    }
+    json_t *name = json_object_get(root, "name");
+    if (name != NULL && !json_is_string(name)) {
+        rc = strata_diag_set(diag, STRATA_EINVAL, "name: expected a string");
+        goto out;
+    }
+    json_t *input = json_object_get(root, "input");
+    size_t nin = json_array_size(input);
+    if (!json_is_array(input) || (nin != 1 && nin != 3)) {
+        rc = strata_diag_set(diag, STRATA_EINVAL,
+                             "input: expected [channels, height, width] or [features]");
+        goto out;
+    }
+    int dims[3] = {1, 1, 1};
+    for (size_t i = 0; i < nin; i++) {
+        json_t *d = json_array_get(input, i);
+        if (!json_is_integer(d) || json_integer_value(d) < 1 ||
+            json_integer_value(d) > MAX_DIM_SIZE) {
+            rc = strata_diag_set(diag, STRATA_EINVAL,
+                                 "input[%zu]: expected an integer in [1, %d]", i, MAX_DIM_SIZE);
+            goto out;
+        }
+        dims[i] = (int)json_integer_value(d);
+    }
+    if ((size_t)dims[0] * dims[1] * dims[2] > ((size_t)1 << 24)) {
+        rc = strata_diag_set(diag, STRATA_EINVAL, "input: more than 2^24 values per sample");
+        goto out;
+    }
+    json_t *layers = json_object_get(root, "layers");
+    if (!json_is_array(layers) || json_array_size(layers) == 0) {
+        rc = strata_diag_set(diag, STRATA_EINVAL, "layers: expected a non-empty array");
+        goto out;
+    }
+    if (json_array_size(layers) > MAX_LAYERS) {
+        rc = strata_diag_set(diag, STRATA_EINVAL, "layers: at most %d layers", MAX_LAYERS);
+        goto out;
+    }
+    int c = dims[0], h = dims[1], w = dims[2], flat = nin == 1;
+    size_t max_dim = (size_t)c * h * w;
+    for (size_t i = 0; i < json_array_size(layers); i++) {
+        rc = parse_layer(m, json_array_get(layers, i), (int)i, &c, &h, &w, &flat, diag);
+        if (rc < 0)
+            goto out;
+        m->nlayers++;
+        size_t od = m->layers[i].out_dim;
+        if (od > ((size_t)1 << 24)) {
+            rc = strata_diag_set(diag, STRATA_EINVAL,
+                                 "layers[%zu]: more than 2^24 outputs per sample", i);
+            goto out;
+        }
+        if (od > max_dim)
+            max_dim = od;
+    }
+    m->max_dim = max_dim;
+    m->arch = json_dumps(root, JSON_COMPACT | JSON_PRESERVE_ORDER);
+    if (m->arch == NULL) {
+        rc = STRATA_ENOMEM;
+        goto out;
+    }
+    rc = STRATA_OK;
+out:
+    json_decref(root);
+    if (rc < 0)
+        strata_model_free(m);
+    else
+        *out = m;
+    return rc;
+}
+
+int strata_model_new(const char *spec, strata_model **out, strata_diag *diag)
+{
+    *out = NULL;
+    const char *builtin = strata_model_builtin_json(spec);
+    if (builtin != NULL)
+        return strata_model_from_json(builtin, strlen(builtin), out, diag);
+    FILE *f = spec ? fopen(spec, "rb") : NULL;
+    if (f == NULL)
+        return strata_diag_set(diag, STRATA_EINVAL,
+                               "model '%s': not a built-in model (mlp, cnn) nor a readable "
+                               "architecture JSON file",
+                               spec ? spec : "(null)");
+    char *buf = malloc(MAX_ARCH_BYTES + 1);
+    if (buf == NULL) {
+        fclose(f);
+        return STRATA_ENOMEM;
+    }
+    size_t n = fread(buf, 1, MAX_ARCH_BYTES + 1, f);
+    fclose(f);
+    int rc;
+    if (n > MAX_ARCH_BYTES)
+        rc = strata_diag_set(diag, STRATA_ETOOBIG, "%s: larger than %u bytes", spec,
+                             MAX_ARCH_BYTES);
+    else
+        rc = strata_model_from_json(buf, n, out, diag);
+    free(buf);
+    return rc;
+}
+
+static void free_buffers(strata_model *m)
+{
+    if (m->act != NULL)
+        for (int i = 0; i <= m->nlayers; i++)
+            strata_free_floats(m->act[i]);
+    free(m->act);
+    m->act = NULL;
+    for (int i = 0; i < 2; i++) {
+        strata_free_floats(m->gbuf[i]);
+        strata_free_floats(m->scratch[i]);
+        m->gbuf[i] = m->scratch[i] = NULL;
+    }
+    for (int i = 0; i < m->nlayers; i++) {
+        strata_free_floats(m->layers[i].cols);
+        free(m->layers[i].argmax);
+        strata_free_floats(m->layers[i].mask);
+        m->layers[i].cols = NULL;
+        m->layers[i].argmax = NULL;
+        m->layers[i].mask = NULL;
+    }
+    strata_free_floats(m->probs);
+    strata_free_floats(m->dinput);
+    m->probs = m->dinput = NULL;
+    m->cap_batch = 0;
+}
+
+void strata_model_free(strata_model *m)
+{
+    if (m == NULL)
+        return;
+    free_buffers(m);
+    strata_tensor_list_cleanup(&m->params);
+    strata_tensor_list_cleanup(&m->grads);
+    free(m->arch);
+    free(m);
+}
+
+const char *strata_model_arch(const strata_model *m)
+{
+    return m->arch;
+}
+
+strata_tensor_list *strata_model_params(strata_model *m)
+{
+    return &m->params;
+}
+
+strata_tensor_list *strata_model_grads(strata_model *m)
+{
+    return &m->grads;
+}
+
+size_t strata_model_input_dim(const strata_model *m)
+{
+    return m->layers[0].in_dim;
+}
+
+size_t strata_model_output_dim(const strata_model *m)
+{
+    return m->layers[m->nlayers - 1].out_dim;
+}
+
+void strata_model_init_params(strata_model *m, uint64_t seed)
+{
+    strata_rng rng;
+    strata_rng_seed(&rng, seed, 0x5eed);
+    for (int i = 0; i < m->nlayers; i++) {
+        layer *L = &m->layers[i];
+        if (L->w < 0)
+            continue;
+        strata_tensor *w = &m->params.items[L->w];
+        size_t fan_in = w->numel / (size_t)w->shape[0];
+        double bound = 1.0 / sqrt((double)fan_in);
+        for (size_t j = 0; j < w->numel; j++)
+            w->data[j] = (float)((2.0 * strata_rng_uniform(&rng) - 1.0) * bound);
+        if (L->b >= 0) {
+            strata_tensor *b = &m->params.items[L->b];
+            for (size_t j = 0; j < b->numel; j++)
+                b->data[j] = (float)((2.0 * strata_rng_uniform(&rng) - 1.0) * bound);
+        }
+    }
+}
+
+int strata_model_set_normalization(strata_model *m, float mean, float std)
+{
+    if (!(std > 0.0f) || !isfinite(mean) || !isfinite(std))
+        return STRATA_EINVAL;
+    m->mean = mean;
+    m->std = std;
+    return STRATA_OK;
+}
+
+void strata_model_get_normalization(const strata_model *m, float *mean, float *std)
+{
+    *mean = m->mean;
+    *std = m->std;
+}
+
+void strata_model_set_input_grad(strata_model *m, int on)
+{
+    m->input_grad = on != 0;
+}
+
+const float *strata_model_input_grad(const strata_model *m)
+{
+    return m->dinput;
+}
+
+static size_t conv_k(const layer *L)
+{
+    return (size_t)L->in_c * L->k * L->k;
+}
+
+static size_t conv_p(const layer *L)
+{
+    return (size_t)L->out_h * L->out_w;
+}
+
+static int ensure_batch(strata_model *m, size_t batch)
+{
+    if (batch <= m->cap_batch)
+        return STRATA_OK;
+    free_buffers(m);
+    if (batch > ((size_t)1 << 20) || m->max_dim > SIZE_MAX / 4 / batch)
+        return STRATA_ETOOBIG;
+    m->act = calloc((size_t)m->nlayers + 1, sizeof(float *));
+    if (m->act == NULL)
+        return STRATA_ENOMEM;
+    int ok = 1;
+    m->act[0] = strata_alloc_floats(batch * m->layers[0].in_dim);
+    ok &= m->act[0] != NULL;
+    size_t scratch = 1;
+    for (int i = 0; i < m->nlayers && ok; i++) {
+        layer *L = &m->layers[i];
+        m->act[i + 1] = strata_alloc_floats(batch * L->out_dim);
+        ok &= m->act[i + 1] != NULL;
+        if (L->kind == L_CONV2D) {
+            size_t bp = batch * conv_p(L);
+            L->cols = strata_alloc_floats(conv_k(L) * bp);
+            ok &= L->cols != NULL;
+            size_t need = (conv_k(L) > (size_t)L->out_c ? conv_k(L) : (size_t)L->out_c) * bp;
+            if (need > scratch)
+                scratch = need;
+        } else if (L->kind == L_MAXPOOL) {
+            L->argmax = malloc(batch * L->out_dim * sizeof(int32_t));
+            ok &= L->argmax != NULL;
+        } else if (L->kind == L_DROPOUT) {
+            L->mask = strata_alloc_floats(batch * L->out_dim);
+            ok &= L->mask != NULL;
+        }
+    }
+    for (int i = 0; i < 2 && ok; i++) {
+        m->gbuf[i] = strata_alloc_floats(batch * m->max_dim);
+        m->scratch[i] = strata_alloc_floats(scratch);
+        ok &= m->gbuf[i] != NULL && m->scratch[i] != NULL;
+    }
+    if (ok) {
+        m->probs = strata_alloc_floats(batch * strata_model_output_dim(m));
+        m->dinput = strata_alloc_floats(batch * m->layers[0].in_dim);
+        ok = m->probs != NULL && m->dinput != NULL;
+    }
+    if (!ok) {
+        free_buffers(m);
+        return STRATA_ENOMEM;
+    }
+    m->cap_batch = batch;
+    return STRATA_OK;
+}
+
+/* ---- kernels ---- */
+
+/* cols[k][b*P + p] = x[b][c][oh*s - pad + i][ow*s - pad + j], k = (c*K + i)*K + j. */
+static void im2col(const layer *L, const float *x, size_t B, float *cols)
+{
+    const int K = L->k, S = L->stride, PAD = L->pad;
+    const int H = L->in_h, W = L->in_w, OH = L->out_h, OW = L->out_w;
+    const size_t P = conv_p(L), KK = conv_k(L), plane = (size_t)H * W;
+#pragma omp parallel for schedule(static)
+    for (size_t kk = 0; kk < KK; kk++) {
+        int j = (int)(kk % K), i = (int)((kk / K) % K), c = (int)(kk / ((size_t)K * K));
+        float *row = cols + kk * B * P;
+        for (size_t b = 0; b < B; b++) {
+            const float *xp = x + (b * L->in_c + c) * plane;
+            float *dst = row + b * P;
+            for (int oh = 0; oh < OH; oh++) {
+                int ih = oh * S - PAD + i;
+                float *d = dst + (size_t)oh * OW;
+                if (ih < 0 || ih >= H) {
+                    memset(d, 0, (size_t)OW * sizeof(float));
+                    continue;
+                }
+                const float *src = xp + (size_t)ih * W;
+                for (int ow = 0; ow < OW; ow++) {
+                    int iw = ow * S - PAD + j;
+                    d[ow] = (iw >= 0 && iw < W) ? src[iw] : 0.0f;
+                }
+            }
+        }
+    }
+}
+
+/* dx[b][c][...] = sum of dcols entries that im2col read from that position. */
+static void col2im(const layer *L, const float *dcols, size_t B, float *dx)
+{
+    const int K = L->k, S = L->stride, PAD = L->pad;
+    const int H = L->in_h, W = L->in_w, OH = L->out_h, OW = L->out_w, C = L->in_c;
+    const size_t P = conv_p(L), plane = (size_t)H * W;
+#pragma omp parallel for schedule(static)
+    for (size_t bc = 0; bc < B * (size_t)C; bc++) {
+        size_t b = bc / C;
+        int c = (int)(bc % C);
+        float *dp = dx + bc * plane;
+        memset(dp, 0, plane * sizeof(float));
+        for (int i = 0; i < K; i++)
+            for (int j = 0; j < K; j++) {
+                size_t kk = ((size_t)c * K + i) * K + j;
+                const float *src = dcols + kk * B * P + b * P;
+                for (int oh = 0; oh < OH; oh++) {
+                    int ih = oh * S - PAD + i;
+                    if (ih < 0 || ih >= H)
+                        continue;
+                    float *d = dp + (size_t)ih * W;
+                    const float *s = src + (size_t)oh * OW;
+                    for (int ow = 0; ow < OW; ow++) {
+                        int iw = ow * S - PAD + j;
+                        if (iw >= 0 && iw < W)
+                            d[iw] += s[ow];
+                    }
+                }
+            }
+    }
+}
+
+static void conv_forward(strata_model *m, layer *L, const float *x, float *y, size_t B)
+{
+    const size_t P = conv_p(L), KK = conv_k(L), OC = (size_t)L->out_c, BP = B * P;
+    const float *w = m->params.items[L->w].data;
+    const float *bias = L->b >= 0 ? m->params.items[L->b].data : NULL;
+    float *tmp = m->scratch[0];
+    im2col(L, x, B, L->cols);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)OC, (int)BP, (int)KK, 1.0f, w,
+                (int)KK, L->cols, (int)BP, 0.0f, tmp, (int)BP);
+#pragma omp parallel for schedule(static)
+    for (size_t bo = 0; bo < B * OC; bo++) {
+        size_t b = bo / OC, oc = bo % OC;
+        const float *src = tmp + oc * BP + b * P;
+        float *dst = y + bo * P;
+        float bv = bias ? bias[oc] : 0.0f;
+        for (size_t p = 0; p < P; p++)
+            dst[p] = src[p] + bv;
+    }
+}
+
+static void conv_backward(strata_model *m, layer *L, const float *dy, float *dx, size_t B)
+{
+    const size_t P = conv_p(L), KK = conv_k(L), OC = (size_t)L->out_c, BP = B * P;
+    float *dyt = m->scratch[0], *dcols = m->scratch[1];
+    float *gw = m->grads.items[L->w].data;
+    float *gb = L->b >= 0 ? m->grads.items[L->b].data : NULL;
+#pragma omp parallel for schedule(static)
+    for (size_t oc = 0; oc < OC; oc++) {
+        float *dst = dyt + oc * BP;
+        double s = 0.0;
+        for (size_t b = 0; b < B; b++) {
+            const float *src = dy + (b * OC + oc) * P;
+            for (size_t p = 0; p < P; p++) {
+                dst[b * P + p] = src[p];
+                s += src[p];
+            }
+        }
+        if (gb)
+            gb[oc] = (float)s;
+    }
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)OC, (int)KK, (int)BP, 1.0f, dyt,
+                (int)BP, L->cols, (int)BP, 0.0f, gw, (int)KK);
+    if (dx == NULL)
+        return;
+    const float *w = m->params.items[L->w].data;
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)KK, (int)BP, (int)OC, 1.0f, w,
+                (int)KK, dyt, (int)BP, 0.0f, dcols, (int)BP);
+    col2im(L, dcols, B, dx);
+}
+
+static void linear_forward(strata_model *m, layer *L, const float *x, float *y, size_t B)
+{
+    const int in = (int)L->in_dim, out = (int)L->out_dim;
+    const float *w = m->params.items[L->w].data;
+    if (L->b >= 0) {
+        const float *bias = m->params.items[L->b].data;
+        for (size_t b = 0; b < B; b++)
+            memcpy(y + b * out, bias, (size_t)out * sizeof(float));
+    }
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)B, out, in, 1.0f, x, in, w, in,
+                L->b >= 0 ? 1.0f : 0.0f, y, out);
+}
+
+static void linear_backward(strata_model *m, layer *L, const float *x, const float *dy, float *dx,
+                            size_t B)
+{
+    const int in = (int)L->in_dim, out = (int)L->out_dim;
+    float *gw = m->grads.items[L->w].data;
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, out, in, (int)B, 1.0f, dy, out, x, in,
+                0.0f, gw, in);
+    if (L->b >= 0) {
+        float *gb = m->grads.items[L->b].data;
+        for (int o = 0; o < out; o++) {
+            float s = 0.0f;
+            for (size_t b = 0; b < B; b++)
+                s += dy[b * out + o];
+            gb[o] = s;
+        }
+    }
+    if (dx != NULL) {
+        const float *w = m->params.items[L->w].data;
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)B, in, out, 1.0f, dy, out, w,
+                    in, 0.0f, dx, in);
+    }
+}
+
+static void maxpool_forward(layer *L, const float *x, float *y, size_t B)
+{
+    const int K = L->k, S = L->stride, H = L->in_h, W = L->in_w, OH = L->out_h, OW = L->out_w;
+    const size_t planes = B * (size_t)L->in_c, iplane = (size_t)H * W, oplane = (size_t)OH * OW;
+#pragma omp parallel for schedule(static)
+    for (size_t pl = 0; pl < planes; pl++) {
+        const float *xp = x + pl * iplane;
+        float *yp = y + pl * oplane;
+        int32_t *ap = L->argmax + pl * oplane;
+        for (int oh = 0; oh < OH; oh++)
+            for (int ow = 0; ow < OW; ow++) {
+                int best = (oh * S) * W + ow * S;
+                float bv = xp[best];
+                for (int i = 0; i < K; i++)
+                    for (int j = 0; j < K; j++) {
+                        int o = (oh * S + i) * W + ow * S + j;
+                        if (xp[o] > bv) {
+                            bv = xp[o];
+                            best = o;
+                        }
+                    }
+                yp[oh * OW + ow] = bv;
+                ap[oh * OW + ow] = best;
+            }
+    }
+}
+
+static void maxpool_backward(layer *L, const float *dy, float *dx, size_t B)
+{
+    const size_t planes = B * (size_t)L->in_c, iplane = (size_t)L->in_h * L->in_w;
+    const size_t oplane = (size_t)L->out_h * L->out_w;
+#pragma omp parallel for schedule(static)
+    for (size_t pl = 0; pl < planes; pl++) {
+        float *dp = dx + pl * iplane;
+        memset(dp, 0, iplane * sizeof(float));
+        const float *g = dy + pl * oplane;
+        const int32_t *ap = L->argmax + pl * oplane;
+        for (size_t o = 0; o < oplane; o++)
+            dp[ap[o]] += g[o];
+    }
+}
+
+int strata_model_forward(strata_model *m, const float *x, size_t batch, int training, strata_rng *rng,
+                         const float **logits)
+{
+    *logits = NULL;
+    if (batch == 0)
+        return STRATA_EINVAL;
+    int rc = ensure_batch(m, batch);
+    if (rc < 0)
+        return rc;
+    m->batch = batch;
+    const size_t n0 = batch * m->layers[0].in_dim;
+    const float mean = m->mean, inv = 1.0f / m->std;
+    float *a0 = m->act[0];
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n0; i++)
+        a0[i] = (x[i] - mean) * inv;
+    for (int li = 0; li < m->nlayers; li++) {
+        layer *L = &m->layers[li];
+        const float *in = m->act[li];
+        float *o = m->act[li + 1];
+        const size_t n = batch * L->out_dim;
+        switch (L->kind) {
+        case L_LINEAR:
+            linear_forward(m, L, in, o, batch);
+            break;
+        case L_CONV2D:
+            conv_forward(m, L, in, o, batch);
+            break;
+        case L_MAXPOOL:
+            maxpool_forward(L, in, o, batch);
+            break;
+        case L_RELU:
+#pragma omp parallel for schedule(static)
+            for (size_t i = 0; i < n; i++)
+                o[i] = in[i] > 0.0f ? in[i] : 0.0f;
+            break;
+        case L_FLATTEN:
+            memcpy(o, in, n * sizeof(float));
+            break;
+        case L_DROPOUT:
+            if (!training || L->p == 0.0f) {
+                for (size_t i = 0; i < n; i++)
+                    L->mask[i] = 1.0f;
+            } else {
+                if (rng == NULL)
+                    return STRATA_EINVAL;
+                const float keep = 1.0f / (1.0f - L->p);
+                for (size_t i = 0; i < n; i++)
+                    L->mask[i] = strata_rng_uniform(rng) < L->p ? 0.0f : keep;
+            }
+            for (size_t i = 0; i < n; i++)
+                o[i] = in[i] * L->mask[i];
+            break;
+        }
+    }
+    *logits = m->act[m->nlayers];
+    return STRATA_OK;
+}
+
+int strata_model_backward_from(strata_model *m, const float *dlogits)
+{
+    if (m->batch == 0)
+        return STRATA_ESTATE;
+    const size_t B = m->batch;
+    float *dy = m->gbuf[0];
+    memcpy(dy, dlogits, B * strata_model_output_dim(m) * sizeof(float));
+    int cur = 0;
+    for (int li = m->nlayers - 1; li >= 0; li--) {
+        layer *L = &m->layers[li];
+        float *dx = li == 0 ? (m->input_grad ? m->dinput : NULL) : m->gbuf[1 - cur];
+        const float *in = m->act[li], *out = m->act[li + 1];
+        const size_t n = B * L->in_dim;
+        switch (L->kind) {
+        case L_LINEAR:
+            linear_backward(m, L, in, dy, dx, B);
+            break;
+        case L_CONV2D:
+            conv_backward(m, L, dy, dx, B);
+            break;
+        case L_MAXPOOL:
+            if (dx)
+                maxpool_backward(L, dy, dx, B);
+            break;
+        case L_RELU:
+            if (dx) {
+#pragma omp parallel for schedule(static)
+                for (size_t i = 0; i < n; i++)
+                    dx[i] = out[i] > 0.0f ? dy[i] : 0.0f;
+            }
+            break;
+        case L_FLATTEN:
+            if (dx)
+                memcpy(dx, dy, n * sizeof(float));
+            break;
+        case L_DROPOUT:
+            if (dx)
+                for (size_t i = 0; i < n; i++)
+                    dx[i] = dy[i] * L->mask[i];
+            break;
+        }
+        if (dx == NULL)
+            break;
+        dy = dx;
+        cur = 1 - cur;
+    }
+    return STRATA_OK;
+}
+
+/* Softmax cross-entropy of the last forward; fills m->probs with the
+ * gradient of the mean loss with respect to the logits. */
+static int softmax_xent(strata_model *m, const uint8_t *labels, double *loss, size_t *correct)
+{
+    if (m->batch == 0)
+        return STRATA_ESTATE;
+    const size_t B = m->batch, C = strata_model_output_dim(m);
+    const float *z = m->act[m->nlayers];
+    for (size_t b = 0; b < B; b++)
+        if (labels[b] >= C)
+            return STRATA_EINVAL;
+    double total = 0.0;
+    size_t hits = 0;
+    for (size_t b = 0; b < B; b++) {
+        const float *zb = z + b * C;
+        float *pb = m->probs + b * C;
+        size_t arg = 0;
+        for (size_t c = 1; c < C; c++)
+            if (zb[c] > zb[arg])
+                arg = c;
+        hits += arg == labels[b];
+        double sum = 0.0;
+        for (size_t c = 0; c < C; c++) {
+            double e = exp((double)zb[c] - (double)zb[arg]);
+            pb[c] = (float)e;
+            sum += e;
+        }
+        total += log(sum) - ((double)zb[labels[b]] - (double)zb[arg]);
+        for (size_t c = 0; c < C; c++)
+            pb[c] = (float)(pb[c] / sum / (double)B);
+        pb[labels[b]] -= (float)(1.0 / (double)B);
+    }
+    if (loss)
+        *loss = total / (double)B;
+    if (correct)
+        *correct = hits;
+    return STRATA_OK;
+}
+
+int strata_model_loss(strata_model *m, const uint8_t *labels, double *loss, size_t *correct)
+{
+    return softmax_xent(m, labels, loss, correct);
+}
+
+int strata_model_backward(strata_model *m, const uint8_t *labels, double *loss, size_t *correct)
+{
+    int rc = softmax_xent(m, labels, loss, correct);
+    if (rc < 0)
+        return rc;
+    return strata_model_backward_from(m, m->probs);
+}

@@ -1,0 +1,407 @@
+#include "strata/model.h"
+#include "test_util.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+static strata_model *build(const char *json)
+{
+    strata_model *m = NULL;
+    strata_diag d = {{0}};
+    int rc = strata_model_from_json(json, strlen(json), &m, &d);
+    if (rc != STRATA_OK)
+        fprintf(stderr, "build failed: %s\n", d.msg);
+    return m;
+}
+
+/* ---- parameter counts and names ---- */
+
+static void test_builtin_counts(void)
+{
+    static const struct {
+        const char *name;
+        size_t params;
+        size_t tensors;
+        const char *first;
+    } cases[] = {{"mlp", 199210, 6, "fc1.weight"}, {"cnn", 1663370, 8, "conv1.weight"}};
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        strata_model *m = NULL;
+        CU_ASSERT_EQUAL_FATAL(strata_model_new(cases[i].name, &m, NULL), STRATA_OK);
+        strata_tensor_list *p = strata_model_params(m);
+        CU_ASSERT_EQUAL(strata_tensor_list_numel(p), cases[i].params);
+        CU_ASSERT_EQUAL(p->count, cases[i].tensors);
+        CU_ASSERT_STRING_EQUAL(p->items[0].name, cases[i].first);
+        CU_ASSERT_EQUAL(strata_model_input_dim(m), 784);
+        CU_ASSERT_EQUAL(strata_model_output_dim(m), 10);
+        strata_model_free(m);
+    }
+    strata_model *m = NULL;
+    CU_ASSERT_EQUAL_FATAL(strata_model_new("cnn", &m, NULL), STRATA_OK);
+    strata_tensor *w = strata_tensor_list_find(strata_model_params(m), "conv2.weight");
+    CU_ASSERT_PTR_NOT_NULL_FATAL(w);
+    CU_ASSERT(w->ndim == 4 && w->shape[0] == 64 && w->shape[1] == 32 && w->shape[2] == 5);
+    w = strata_tensor_list_find(strata_model_params(m), "fc1.weight");
+    CU_ASSERT_PTR_NOT_NULL_FATAL(w);
+    CU_ASSERT(w->ndim == 2 && w->shape[0] == 512 && w->shape[1] == 3136);
+    strata_model_free(m);
+}
+
+static void test_arch_errors(void)
+{
+    static const struct {
+        const char *json;
+        const char *expect;
+    } cases[] = {
+        {"[1,2]", "expected a JSON object"},
+        {"{\"input\":[4],\"layers\":[]}", "layers"},
+        {"{\"input\":[0],\"layers\":[{\"type\":\"relu\"}]}", "input[0]"},
+        {"{\"input\":[4],\"layers\":[{\"type\":\"lstm\"}]}", "layers[0].type"},
+        {"{\"input\":[4],\"layers\":[{\"type\":\"linear\",\"out_features\":3}]}", "layers[0].name"},
+        {"{\"input\":[4],\"layers\":[{\"type\":\"linear\",\"name\":\"a\"}]}",
+         "layers[0].out_features"},
+        {"{\"input\":[4],\"layers\":[{\"type\":\"linear\",\"name\":\"a\",\"out_features\":-3}]}",
+         "layers[0].out_features"},
+        {"{\"input\":[1,8,8],\"layers\":[{\"type\":\"linear\",\"name\":\"a\",\"out_features\":3}]}",
+         "flatten"},
+        {"{\"input\":[4],\"layers\":[{\"type\":\"relu\"},{\"type\":\"conv2d\",\"name\":\"c\","
+         "\"out_channels\":2,\"kernel_size\":3}]}",
+         "layers[1]"},
+        {"{\"input\":[1,4,4],\"layers\":[{\"type\":\"conv2d\",\"name\":\"c\",\"out_channels\":2,"
+         "\"kernel_size\":7}]}",
+         "layers[0].kernel_size"},
+        {"{\"input\":[1,4,4],\"layers\":[{\"type\":\"conv2d\",\"name\":\"c\",\"out_channels\":2,"
+         "\"kernal_size\":3}]}",
+         "kernal_size"},
+        {"{\"input\":[4],\"layers\":[{\"type\":\"linear\",\"name\":\"a\",\"out_features\":3},"
+         "{\"type\":\"linear\",\"name\":\"a\",\"out_features\":3}]}",
+         "used twice"},
+        {"{\"input\":[4],\"layers\":[{\"type\":\"dropout\",\"p\":1.5}]}", "layers[0].p"},
+        {"{\"input\":[4],\"layers\":[{\"type\":\"relu\"}],\"extra\":1}", "extra"},
+        {"{\"input\":[4],\"input\":[4],\"layers\":[{\"type\":\"relu\"}]}", "line"},
+        {"{\"input\":[4], \"layers\":[", "line 1"},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        strata_model *m = (strata_model *)0x1;
+        strata_diag d = {{0}};
+        int rc = strata_model_from_json(cases[i].json, strlen(cases[i].json), &m, &d);
+        CU_ASSERT_EQUAL(rc, STRATA_EINVAL);
+        CU_ASSERT_PTR_NULL(m);
+        if (strstr(d.msg, cases[i].expect) == NULL) {
+            fprintf(stderr, "case %zu: message '%s' lacks '%s'\n", i, d.msg, cases[i].expect);
+            CU_FAIL("error message does not name the field");
+        }
+    }
+    strata_diag d = {{0}};
+    strata_model *m = NULL;
+    CU_ASSERT_EQUAL(strata_model_new("/nonexistent/arch.json", &m, &d), STRATA_EINVAL);
+    CU_ASSERT_PTR_NOT_NULL(strstr(d.msg, "/nonexistent/arch.json"));
+}
+
+/* ---- finite-difference gradient checks ---- */
+
+enum input_kind { IN_GAUSS, IN_AWAY_FROM_ZERO, IN_DISTINCT };
+
+static void fill_input(float *x, size_t n, enum input_kind kind, strata_rng *r)
+{
+    for (size_t i = 0; i < n; i++) {
+        double v = strata_rng_normal(r);
+        if (kind == IN_AWAY_FROM_ZERO)
+            v = (v >= 0 ? 0.1 : -0.1) + v;
+        x[i] = (float)v;
+    }
+    if (kind == IN_DISTINCT) { /* a shuffled ladder with gaps of 0.05 */
+        size_t *idx = malloc(n * sizeof(size_t));
+        for (size_t i = 0; i < n; i++)
+            idx[i] = i;
+        strata_rng_shuffle(r, idx, n);
+        for (size_t i = 0; i < n; i++)
+            x[idx[i]] = (float)(0.05 * (double)i - 0.025 * (double)n);
+        free(idx);
+    }
+}
+
+/* L = sum(R * logits), or the mean cross-entropy when labels != NULL. */
+static double eval_loss(strata_model *m, const float *x, size_t B, const float *R,
+                        const uint8_t *labels)
+{
+    strata_rng r;
+    strata_rng_seed(&r, 99, 0); /* same dropout mask on every call */
+    const float *y;
+    CU_ASSERT_EQUAL_FATAL(strata_model_forward(m, x, B, 1, &r, &y), STRATA_OK);
+    if (labels != NULL) {
+        double loss;
+        strata_model_loss(m, labels, &loss, NULL);
+        return loss;
+    }
+    double s = 0.0;
+    for (size_t i = 0; i < B * strata_model_output_dim(m); i++)
+        s += (double)R[i] * (double)y[i];
+    return s;
+}
+
+static double rel_err(const double *a, const double *b, size_t n)
+{
+    double num = 0, da = 0, db = 0;
+    for (size_t i = 0; i < n; i++) {
+        num += (a[i] - b[i]) * (a[i] - b[i]);
+        da += a[i] * a[i];
+        db += b[i] * b[i];
+    }
+    double den = sqrt(da > db ? da : db);
+    return den > 0 ? sqrt(num) / den : sqrt(num);
+}
+
+static double gradcheck(const char *json, size_t B, enum input_kind kind, int use_ce)
+{
+    strata_model *m = build(json);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(m);
+    strata_model_init_params(m, 7);
+    strata_model_set_input_grad(m, 1);
+    strata_rng r;
+    strata_rng_seed(&r, 1234, 0);
+    size_t nin = B * strata_model_input_dim(m), nout = B * strata_model_output_dim(m);
+    float *x = calloc(nin, sizeof(float)), *R = calloc(nout, sizeof(float));
+    uint8_t *labels = use_ce ? calloc(B, 1) : NULL;
+    fill_input(x, nin, kind, &r);
+    for (size_t i = 0; i < nout; i++)
+        R[i] = (float)strata_rng_normal(&r);
+    for (size_t b = 0; use_ce && b < B; b++)
+        labels[b] = (uint8_t)strata_rng_below(&r, strata_model_output_dim(m));
+
+    eval_loss(m, x, B, R, labels);
+    int brc = use_ce ? strata_model_backward(m, labels, NULL, NULL)
+                     : strata_model_backward_from(m, R);
+    CU_ASSERT_EQUAL(brc, STRATA_OK);
+
+    strata_tensor_list *P = strata_model_params(m), *G = strata_model_grads(m);
+    size_t total = strata_tensor_list_numel(P) + nin;
+    double *ana = calloc(total, sizeof(double)), *num = calloc(total, sizeof(double));
+    size_t k = 0;
+    for (size_t t = 0; t < G->count; t++)
+        for (size_t i = 0; i < G->items[t].numel; i++)
+            ana[k++] = G->items[t].data[i];
+    const float *dx = strata_model_input_grad(m);
+    for (size_t i = 0; i < nin; i++)
+        ana[k++] = dx[i];
+
+    const float eps = 1e-2f;
+    k = 0;
+    for (size_t t = 0; t < P->count; t++)
+        for (size_t i = 0; i < P->items[t].numel; i++) {
+            float *w = &P->items[t].data[i], old = *w;
+            *w = old + eps;
+            double lp = eval_loss(m, x, B, R, labels);
+            *w = old - eps;
+            double lm = eval_loss(m, x, B, R, labels);
+            *w = old;
+            num[k++] = (lp - lm) / (2.0 * (double)eps);
+        }
+    for (size_t i = 0; i < nin; i++) {
+        float old = x[i];
+        x[i] = old + eps;
+        double lp = eval_loss(m, x, B, R, labels);
+        x[i] = old - eps;
+        double lm = eval_loss(m, x, B, R, labels);
+        x[i] = old;
+        num[k++] = (lp - lm) / (2.0 * (double)eps);
+    }
+    double e = rel_err(ana, num, total);
+    free(ana);
+    free(num);
+    free(x);
+    free(R);
+    free(labels);
+    strata_model_free(m);
+    return e;
+}
+
+static void check_grad(const char *what, const char *json, size_t B, enum input_kind kind,
+                       int use_ce)
+{
+    double e = gradcheck(json, B, kind, use_ce);
+    printf("\n    %s: relative error %.2e ", what, e);
+    CU_ASSERT(e < 1e-3);
+}
+
+static void test_grad_linear(void)
+{
+    check_grad("linear", "{\"input\":[9],\"layers\":[{\"type\":\"linear\",\"name\":\"fc\","
+               "\"out_features\":6}]}",
+               3, IN_GAUSS, 0);
+}
+
+static void test_grad_linear_nobias(void)
+{
+    check_grad("linear without bias", "{\"input\":[5],\"layers\":[{\"type\":\"linear\","
+               "\"name\":\"fc\",\"out_features\":4,\"bias\":false}]}",
+               2, IN_GAUSS, 0);
+}
+
+static void test_grad_conv(void)
+{
+    check_grad("conv2d k3 s1 p0", "{\"input\":[2,6,5],\"layers\":[{\"type\":\"conv2d\","
+               "\"name\":\"c\",\"out_channels\":3,\"kernel_size\":3}]}",
+               2, IN_GAUSS, 0);
+}
+
+static void test_grad_conv_stride_pad(void)
+{
+    check_grad("conv2d k3 s2 p1", "{\"input\":[2,7,7],\"layers\":[{\"type\":\"conv2d\","
+               "\"name\":\"c\",\"out_channels\":3,\"kernel_size\":3,\"stride\":2,"
+               "\"padding\":1}]}",
+               2, IN_GAUSS, 0);
+    check_grad("conv2d k5 s2 p2", "{\"input\":[1,9,8],\"layers\":[{\"type\":\"conv2d\","
+               "\"name\":\"c\",\"out_channels\":2,\"kernel_size\":5,\"stride\":2,"
+               "\"padding\":2}]}",
+               3, IN_GAUSS, 0);
+}
+
+static void test_grad_maxpool(void)
+{
+    check_grad("maxpool2d k2", "{\"input\":[2,6,6],\"layers\":[{\"type\":\"maxpool2d\","
+               "\"kernel_size\":2}]}",
+               2, IN_DISTINCT, 0);
+    check_grad("maxpool2d k3 s2", "{\"input\":[1,7,7],\"layers\":[{\"type\":\"maxpool2d\","
+               "\"kernel_size\":3,\"stride\":2}]}",
+               2, IN_DISTINCT, 0);
+}
+
+static void test_grad_relu(void)
+{
+    check_grad("relu", "{\"input\":[20],\"layers\":[{\"type\":\"relu\"}]}", 3, IN_AWAY_FROM_ZERO,
+               0);
+}
+
+static void test_grad_flatten(void)
+{
+    check_grad("flatten", "{\"input\":[2,3,3],\"layers\":[{\"type\":\"flatten\"}]}", 2, IN_GAUSS,
+               0);
+}
+
+static void test_grad_dropout(void)
+{
+    check_grad("dropout", "{\"input\":[30],\"layers\":[{\"type\":\"dropout\",\"p\":0.3}]}", 2,
+               IN_GAUSS, 0);
+}
+
+static void test_grad_softmax_xent(void)
+{
+    check_grad("softmax cross-entropy", "{\"input\":[7],\"layers\":[{\"type\":\"linear\","
+               "\"name\":\"fc\",\"out_features\":5}]}",
+               4, IN_GAUSS, 1);
+}
+
+static void test_grad_small_cnn(void)
+{
+    /* Smooth layers only: a pooling kink crossed by the perturbation would
+     * make the finite difference itself wrong. */
+    check_grad("conv-linear stack with cross-entropy",
+               "{\"input\":[1,8,8],\"layers\":[{\"type\":\"conv2d\",\"name\":\"c\","
+               "\"out_channels\":2,\"kernel_size\":3,\"padding\":1},{\"type\":\"flatten\"},{\"type\":\"linear\",\"name\":\"fc\","
+               "\"out_features\":3}]}",
+               2, IN_GAUSS, 1);
+}
+
+/* ---- forward correctness against direct formulas ---- */
+
+static void test_conv_forward_direct(void)
+{
+    const char *json = "{\"input\":[2,7,6],\"layers\":[{\"type\":\"conv2d\",\"name\":\"c\","
+                       "\"out_channels\":3,\"kernel_size\":3,\"stride\":2,\"padding\":1}]}";
+    strata_model *m = build(json);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(m);
+    strata_model_init_params(m, 3);
+    const int C = 2, H = 7, W = 6, OC = 3, K = 3, S = 2, PD = 1, OH = 4, OW = 3, B = 2;
+    float x[2 * 2 * 7 * 6];
+    strata_rng r;
+    strata_rng_seed(&r, 5, 0);
+    for (size_t i = 0; i < sizeof(x) / sizeof(x[0]); i++)
+        x[i] = (float)strata_rng_normal(&r);
+    const float *y;
+    CU_ASSERT_EQUAL_FATAL(strata_model_forward(m, x, B, 0, NULL, &y), STRATA_OK);
+    CU_ASSERT_EQUAL(strata_model_output_dim(m), (size_t)OC * OH * OW);
+    const float *w = strata_model_params(m)->items[0].data, *bias = strata_model_params(m)->items[1].data;
+    double maxdiff = 0;
+    for (int b = 0; b < B; b++)
+        for (int o = 0; o < OC; o++)
+            for (int oh = 0; oh < OH; oh++)
+                for (int ow = 0; ow < OW; ow++) {
+                    double s = bias[o];
+                    for (int c = 0; c < C; c++)
+                        for (int i = 0; i < K; i++)
+                            for (int j = 0; j < K; j++) {
+                                int ih = oh * S - PD + i, iw = ow * S - PD + j;
+                                if (ih < 0 || ih >= H || iw < 0 || iw >= W)
+                                    continue;
+                                s += (double)w[((o * C + c) * K + i) * K + j] *
+                                     x[((b * C + c) * H + ih) * W + iw];
+                            }
+                    double got = y[((b * OC + o) * OH + oh) * OW + ow];
+                    if (fabs(got - s) > maxdiff)
+                        maxdiff = fabs(got - s);
+                }
+    CU_ASSERT(maxdiff < 1e-5);
+    strata_model_free(m);
+}
+
+static void test_forward_deterministic(void)
+{
+    strata_model *m = NULL;
+    CU_ASSERT_EQUAL_FATAL(strata_model_new("cnn", &m, NULL), STRATA_OK);
+    strata_model_init_params(m, 11);
+    float *x = calloc(5 * 784, sizeof(float));
+    for (int i = 0; i < 5 * 784; i++)
+        x[i] = (float)((i * 37) % 255) / 255.0f;
+    uint8_t labels[5] = {0, 3, 9, 1, 4};
+    const float *y;
+    float first[50];
+    double l1, l2;
+    CU_ASSERT_EQUAL(strata_model_forward(m, x, 5, 1, NULL, &y), STRATA_OK);
+    memcpy(first, y, sizeof(first));
+    CU_ASSERT_EQUAL(strata_model_backward(m, labels, &l1, NULL), STRATA_OK);
+    CU_ASSERT(l1 > 1.5 && l1 < 3.5); /* about ln(10) at initialisation */
+    CU_ASSERT_EQUAL(strata_model_forward(m, x, 5, 1, NULL, &y), STRATA_OK);
+    CU_ASSERT_EQUAL(memcmp(first, y, sizeof(first)), 0);
+    CU_ASSERT_EQUAL(strata_model_backward(m, labels, &l2, NULL), STRATA_OK);
+    CU_ASSERT_EQUAL(l1, l2);
+    uint8_t bad[5] = {0, 10, 0, 0, 0};
+    CU_ASSERT_EQUAL(strata_model_backward(m, bad, NULL, NULL), STRATA_EINVAL);
+    free(x);
+    strata_model_free(m);
+}
+
+int main(void)
+{
+    strata_set_threads(0);
+    CU_TestInfo arch_tests[] = {
+        {"built-in parameter counts", test_builtin_counts},
+        {"architecture errors name the field", test_arch_errors},
+        CU_TEST_INFO_NULL,
+    };
+    CU_TestInfo grad_tests[] = {
+        {"linear", test_grad_linear},
+        {"linear without bias", test_grad_linear_nobias},
+        {"conv2d", test_grad_conv},
+        {"conv2d stride 2 + padding", test_grad_conv_stride_pad},
+        {"maxpool2d", test_grad_maxpool},
+        {"relu", test_grad_relu},
+        {"flatten", test_grad_flatten},
+        {"dropout", test_grad_dropout},
+        {"softmax cross-entropy", test_grad_softmax_xent},
+        {"small cnn stack", test_grad_small_cnn},
+        CU_TEST_INFO_NULL,
+    };
+    CU_TestInfo fwd_tests[] = {
+        {"conv2d matches direct convolution", test_conv_forward_direct},
+        {"forward/backward deterministic", test_forward_deterministic},
+        CU_TEST_INFO_NULL,
+    };
+    CU_SuiteInfo suites[] = {
+        {"architecture", NULL, NULL, NULL, NULL, arch_tests},
+        {"gradcheck", NULL, NULL, NULL, NULL, grad_tests},
+        {"forward", NULL, NULL, NULL, NULL, fwd_tests},
+        CU_SUITE_INFO_NULL,
+    };
+    return strata_test_run(suites);
+}
