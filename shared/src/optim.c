@@ -8,6 +8,7 @@ struct strata_sgd {
     strata_sgd_config cfg;
     strata_tensor_list velocity;
     const strata_tensor_list *anchor;
+    size_t steps;
 };
 
 int strata_sgd_new(const strata_tensor_list *params, const strata_sgd_config *cfg, strata_sgd **out,
@@ -54,8 +55,19 @@ int strata_sgd_set_anchor(strata_sgd *o, const strata_tensor_list *anchor)
     return STRATA_OK;
 }
 
+float strata_sgd_current_lr(const strata_sgd *o)
+{
+    size_t T = o->cfg.decay_steps;
+    if (T == 0)
+        return o->cfg.lr;
+    size_t t = o->steps < T ? o->steps : T;
+    return (float)(0.5 * (double)o->cfg.lr *
+                   (1.0 + cos(3.14159265358979323846 * (double)t / (double)T)));
+}
+
 void strata_sgd_reset(strata_sgd *o)
 {
+    o->steps = 0;
     for (size_t i = 0; i < o->velocity.count; i++)
         memset(o->velocity.items[i].data, 0, o->velocity.items[i].numel * sizeof(float));
 }
@@ -66,7 +78,7 @@ int strata_sgd_step(strata_sgd *o, strata_tensor_list *params, const strata_tens
         (o->velocity.count != 0 && o->velocity.count != params->count) ||
         (o->anchor != NULL && o->anchor->count != params->count))
         return STRATA_EINVAL;
-    const float lr = o->cfg.lr, mom = o->cfg.momentum, wd = o->cfg.weight_decay;
+    const float lr = strata_sgd_current_lr(o), mom = o->cfg.momentum, wd = o->cfg.weight_decay;
     const float mu = o->anchor ? o->cfg.prox_mu : 0.0f;
     const int nesterov = o->cfg.nesterov;
     for (size_t t = 0; t < params->count; t++) {
@@ -91,5 +103,6 @@ int strata_sgd_step(strata_sgd *o, strata_tensor_list *params, const strata_tens
             w[i] -= lr * d;
         }
     }
+    o->steps++;
     return STRATA_OK;
 }

@@ -1,6 +1,110 @@
-#include <stdio.h>
-int main(void)
+/* strata-tool: inspect, train and convert models and payloads. */
+#include "tool.h"
+
+#include "strata/checkpoint.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static const char USAGE[] =
+    "usage: strata-tool COMMAND [OPTIONS]\n"
+    "\n"
+    "commands:\n"
+    "  info   --model NAME|ARCH.json|CKPT.safetensors [--json]\n"
+    "         print the parameter tensors and the total parameter count\n"
+    "  train  --model NAME|ARCH.json --data DIR --epochs N [--threads T] [--seed S]\n"
+    "         [--batch B] [--lr LR] [--momentum M] [--weight-decay WD] [--nesterov]\n"
+    "         [--limit N] [--normalize auto|none|MEAN,STD] [--out CKPT.safetensors] [--json]\n"
+    "         train centrally and print per-epoch test accuracy\n"
+    "  eval   --model CKPT.safetensors --data DIR [--threads T] [--json]\n"
+    "         evaluate a checkpoint on the test split of a data set\n"
+    "\n"
+    "Run 'strata-tool COMMAND --help' for a command's options.\n";
+
+int tool_fail(int code, const char *fmt, ...)
 {
-    puts("strata-tool");
+    va_list ap;
+    va_start(ap, fmt);
+    fputs("strata-tool: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+    return code;
+}
+
+int tool_parse_long(const char *s, long min, long max, long *out)
+{
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno != 0 || end == s || *end != '\0' || v < min || v > max)
+        return -1;
+    *out = v;
     return 0;
+}
+
+int tool_parse_double(const char *s, double min, double max, double *out)
+{
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno != 0 || end == s || *end != '\0' || !(v >= min && v <= max))
+        return -1;
+    *out = v;
+    return 0;
+}
+
+int tool_load_model(const char *spec, strata_model **out)
+{
+    strata_diag d = {{0}};
+    size_t len = strlen(spec);
+    int rc;
+    if (len > 12 && strcmp(spec + len - 12, ".safetensors") == 0)
+        rc = strata_checkpoint_load(spec, out, &d);
+    else
+        rc = strata_model_new(spec, out, &d);
+    if (rc < 0)
+        tool_fail(1, "%s", strata_diag_msg(&d, rc));
+    return rc;
+}
+
+void tool_progress(void *ctx, size_t done, size_t total)
+{
+    const char *label = ctx;
+    static int tty = -1;
+    if (tty < 0)
+        tty = isatty(STDERR_FILENO);
+    if (!tty || total == 0)
+        return;
+    const int width = 30;
+    int filled = (int)((double)done / (double)total * width);
+    char bar[64];
+    for (int i = 0; i < width; i++)
+        bar[i] = i < filled ? '#' : '.';
+    bar[width] = '\0';
+    fprintf(stderr, "\r%s [%s] %5.1f%%", label ? label : "", bar,
+            100.0 * (double)done / (double)total);
+    if (done >= total)
+        fputs("\r\033[K", stderr);
+    fflush(stderr);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0) {
+        fputs(USAGE, argc < 2 ? stderr : stdout);
+        return argc < 2 ? 2 : 0;
+    }
+    const char *cmd = argv[1];
+    if (strcmp(cmd, "info") == 0)
+        return tool_info(argc - 1, argv + 1);
+    if (strcmp(cmd, "train") == 0)
+        return tool_train(argc - 1, argv + 1);
+    if (strcmp(cmd, "eval") == 0)
+        return tool_eval(argc - 1, argv + 1);
+    fprintf(stderr, "strata-tool: unknown command '%s'\n\n%s", cmd, USAGE);
+    return 2;
 }

@@ -19,6 +19,10 @@ typedef struct strata_sgd_config {
     float weight_decay;
     float prox_mu;
     int nesterov;
+    /* Cosine decay: when > 0, step t (counted from creation or the last
+     * reset) uses lr * (1 + cos(pi * min(t, decay_steps) / decay_steps)) / 2.
+     * 0 keeps lr constant. */
+    size_t decay_steps;
 } strata_sgd_config;
 
 typedef struct strata_sgd strata_sgd;
@@ -35,10 +39,14 @@ void strata_sgd_free(strata_sgd *o);
  * anchor must have the layout of params. */
 int strata_sgd_set_anchor(strata_sgd *o, const strata_tensor_list *anchor);
 
-/* Zeroes the momentum buffers (e.g. at the start of a federated round). */
+/* Zeroes the momentum buffers and the step counter (e.g. at the start of a
+ * federated round). */
 void strata_sgd_reset(strata_sgd *o);
 
 /* Applies one update to params from grads (same layout as at creation). */
 int strata_sgd_step(strata_sgd *o, strata_tensor_list *params, const strata_tensor_list *grads);
+
+/* The learning rate the next step will use. */
+float strata_sgd_current_lr(const strata_sgd *o);
 
 #endif

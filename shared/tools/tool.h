@@ -1,0 +1,29 @@
+/* strata-tool: shared helpers of the sub-commands. */
+#ifndef STRATA_TOOL_H
+#define STRATA_TOOL_H
+
+#include "strata/model.h"
+
+#include <stdio.h>
+
+/* Every sub-command: argc/argv start at the sub-command's name. Returns the
+ * process exit code (0 ok, 1 runtime failure, 2 usage error). */
+int tool_info(int argc, char **argv);
+int tool_train(int argc, char **argv);
+int tool_eval(int argc, char **argv);
+
+/* Prints "strata-tool: <msg>" to stderr; returns 1 (or 2 for usage). */
+int tool_fail(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* Loads a model from a built-in name, an architecture JSON file or a
+ * .safetensors checkpoint. */
+int tool_load_model(const char *spec, strata_model **out);
+
+/* Strict number parsing; return 0 on success. */
+int tool_parse_long(const char *s, long min, long max, long *out);
+int tool_parse_double(const char *s, double min, double max, double *out);
+
+/* A one-line progress bar on stderr when it is a terminal. */
+void tool_progress(void *ctx, size_t done, size_t total);
+
+#endif
