@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Benchmarks (not part of the tests). Builds in Release, then runs:
+#   training throughput: mlp and cnn, batch 32, 1 and 2 threads; when Debian's
+#   python3-torch is installed, PyTorch on the same data in the same run and
+#   the ratio Strata / PyTorch.
+# Usage: scripts/bench.sh [train]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake --build build -j"$(nproc)" >/dev/null
+DATA=${STRATA_DATA_DIR:-/usr/share/datasets/fashion-mnist}
+what=${1:-all}
+
+field() { printf '%s' "$1" | grep -o "\"$2\":[^,}]*" | cut -d: -f2; }
+
+have_torch=0
+if /usr/bin/python3 -c "import torch" >/dev/null 2>&1; then have_torch=1; fi
+
+if [ "$what" = all ] || [ "$what" = train ]; then
+    echo "== training throughput (images/s, batch 32, real Fashion-MNIST images)"
+    printf '%-5s %-8s %12s %12s %8s\n' model threads strata pytorch ratio
+    for model in mlp cnn; do
+        for threads in 1 2; do
+            s=$(./build/bench_train --model $model --threads $threads --batch 32 --data "$DATA")
+            sips=$(field "$s" images_per_second)
+            tips="-" ratio="-"
+            if [ $have_torch = 1 ]; then
+                t=$(/usr/bin/python3 tests/bench/torch_train.py --model $model --threads $threads \
+                    --batch 32 --data "$DATA")
+                tips=$(field "$t" images_per_second)
+                ratio=$(awk -v a="$sips" -v b="$tips" 'BEGIN { printf "%.2f", a / b }')
+            fi
+            printf '%-5s %-8s %12.0f %12s %8s\n' $model $threads "$sips" "$tips" "$ratio"
+        done
+    done
+    [ $have_torch = 1 ] || echo "(python3-torch not installed: no PyTorch baseline in this run)"
+fi

@@ -1,0 +1,22 @@
+# Helpers for the integration tests (sourced; not a test itself).
+set -euo pipefail
+BUILD=${1:?usage: test.sh BUILD_DIR}
+DATA=${STRATA_DATA_DIR:-/usr/share/datasets/fashion-mnist}
+TOOL="$BUILD/strata-tool"
+WORK=$(mktemp -d)
+trap 'rm -rf "$WORK"' EXIT
+
+fail() {
+    echo "FAIL: $*" >&2
+    exit 1
+}
+
+# json_field JSON KEY: the number or string value of a top-level key.
+json_field() {
+    printf '%s' "$1" | grep -o "\"$2\":[^,}]*" | head -n 1 | cut -d: -f2- | tr -d '"'
+}
+
+# assert_gt A B MESSAGE: floating-point A > B.
+assert_gt() {
+    awk -v a="$1" -v b="$2" 'BEGIN { exit !(a > b) }' || fail "$3 ($1 is not > $2)"
+}
