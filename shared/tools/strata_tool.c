@@ -21,6 +21,8 @@ static const char USAGE[] =
     "         train centrally and print per-epoch test accuracy\n"
     "  eval   --model CKPT.safetensors --data DIR [--threads T] [--json]\n"
     "         evaluate a checkpoint on the test split of a data set\n"
+    "  partition --data DIR [--clients N] [--partition iid|dirichlet:ALPHA|shards:S] [--seed S]\n"
+    "         print the per-client label histogram of a partition of the training split\n"
     "\n"
     "Run 'strata-tool COMMAND --help' for a command's options.\n";
 
@@ -105,6 +107,8 @@ int main(int argc, char **argv)
         return tool_train(argc - 1, argv + 1);
     if (strcmp(cmd, "eval") == 0)
         return tool_eval(argc - 1, argv + 1);
+    if (strcmp(cmd, "partition") == 0)
+        return tool_partition(argc - 1, argv + 1);
     fprintf(stderr, "strata-tool: unknown command '%s'\n\n%s", cmd, USAGE);
     return 2;
 }

@@ -3,6 +3,7 @@
 
 #include "strata/checkpoint.h"
 #include "strata/data.h"
+#include "strata/partition.h"
 #include "strata/train.h"
 
 #include <getopt.h>
@@ -278,7 +279,7 @@ int tool_train(int argc, char **argv)
         snprintf(label, sizeof(label), "epoch %ld/%ld", e, a.epochs);
         if ((rc = strata_train_epoch(m, opt, &train, NULL, 0, (size_t)a.batch, 0, &rng,
                                      tool_progress, label, &ts)) < 0 ||
-            (rc = strata_evaluate(m, &test, NULL, 0, 1000, &es)) < 0) {
+            (rc = strata_evaluate(m, &test, NULL, 0, 128, &es)) < 0) {
             tool_fail(1, "training failed: %s", strata_strerror(rc));
             goto out;
         }
@@ -365,7 +366,7 @@ int tool_eval(int argc, char **argv)
     if (tool_load_model(spec, &m) < 0 || load_split(data, "test", 0, &test) < 0)
         goto out;
     strata_train_stats es;
-    int rc = strata_evaluate(m, &test, NULL, 0, 1000, &es);
+    int rc = strata_evaluate(m, &test, NULL, 0, 128, &es);
     if (rc < 0) {
         tool_fail(1, "evaluation failed: %s (does the model fit the data?)", strata_strerror(rc));
         goto out;
@@ -385,4 +386,57 @@ out:
     strata_model_free(m);
     strata_dataset_cleanup(&test);
     return code;
+}
+
+int tool_partition(int argc, char **argv)
+{
+    static const struct option opts[] = {
+        {"data", required_argument, NULL, 'd'},
+        {"clients", required_argument, NULL, 'c'},
+        {"partition", required_argument, NULL, 'p'},
+        {"seed", required_argument, NULL, 's'},
+        {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
+    };
+    const char *data = NULL, *spec = "iid";
+    long clients = 10, seed = 1;
+    int c;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+        if (c == 'd')
+            data = optarg;
+        else if (c == 'p')
+            spec = optarg;
+        else if (c == 'c') {
+            if (tool_parse_long(optarg, 1, 1000000, &clients))
+                return tool_fail(2, "--clients: expected an integer >= 1, got '%s'", optarg);
+        } else if (c == 's') {
+            if (tool_parse_long(optarg, 0, __LONG_MAX__, &seed))
+                return tool_fail(2, "--seed: expected a non-negative integer, got '%s'", optarg);
+        } else if (c == 'h') {
+            puts("usage: strata-tool partition --data DIR [--clients N] "
+                 "[--partition iid|dirichlet:ALPHA|shards:S] [--seed S]");
+            return 0;
+        } else
+            return 2;
+    }
+    if (data == NULL || optind != argc)
+        return tool_fail(2, "partition: --data is required");
+    strata_dataset train;
+    if (load_split(data, "train", 0, &train) < 0)
+        return 1;
+    strata_partition *p = NULL;
+    strata_diag d = {{0}};
+    int rc = strata_partition_new(train.y, train.n, train.num_classes, spec, (size_t)clients,
+                                  (uint64_t)seed, &p, &d);
+    if (rc < 0) {
+        strata_dataset_cleanup(&train);
+        return tool_fail(2, "%s", strata_diag_msg(&d, rc));
+    }
+    printf("partition %s of %zu training samples over %ld clients (seed %ld)\n", spec, train.n,
+           clients, seed);
+    strata_partition_print(p, train.y, train.num_classes, stdout);
+    strata_partition_free(p);
+    strata_dataset_cleanup(&train);
+    return 0;
 }
