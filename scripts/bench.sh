@@ -19,7 +19,13 @@ if /usr/bin/python3 -c "import torch" >/dev/null 2>&1; then have_torch=1; fi
 
 if [ "$what" = all ] || [ "$what" = train ]; then
     echo "== training throughput (images/s, batch 32, real Fashion-MNIST images)"
-    printf '%-5s %-8s %12s %12s %8s\n' model threads strata pytorch ratio
+    # When the environment pins OpenBLAS's kernel (OPENBLAS_CORETYPE), also
+    # measure with OpenBLAS's own CPU detection, for this command alone.
+    auto=0
+    if [ -n "${OPENBLAS_CORETYPE:-}" ]; then auto=1; fi
+    printf '%-5s %-8s %12s %12s %8s' model threads strata pytorch ratio
+    if [ $auto = 1 ]; then printf ' %14s %8s' "strata(auto)" "ratio"; fi
+    printf '\n'
     for model in mlp cnn; do
         for threads in 1 2; do
             s=$(./build/bench_train --model $model --threads $threads --batch 32 --data "$DATA")
@@ -28,11 +34,27 @@ if [ "$what" = all ] || [ "$what" = train ]; then
             if [ $have_torch = 1 ]; then
                 t=$(/usr/bin/python3 tests/bench/torch_train.py --model $model --threads $threads \
                     --batch 32 --data "$DATA")
-                tips=$(field "$t" images_per_second)
+                tips=$(printf '%.0f' "$(field "$t" images_per_second)")
                 ratio=$(awk -v a="$sips" -v b="$tips" 'BEGIN { printf "%.2f", a / b }')
             fi
-            printf '%-5s %-8s %12.0f %12s %8s\n' $model $threads "$sips" "$tips" "$ratio"
+            printf '%-5s %-8s %12.0f %12s %8s' $model $threads "$sips" "$tips" "$ratio"
+            if [ $auto = 1 ]; then
+                a=$(env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE ./build/bench_train --model $model \
+                    --threads $threads --batch 32 --data "$DATA")
+                aips=$(field "$a" images_per_second)
+                aratio="-"
+                if [ $have_torch = 1 ]; then
+                    aratio=$(awk -v a="$aips" -v b="$tips" 'BEGIN { printf "%.2f", a / b }')
+                fi
+                printf ' %14.0f %8s' "$aips" "$aratio"
+            fi
+            printf '\n'
         done
     done
-    [ $have_torch = 1 ] || echo "(python3-torch not installed: no PyTorch baseline in this run)"
+    if [ $have_torch = 0 ]; then
+        echo "(python3-torch not installed: no PyTorch baseline in this run)"
+    fi
+    if [ $auto = 1 ]; then
+        echo "(strata(auto): the same run with OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE} unset)"
+    fi
 fi

@@ -582,7 +582,23 @@ static int ensure_batch(strata_model *m, size_t batch)
 
 /* ---- kernels ---- */
 
-/* cols[k][b*P + p] = x[b][c][oh*s - pad + i][ow*s - pad + j], k = (c*K + i)*K + j. */
+/* Range [*lo, *hi) of output positions o whose input position o*S - PAD + j
+ * lies inside [0, n). */
+static void valid_range(int n, int out, int S, int PAD, int j, int *lo, int *hi)
+{
+    int a = PAD - j; /* o*S >= a */
+    int l = a <= 0 ? 0 : (a + S - 1) / S;
+    int h = (n - 1 + PAD - j) < 0 ? 0 : (n - 1 + PAD - j) / S + 1; /* o*S <= n-1+PAD-j */
+    if (h > out)
+        h = out;
+    if (l > h)
+        l = h;
+    *lo = l;
+    *hi = h;
+}
+
+/* cols[k][b*P + p] = x[b][c][oh*S - PAD + i][ow*S - PAD + j] (0 outside),
+ * with k = (c*K + i)*K + j and p = oh*OW + ow. */
 static void im2col(const layer *L, const float *x, size_t B, float *cols)
 {
     const int K = L->k, S = L->stride, PAD = L->pad;
@@ -591,28 +607,34 @@ static void im2col(const layer *L, const float *x, size_t B, float *cols)
 #pragma omp parallel for schedule(static)
     for (size_t kk = 0; kk < KK; kk++) {
         int j = (int)(kk % K), i = (int)((kk / K) % K), c = (int)(kk / ((size_t)K * K));
+        int ow_lo, ow_hi;
+        valid_range(W, OW, S, PAD, j, &ow_lo, &ow_hi);
         float *row = cols + kk * B * P;
         for (size_t b = 0; b < B; b++) {
             const float *xp = x + (b * L->in_c + c) * plane;
-            float *dst = row + b * P;
             for (int oh = 0; oh < OH; oh++) {
                 int ih = oh * S - PAD + i;
-                float *d = dst + (size_t)oh * OW;
+                float *d = row + b * P + (size_t)oh * OW;
                 if (ih < 0 || ih >= H) {
                     memset(d, 0, (size_t)OW * sizeof(float));
                     continue;
                 }
-                const float *src = xp + (size_t)ih * W;
-                for (int ow = 0; ow < OW; ow++) {
-                    int iw = ow * S - PAD + j;
-                    d[ow] = (iw >= 0 && iw < W) ? src[iw] : 0.0f;
-                }
+                const float *src = xp + (size_t)ih * W + j - PAD;
+                for (int ow = 0; ow < ow_lo; ow++)
+                    d[ow] = 0.0f;
+                if (S == 1)
+                    memcpy(d + ow_lo, src + ow_lo, (size_t)(ow_hi - ow_lo) * sizeof(float));
+                else
+                    for (int ow = ow_lo; ow < ow_hi; ow++)
+                        d[ow] = src[ow * S];
+                for (int ow = ow_hi; ow < OW; ow++)
+                    d[ow] = 0.0f;
             }
         }
     }
 }
 
-/* dx[b][c][...] = sum of dcols entries that im2col read from that position. */
+/* dx[b][c][...] = sum of the dcols entries that im2col read from there. */
 static void col2im(const layer *L, const float *dcols, size_t B, float *dx)
 {
     const int K = L->k, S = L->stride, PAD = L->pad;
@@ -628,17 +650,20 @@ static void col2im(const layer *L, const float *dcols, size_t B, float *dx)
             for (int j = 0; j < K; j++) {
                 size_t kk = ((size_t)c * K + i) * K + j;
                 const float *src = dcols + kk * B * P + b * P;
+                int ow_lo, ow_hi;
+                valid_range(W, OW, S, PAD, j, &ow_lo, &ow_hi);
                 for (int oh = 0; oh < OH; oh++) {
                     int ih = oh * S - PAD + i;
                     if (ih < 0 || ih >= H)
                         continue;
-                    float *d = dp + (size_t)ih * W;
+                    float *d = dp + (size_t)ih * W + j - PAD;
                     const float *s = src + (size_t)oh * OW;
-                    for (int ow = 0; ow < OW; ow++) {
-                        int iw = ow * S - PAD + j;
-                        if (iw >= 0 && iw < W)
-                            d[iw] += s[ow];
-                    }
+                    if (S == 1) /* contiguous: lets the compiler vectorise */
+                        for (int ow = ow_lo; ow < ow_hi; ow++)
+                            d[ow] += s[ow];
+                    else
+                        for (int ow = ow_lo; ow < ow_hi; ow++)
+                            d[ow * S] += s[ow];
                 }
             }
     }
