@@ -1,0 +1,159 @@
+/* Budget policies: how many elements each layer may keep in each round.
+ *
+ * The coordinator owns a policy, asks it for per-layer budgets every round
+ * and sends them to the clients, which compress accordingly (design §5.3,
+ * docs/algorithm.md "Budget policies"). A layer is one parameter tensor.
+ *
+ * Densities. A layer of n elements compressed at density d keeps
+ *     kept(n, d) = n                        if d >= 1 (sent uncompressed)
+ *                = max(1, floor(d * n))     otherwise (n > 0)
+ * elements: strata_comp_kept() in strata/compress.h, the one implementation
+ * of that rule, which the compressors use too.
+ * Layers with fewer than `dense_below` elements always get density 1 and
+ * count toward the volume. The target d0 is a mean density for the whole
+ * model: the uniform policy keeps sum_l kept(n_l, d0) elements per round
+ * (dense layers included), and the calibrated policies spend the same.
+ *
+ * Policies: "uniform", "legacy-layer", "legacy-phase", "legacy" (layer x
+ * phase) and "lgreco" (error-constrained allocation from client-reported
+ * error tables). A legacy policy's densities are min(1, alpha * W) with
+ * weight W[phase][group] and one scale alpha chosen by equal-volume
+ * calibration ("round", "run") or alpha = d0 ("none").
+ *
+ * Thread-safety: a parsed policy is read-only for every function taking a
+ * const pointer, so concurrent calls on one policy are safe; only
+ * strata_policy_set_lgreco_table() and strata_policy_free() modify it and
+ * must not run concurrently with anything else on the same policy. */
+#ifndef STRATA_POLICY_H
+#define STRATA_POLICY_H
+
+#include "strata/compress.h"
+#include "strata/error.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Limits on a policy configuration. */
+#define STRATA_POLICY_MAX_SPLITS 32 /* thresholds, so at most 33 groups */
+#define STRATA_POLICY_MAX_PHASES 64
+#define STRATA_POLICY_MAX_JSON (1u << 20) /* bytes of JSON text or file */
+#define STRATA_LGRECO_MAX_CAND 64         /* configured candidates (d0 may add one) */
+/* Units of the discretised error axis of the lgreco dynamic programme: the
+ * error budget is split into this many units and every layer's error is
+ * rounded up to whole units, so a solution never exceeds the budget and at
+ * most nlayers units (nlayers / 10000 of the budget) are lost to rounding. */
+#define STRATA_LGRECO_RESOLUTION 10000
+
+typedef struct strata_policy strata_policy;
+
+/* Creates a policy from spec, which is one of
+ *   - a policy name with all defaults: "uniform", "legacy-layer",
+ *     "legacy-phase", "legacy", "lgreco";
+ *   - JSON text (first non-blank character '{'), e.g.
+ *     {"type": "legacy-layer", "splits": [10000], "layer_weights": [2, 1]};
+ *   - "@path" naming a file that holds such JSON (at most
+ *     STRATA_POLICY_MAX_JSON bytes).
+ * JSON keys: "type" (required), "dense_below", "compressor" ("topk" or
+ * "randk"), "splits", "layer_weights", "phases", "phase_weights", "weights"
+ * (phases x groups, "legacy" only), "calibration" ("round", "run", "none"),
+ * "candidates" and "lgreco_every" (lgreco only); docs/algorithm.md lists the
+ * defaults and which key applies to which type.
+ * On success *out owns a new policy (free with strata_policy_free). Errors:
+ * STRATA_EINVAL for an unknown name, malformed JSON, an unknown key, a key
+ * that does not apply to the type, a wrong type or length, non-ascending
+ * splits or candidates, non-positive weights; the diag message starts with
+ * the offending key ("layer_weights: expected 4 numbers (one per group of
+ * splits), got 3"). STRATA_EIO when "@path" cannot be read, STRATA_ETOOBIG
+ * when the text is too large, STRATA_ENOMEM. *out is NULL on failure. */
+int strata_policy_parse(const char *spec, strata_policy **out, strata_diag *diag);
+
+/* Frees a policy. Accepts NULL. */
+void strata_policy_free(strata_policy *p);
+
+/* Returns the policy type ("uniform", "legacy-layer", ...); static string. */
+const char *strata_policy_name(const strata_policy *p);
+
+/* Returns the effective configuration, defaults filled in, as compact JSON
+ * that strata_policy_parse() accepts back (an lgreco table is not included).
+ * The string is malloc'ed and owned by the caller (free()); NULL when out of
+ * memory. */
+char *strata_policy_json(const strata_policy *p);
+
+/* Number of phases P of the policy (1 for policies without phases). */
+uint32_t strata_policy_phases(const strata_policy *p);
+
+/* Phase of round `round` (0-based) in a run of total_rounds rounds:
+ * floor(round * P / total_rounds). A round at or past the end counts as the
+ * last phase; total_rounds == 0 gives phase 0. */
+uint32_t strata_policy_phase(const strata_policy *p, uint32_t round, uint32_t total_rounds);
+
+/* Rounds between lgreco re-solves ("lgreco_every"); 0 for other policies. */
+uint32_t strata_policy_lgreco_every(const strata_policy *p);
+
+/* Candidate densities the clients must report errors for when the target
+ * is d0: the configured candidates with d0 inserted, ascending, without
+ * duplicates. Writes them to out (room for STRATA_LGRECO_MAX_CAND + 1
+ * values) and returns their number; returns 0 (and writes nothing) for a
+ * policy that is not lgreco or an invalid d0. */
+size_t strata_policy_lgreco_candidates(const strata_policy *p, double d0, double *out);
+
+/* Computes the density of every layer for round `round` (0-based) of a run
+ * of total_rounds rounds, for layers with the given element counts, at
+ * target mean density d0 (0 < d0 <= 1). density[l] is 1 for a layer sent
+ * uncompressed. numel and density are borrowed arrays of nlayers entries.
+ * Errors: STRATA_EINVAL for d0 outside (0, 1], total_rounds == 0 or
+ * round >= total_rounds; STRATA_ESTATE for an lgreco policy whose table was
+ * solved for other layers or another d0. density is zeroed on entry. */
+int strata_policy_densities(const strata_policy *p, const size_t *numel, size_t nlayers, double d0,
+                            uint32_t round, uint32_t total_rounds, double *density,
+                            strata_diag *diag);
+
+/* Same as strata_policy_densities(), expressed as per-layer budgets: the
+ * policy's compressor (STRATA_COMP_TOPK or STRATA_COMP_RANDK) with the
+ * density, or STRATA_COMP_NONE with density 1 for a layer sent uncompressed.
+ * out (nlayers entries, borrowed) is zeroed on entry. */
+int strata_policy_budgets(const strata_policy *p, const size_t *numel, size_t nlayers, double d0,
+                          uint32_t round, uint32_t total_rounds, strata_budget *out,
+                          strata_diag *diag);
+
+/* Total elements kept by nlayers layers at the given densities (each in
+ * (0, 1]; 1 means sent whole), by strata_comp_kept(). */
+size_t strata_policy_kept(const size_t *numel, const double *density, size_t nlayers);
+
+/* Feeds an lgreco policy the error table of the current model and re-solves
+ * its allocation; the coordinator calls it every strata_policy_lgreco_every()
+ * rounds with the clients' averaged tables. err is row-major nlayers x ncand
+ * where the columns are strata_policy_lgreco_candidates(p, d0) and
+ * err[l * ncand + c] = ||a_l - topk_c(a_l)||^2 for the layer's accumulated
+ * update a_l (what strata_topk_error_table() computes on a client). Rows of layers below
+ * dense_below are ignored (they stay dense). The error budget is the uniform policy's error at d0;
+ * the chosen allocation is the one with fewest kept elements whose total error stays within it, and
+ * never keeps more than uniform (uniform itself is the fallback). Until a table is set, an lgreco
+ * policy behaves like uniform; afterwards strata_policy_densities() must be called with the same
+ * layers and d0. Errors: STRATA_EINVAL for a policy that is not lgreco, a bad d0, or a negative or
+ * non-finite error (the previous allocation is kept); STRATA_ENOMEM. */
+int strata_policy_set_lgreco_table(strata_policy *p, const double *err, const size_t *numel,
+                                   size_t nlayers, double d0, strata_diag *diag);
+
+/* Uniform policy's error: the sum over layers of err[l][c0] where cand[c0]
+ * equals d0. err is row-major nlayers x ncand. STRATA_EINVAL when d0 is not
+ * a candidate. *out is zeroed on entry. */
+int strata_lgreco_uniform_error(const double *err, size_t nlayers, const double *cand, size_t ncand,
+                                double d0, double *out, strata_diag *diag);
+
+/* Chooses one candidate per layer (choice[l] indexes cand) minimising the
+ * total kept elements sum_l kept(numel[l], cand[choice[l]]) subject to
+ * sum_l err[l][choice[l]] <= budget, by dynamic programming over an error
+ * axis of STRATA_LGRECO_RESOLUTION units (errors rounded up, so the budget is
+ * never exceeded; the optimum is exact up to that rounding: any choice with
+ * error at most budget * (1 - nlayers / STRATA_LGRECO_RESOLUTION) is within
+ * reach). Among equally small solutions the choice is deterministic but
+ * unspecified. cand must be ascending in (0, 1] with ncand <= 255; err
+ * entries finite and >= 0. Memory: nlayers * (RESOLUTION + 1) bytes.
+ * Errors: STRATA_EINVAL for bad arguments or when no choice fits the
+ * discretised budget (even the lowest-error candidates exceed it);
+ * STRATA_ENOMEM. choice is zeroed on entry. Thread-safe. */
+int strata_lgreco_solve(const double *err, const size_t *numel, size_t nlayers, const double *cand,
+                        size_t ncand, double budget, size_t *choice, strata_diag *diag);
+
+#endif
