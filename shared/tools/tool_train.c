@@ -36,10 +36,23 @@ int tool_info(int argc, char **argv)
     }
     if (spec == NULL || optind != argc)
         return tool_fail(2, "info: --model is required (and takes no positional arguments)");
+    /* A safetensors file is listed as it is (a checkpoint, a delta, a
+     * residual); anything else is built as a model. */
     strata_model *m = NULL;
-    if (tool_load_model(spec, &m) < 0)
+    strata_tensor_list file;
+    strata_tensor_list_init(&file);
+    strata_tensor_list *p = &file;
+    size_t len = strlen(spec);
+    if (len > 12 && strcmp(spec + len - 12, ".safetensors") == 0) {
+        strata_diag d = {{0}};
+        int rc = strata_safetensors_read(spec, 0, &file, NULL, &d);
+        if (rc < 0)
+            return tool_fail(1, "%s", strata_diag_msg(&d, rc));
+    } else if (tool_load_model(spec, &m) < 0) {
         return 1;
-    strata_tensor_list *p = strata_model_params(m);
+    } else {
+        p = strata_model_params(m);
+    }
     size_t total = strata_tensor_list_numel(p);
     if (json) {
         json_t *root = json_object(), *arr = json_array();
@@ -66,6 +79,7 @@ int tool_info(int argc, char **argv)
         }
         printf("total parameters: %zu\n", total);
     }
+    strata_tensor_list_cleanup(&file);
     strata_model_free(m);
     return 0;
 }
