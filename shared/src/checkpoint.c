@@ -49,8 +49,8 @@ static int build_from(strata_tensor_list *tensors, const strata_metadata *meta, 
 {
     const char *arch = strata_metadata_get(meta, STRATA_META_ARCH);
     if (arch == NULL)
-        return strata_diag_set(diag, STRATA_EPROTO,
-                               "checkpoint has no '%s' metadata entry", STRATA_META_ARCH);
+        return strata_diag_set(diag, STRATA_EPROTO, "checkpoint has no '%s' metadata entry",
+                               STRATA_META_ARCH);
     strata_model *m = NULL;
     strata_diag inner = {{0}};
     int rc = strata_model_from_json(arch, strlen(arch), &m, &inner);
@@ -93,8 +93,7 @@ int strata_checkpoint_load(const char *path, strata_model **out, strata_diag *di
     return rc;
 }
 
-int strata_checkpoint_decode(const uint8_t *buf, size_t len, strata_model **out,
-                             strata_diag *diag)
+int strata_checkpoint_decode(const uint8_t *buf, size_t len, strata_model **out, strata_diag *diag)
 {
     *out = NULL;
     strata_tensor_list t;

@@ -21,11 +21,11 @@ typedef struct layer {
     size_t in_dim, out_dim;
     int k, stride, pad; /* conv2d, maxpool2d */
     int has_bias;
-    float p; /* dropout probability */
-    int w, b; /* indices into params/grads, -1 when absent */
-    float *cols; /* conv2d: im2col of the last forward, K x (B*P) */
+    float p;         /* dropout probability */
+    int w, b;        /* indices into params/grads, -1 when absent */
+    float *cols;     /* conv2d: im2col of the last forward, K x (B*P) */
     int32_t *argmax; /* maxpool2d: flat input offset per output */
-    float *mask; /* dropout: scale per element of the last forward */
+    float *mask;     /* dropout: scale per element of the last forward */
 } layer;
 
 struct strata_model {
@@ -34,10 +34,10 @@ struct strata_model {
     layer layers[MAX_LAYERS];
     strata_tensor_list params, grads;
     float mean, std;
-    size_t cap_batch; /* buffers sized for this many samples */
-    size_t batch; /* samples in the last forward */
-    float **act; /* act[i]: input of layer i; act[nlayers]: logits */
-    float *gbuf[2]; /* ping-pong gradient buffers */
+    size_t cap_batch;  /* buffers sized for this many samples */
+    size_t batch;      /* samples in the last forward */
+    float **act;       /* act[i]: input of layer i; act[nlayers]: logits */
+    float *gbuf[2];    /* ping-pong gradient buffers */
     float *scratch[2]; /* conv2d workspaces */
     size_t max_dim, max_scratch;
     float *probs; /* softmax of the last loss computation */
@@ -187,8 +187,7 @@ static int parse_layer(strata_model *m, json_t *lj, int idx, int *c, int *h, int
         if ((rc = get_int_field(lj, "out_features", idx, 1, 0, 1, 1 << 20, &out, diag)) < 0)
             return rc;
         if ((size_t)out * L->in_dim > ((size_t)1 << 31))
-            return strata_diag_set(diag, STRATA_EINVAL, "layers[%d]: weight matrix too large",
-                                   idx);
+            return strata_diag_set(diag, STRATA_EINVAL, "layers[%d]: weight matrix too large", idx);
         L->kind = L_LINEAR;
         int64_t ws[2] = {out, (int64_t)L->in_dim}, bs[1] = {out};
         if ((rc = add_param(m, lname, "weight", 2, ws, idx, &L->w, diag)) < 0)
@@ -239,8 +238,8 @@ static int parse_layer(strata_model *m, json_t *lj, int idx, int *c, int *h, int
             return rc;
         if (*h < k || *w < k)
             return strata_diag_set(diag, STRATA_EINVAL,
-                                   "layers[%d].kernel_size: %d is larger than the input %dx%d",
-                                   idx, k, *h, *w);
+                                   "layers[%d].kernel_size: %d is larger than the input %dx%d", idx,
+                                   k, *h, *w);
         L->kind = L_MAXPOOL;
         L->k = k;
         L->stride = s;
@@ -331,8 +330,8 @@ int strata_model_from_json(const char *json, size_t len, strata_model **out, str
         json_t *d = json_array_get(input, i);
         if (!json_is_integer(d) || json_integer_value(d) < 1 ||
             json_integer_value(d) > MAX_DIM_SIZE) {
-            rc = strata_diag_set(diag, STRATA_EINVAL,
-                                 "input[%zu]: expected an integer in [1, %d]", i, MAX_DIM_SIZE);
+            rc = strata_diag_set(diag, STRATA_EINVAL, "input[%zu]: expected an integer in [1, %d]",
+                                 i, MAX_DIM_SIZE);
             goto out;
         }
         dims[i] = (int)json_integer_value(d);
@@ -403,8 +402,8 @@ int strata_model_new(const char *spec, strata_model **out, strata_diag *diag)
     fclose(f);
     int rc;
     if (n > MAX_ARCH_BYTES)
-        rc = strata_diag_set(diag, STRATA_ETOOBIG, "%s: larger than %u bytes", spec,
-                             MAX_ARCH_BYTES);
+        rc =
+            strata_diag_set(diag, STRATA_ETOOBIG, "%s: larger than %u bytes", spec, MAX_ARCH_BYTES);
     else
         rc = strata_model_from_json(buf, n, out, diag);
     free(buf);
@@ -797,8 +796,8 @@ static void maxpool_backward(layer *L, const float *dy, float *dx, size_t B)
     }
 }
 
-int strata_model_forward(strata_model *m, const float *x, size_t batch, int training, strata_rng *rng,
-                         const float **logits)
+int strata_model_forward(strata_model *m, const float *x, size_t batch, int training,
+                         strata_rng *rng, const float **logits)
 {
     *logits = NULL;
     if (batch == 0)

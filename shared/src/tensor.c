@@ -121,7 +121,8 @@ static int copy_list(strata_tensor_list *dst, const strata_tensor_list *src, int
     strata_tensor_list_init(&tmp);
     for (size_t i = 0; i < src->count; i++) {
         const strata_tensor *t = &src->items[i];
-        int rc = strata_tensor_list_add(&tmp, t->name, t->ndim, t->shape, with_data ? t->data : NULL);
+        int rc =
+            strata_tensor_list_add(&tmp, t->name, t->ndim, t->shape, with_data ? t->data : NULL);
         if (rc < 0) {
             strata_tensor_list_cleanup(&tmp);
             return rc;
@@ -162,7 +163,8 @@ void strata_tensor_shape_str(const strata_tensor *t, char *buf, size_t len)
     size_t off = 0;
     off += (size_t)snprintf(buf + off, len - off, "[");
     for (int d = 0; d < t->ndim && off < len; d++)
-        off += (size_t)snprintf(buf + off, len - off, "%s%lld", d ? ", " : "", (long long)t->shape[d]);
+        off +=
+            (size_t)snprintf(buf + off, len - off, "%s%lld", d ? ", " : "", (long long)t->shape[d]);
     if (off < len)
         snprintf(buf + off, len - off, "]");
 }

@@ -170,8 +170,8 @@ static double gradcheck(const char *json, size_t B, enum input_kind kind, int us
         labels[b] = (uint8_t)strata_rng_below(&r, strata_model_output_dim(m));
 
     eval_loss(m, x, B, R, labels);
-    int brc = use_ce ? strata_model_backward(m, labels, NULL, NULL)
-                     : strata_model_backward_from(m, R);
+    int brc =
+        use_ce ? strata_model_backward(m, labels, NULL, NULL) : strata_model_backward_from(m, R);
     CU_ASSERT_EQUAL(brc, STRATA_OK);
 
     strata_tensor_list *P = strata_model_params(m), *G = strata_model_grads(m);
@@ -226,32 +226,37 @@ static void check_grad(const char *what, const char *json, size_t B, enum input_
 
 static void test_grad_linear(void)
 {
-    check_grad("linear", "{\"input\":[9],\"layers\":[{\"type\":\"linear\",\"name\":\"fc\","
+    check_grad("linear",
+               "{\"input\":[9],\"layers\":[{\"type\":\"linear\",\"name\":\"fc\","
                "\"out_features\":6}]}",
                3, IN_GAUSS, 0);
 }
 
 static void test_grad_linear_nobias(void)
 {
-    check_grad("linear without bias", "{\"input\":[5],\"layers\":[{\"type\":\"linear\","
+    check_grad("linear without bias",
+               "{\"input\":[5],\"layers\":[{\"type\":\"linear\","
                "\"name\":\"fc\",\"out_features\":4,\"bias\":false}]}",
                2, IN_GAUSS, 0);
 }
 
 static void test_grad_conv(void)
 {
-    check_grad("conv2d k3 s1 p0", "{\"input\":[2,6,5],\"layers\":[{\"type\":\"conv2d\","
+    check_grad("conv2d k3 s1 p0",
+               "{\"input\":[2,6,5],\"layers\":[{\"type\":\"conv2d\","
                "\"name\":\"c\",\"out_channels\":3,\"kernel_size\":3}]}",
                2, IN_GAUSS, 0);
 }
 
 static void test_grad_conv_stride_pad(void)
 {
-    check_grad("conv2d k3 s2 p1", "{\"input\":[2,7,7],\"layers\":[{\"type\":\"conv2d\","
+    check_grad("conv2d k3 s2 p1",
+               "{\"input\":[2,7,7],\"layers\":[{\"type\":\"conv2d\","
                "\"name\":\"c\",\"out_channels\":3,\"kernel_size\":3,\"stride\":2,"
                "\"padding\":1}]}",
                2, IN_GAUSS, 0);
-    check_grad("conv2d k5 s2 p2", "{\"input\":[1,9,8],\"layers\":[{\"type\":\"conv2d\","
+    check_grad("conv2d k5 s2 p2",
+               "{\"input\":[1,9,8],\"layers\":[{\"type\":\"conv2d\","
                "\"name\":\"c\",\"out_channels\":2,\"kernel_size\":5,\"stride\":2,"
                "\"padding\":2}]}",
                3, IN_GAUSS, 0);
@@ -259,10 +264,12 @@ static void test_grad_conv_stride_pad(void)
 
 static void test_grad_maxpool(void)
 {
-    check_grad("maxpool2d k2", "{\"input\":[2,6,6],\"layers\":[{\"type\":\"maxpool2d\","
+    check_grad("maxpool2d k2",
+               "{\"input\":[2,6,6],\"layers\":[{\"type\":\"maxpool2d\","
                "\"kernel_size\":2}]}",
                2, IN_DISTINCT, 0);
-    check_grad("maxpool2d k3 s2", "{\"input\":[1,7,7],\"layers\":[{\"type\":\"maxpool2d\","
+    check_grad("maxpool2d k3 s2",
+               "{\"input\":[1,7,7],\"layers\":[{\"type\":\"maxpool2d\","
                "\"kernel_size\":3,\"stride\":2}]}",
                2, IN_DISTINCT, 0);
 }
@@ -287,7 +294,8 @@ static void test_grad_dropout(void)
 
 static void test_grad_softmax_xent(void)
 {
-    check_grad("softmax cross-entropy", "{\"input\":[7],\"layers\":[{\"type\":\"linear\","
+    check_grad("softmax cross-entropy",
+               "{\"input\":[7],\"layers\":[{\"type\":\"linear\","
                "\"name\":\"fc\",\"out_features\":5}]}",
                4, IN_GAUSS, 1);
 }
@@ -298,7 +306,8 @@ static void test_grad_small_cnn(void)
      * make the finite difference itself wrong. */
     check_grad("conv-linear stack with cross-entropy",
                "{\"input\":[1,8,8],\"layers\":[{\"type\":\"conv2d\",\"name\":\"c\","
-               "\"out_channels\":2,\"kernel_size\":3,\"padding\":1},{\"type\":\"flatten\"},{\"type\":\"linear\",\"name\":\"fc\","
+               "\"out_channels\":2,\"kernel_size\":3,\"padding\":1},{\"type\":\"flatten\"},{"
+               "\"type\":\"linear\",\"name\":\"fc\","
                "\"out_features\":3}]}",
                2, IN_GAUSS, 1);
 }
@@ -321,7 +330,8 @@ static void test_conv_forward_direct(void)
     const float *y;
     CU_ASSERT_EQUAL_FATAL(strata_model_forward(m, x, B, 0, NULL, &y), STRATA_OK);
     CU_ASSERT_EQUAL(strata_model_output_dim(m), (size_t)OC * OH * OW);
-    const float *w = strata_model_params(m)->items[0].data, *bias = strata_model_params(m)->items[1].data;
+    const float *w = strata_model_params(m)->items[0].data,
+                *bias = strata_model_params(m)->items[1].data;
     double maxdiff = 0;
     for (int b = 0; b < B; b++)
         for (int o = 0; o < OC; o++)

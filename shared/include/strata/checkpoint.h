@@ -25,8 +25,7 @@ int strata_checkpoint_save(strata_model *m, const char *path, strata_diag *diag)
 int strata_checkpoint_load(const char *path, strata_model **out, strata_diag *diag);
 
 /* Same from an in-memory safetensors buffer (borrowed). */
-int strata_checkpoint_decode(const uint8_t *buf, size_t len, strata_model **out,
-                             strata_diag *diag);
+int strata_checkpoint_decode(const uint8_t *buf, size_t len, strata_model **out, strata_diag *diag);
 
 /* Parses "mean,std" (std > 0). */
 int strata_parse_normalization(const char *s, float *mean, float *std);

@@ -51,24 +51,24 @@ typedef struct strata_clayer {
     uint32_t layer_index; /* position of the tensor in the model */
     strata_compressor_id comp;
     strata_values_format values_format;
-    uint64_t numel; /* elements of the dense tensor */
-    uint64_t count; /* TOPK/RANDK: kept elements; others: entries in values */
-    uint32_t *indices; /* TOPK only, count entries, strictly ascending */
-    float *values; /* see the table above */
-    int8_t *qlevels; /* QSGD only, numel entries */
-    uint8_t *signbits; /* SIGN only, (numel + 7) / 8 bytes */
-    float scale; /* QSGD: L2 norm; SIGN: mean |a| */
-    uint32_t levels; /* QSGD: s in [1, 127] */
+    uint64_t numel;            /* elements of the dense tensor */
+    uint64_t count;            /* TOPK/RANDK: kept elements; others: entries in values */
+    uint32_t *indices;         /* TOPK only, count entries, strictly ascending */
+    float *values;             /* see the table above */
+    int8_t *qlevels;           /* QSGD only, numel entries */
+    uint8_t *signbits;         /* SIGN only, (numel + 7) / 8 bytes */
+    float scale;               /* QSGD: L2 norm; SIGN: mean |a| */
+    uint32_t levels;           /* QSGD: s in [1, 127] */
     uint32_t rows, cols, rank; /* POWERSGD */
-    uint64_t seed; /* RANDK */
+    uint64_t seed;             /* RANDK */
 } strata_clayer;
 
 /* Per-layer compression budget, decided by a policy (strata/policy.h). */
 typedef struct strata_budget {
     strata_compressor_id comp;
-    double density; /* TOPK/RANDK: fraction kept, (0, 1] */
+    double density;  /* TOPK/RANDK: fraction kept, (0, 1] */
     uint32_t levels; /* QSGD */
-    uint32_t rank; /* POWERSGD */
+    uint32_t rank;   /* POWERSGD */
 } strata_budget;
 
 /* Returns the compressor's name ("topk"), or "?" for an unknown id. */
@@ -82,5 +82,118 @@ void strata_clayer_cleanup(strata_clayer *c);
 
 /* Frees an array of n compressed layers (each cleaned up) and the array. */
 void strata_clayers_free(strata_clayer *c, size_t n);
+
+/* ---- Half-precision conversions ----
+ *
+ * IEEE binary16 (fp16) and bfloat16 (bf16) conversions with round to
+ * nearest, ties to even. Values beyond the target's range become infinity,
+ * NaN stays a (quiet) NaN. The conversions back to float32 are exact. Pure
+ * functions, thread-safe. */
+uint16_t strata_f32_to_f16(float f);
+float strata_f16_to_f32(uint16_t h);
+uint16_t strata_f32_to_bf16(float f);
+float strata_bf16_to_f32(uint16_t h);
+
+/* ---- Compression ---- */
+
+/* Number of elements a TOPK or RANDK layer keeps: max(1, floor(density *
+ * numel)) computed in double precision, capped at numel. density must be in
+ * (0, 1]; numel >= 1. Every module uses this one formula. */
+uint64_t strata_comp_kept(double density, uint64_t numel);
+
+/* Checks a budget: comp known; TOPK/RANDK density in (0, 1]; QSGD levels in
+ * [1, 127]; POWERSGD rank >= 1. Returns STRATA_EINVAL (with diag) otherwise. */
+int strata_budget_check(const strata_budget *b, strata_diag *diag);
+
+/* The matrix view PowerSGD uses for a tensor: rows = shape[0], cols = numel /
+ * rows, and the effective rank min(rank, rows, cols). Returns STRATA_EINVAL
+ * for ndim < 2 (vectors are sent dense), a bad shape or rank 0; out-params
+ * are zeroed on entry. */
+int strata_powersgd_dims(int ndim, const int64_t *shape, uint32_t rank, uint32_t *rows,
+                         uint32_t *cols, uint32_t *rank_eff);
+
+/* Compresses the n floats at a (borrowed; a row-major tensor of the given
+ * ndim and shape, which must have n elements, 1 <= n <=
+ * STRATA_CLAYER_MAX_NUMEL) with budget b into out, which is zeroed on entry
+ * and owns its arrays afterwards (free with strata_clayer_cleanup); the
+ * caller sets out->layer_index. Per compressor:
+ *   NONE/FP16/BF16  dense values (FP16/BF16 force that values format).
+ *   TOPK            exact top-k by magnitude, k = strata_comp_kept(); ties
+ *                   go to the lower index; indices strictly ascending.
+ *   RANDK           k positions from strata_randk_indices(seed, n, k);
+ *                   values are NOT rescaled by n/k (biased, the standard
+ *                   choice with error feedback); out->seed = seed.
+ *   QSGD            stochastic rounding to b->levels levels of |a|/||a||,
+ *                   unbiased; random draws from a strata_rng seeded by seed.
+ *   SIGN            scale = mean |a|, sign bits (zero counts as positive).
+ *   POWERSGD        one power iteration of rank strata_powersgd_dims() on
+ *                   the shape[0] x (n / shape[0]) view; Q starts from q_warm
+ *                   (borrowed, cols * rank_eff floats; columns that are zero
+ *                   or non-finite are redrawn) or, when q_warm is NULL, from
+ *                   normal draws seeded by seed. ndim <= 1 falls back to
+ *                   NONE. Uses cblas_sgemm (do not call from inside an
+ *                   OpenMP parallel region).
+ * vf is the values format for the float values of NONE, TOPK, RANDK and
+ * POWERSGD: with FP16/BF16 the kept values are rounded (to nearest even,
+ * saturating at the largest finite half value) before they are stored, so
+ * strata_clayer_decode() reproduces exactly what error feedback subtracts.
+ * QSGD and SIGN carry no float values (values_format FP32).
+ * Errors: STRATA_EINVAL for a bad argument or budget, a shape that does not
+ * match n, or a non-finite input value (NaN or infinity); STRATA_ETOOBIG
+ * when n > STRATA_CLAYER_MAX_NUMEL; STRATA_ENOMEM. Thread-safe for distinct
+ * outputs; TOPK uses OpenMP threads for n >= STRATA_TOPK_PARALLEL_MIN. */
+int strata_compress(const float *a, size_t n, int ndim, const int64_t *shape,
+                    const strata_budget *b, strata_values_format vf, uint64_t seed,
+                    const float *q_warm, strata_clayer *out, strata_diag *diag);
+
+/* Writes the dense reconstruction of c (borrowed) into dense (c->numel
+ * floats). c may come from an untrusted payload: its internal consistency is
+ * checked first and dense is left untouched when it fails. Errors:
+ * STRATA_EPROTO (with diag) for an unknown compressor or values format, numel
+ * 0 or above STRATA_CLAYER_MAX_NUMEL, count not matching the compressor
+ * (dense: numel; TOPK/RANDK: <= numel; QSGD/SIGN: 0; POWERSGD: (rows +
+ * cols) * rank), a missing array, TOPK indices not strictly ascending or out
+ * of range, QSGD levels outside [1, 127] or a quantised level beyond
+ * +-levels, SIGN padding bits set, POWERSGD rows * cols != numel or rank
+ * outside [1, min(rows, cols)], a NaN, infinite or negative scale, a NaN or
+ * infinite value, a value not representable in the declared values format
+ * (and, for FP16/BF16 layers, in that precision), a POWERSGD dimension
+ * above INT_MAX or factors whose product could overflow float32; STRATA_EINVAL for NULL arguments;
+ * STRATA_ENOMEM (RANDK index regeneration, POWERSGD). Thread-safe. */
+int strata_clayer_decode(const strata_clayer *c, float *dense, strata_diag *diag);
+
+/* For a POWERSGD layer: the Q factor (cols * rank floats, row-major cols x
+ * rank, borrowed from c->values after P), to be passed as q_warm next round.
+ * NULL for any other layer. */
+const float *strata_clayer_powersgd_q(const strata_clayer *c);
+
+/* Tensors at least this large use OpenMP threads in top-k selection. */
+#define STRATA_TOPK_PARALLEL_MIN ((size_t)1 << 20)
+
+/* Exact top-k by magnitude: writes to idx_out (k entries) the positions of
+ * the k largest |a[i]| among the n floats at a (borrowed), ties broken
+ * toward the lower index, in strictly ascending order. Linear time on average
+ * (sampled threshold, then radix selection on the magnitude bits); never a
+ * full sort. Uses omp_get_max_threads() threads when n >=
+ * STRATA_TOPK_PARALLEL_MIN; the result does not depend on the thread count.
+ * Errors: STRATA_EINVAL for NULL pointers, k == 0, k > n, n > UINT32_MAX or
+ * a NaN or infinite value in a (idx_out is then unspecified); STRATA_ENOMEM. */
+int strata_topk_select(const float *a, size_t n, size_t k, uint32_t *idx_out);
+
+/* The RANDK positions for (seed, numel, count): count distinct indices in
+ * [0, numel), strictly ascending, written to idx_out. Deterministic on every
+ * platform; the payload carries only the seed. Errors: STRATA_EINVAL for
+ * count > numel, numel > STRATA_CLAYER_MAX_NUMEL or a NULL idx_out with
+ * count > 0; STRATA_ENOMEM (a numel-bit scratch bitmap). Thread-safe. */
+int strata_randk_indices(uint64_t seed, uint64_t numel, uint64_t count, uint32_t *idx_out);
+
+/* The squared L2 error ||a - topk(a)||^2 of keeping k = strata_comp_kept(d,
+ * n) elements, for each of the nd densities (each in (0, 1]), written to
+ * sq_errors[nd]. One radix sort of |a| and prefix sums of squares (in
+ * double) give all of them. Errors: STRATA_EINVAL for NULL pointers, n == 0,
+ * a density outside (0, 1] or a non-finite value in a; STRATA_ENOMEM
+ * (scratch of 8 n bytes). Thread-safe. */
+int strata_topk_error_table(const float *a, size_t n, const double *densities, size_t nd,
+                            double *sq_errors);
 
 #endif

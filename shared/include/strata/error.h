@@ -10,12 +10,12 @@
 
 typedef enum {
     STRATA_OK = 0,
-    STRATA_ENOMEM = -1, /* allocation failed */
-    STRATA_EINVAL = -2, /* invalid argument or configuration */
+    STRATA_ENOMEM = -1,  /* allocation failed */
+    STRATA_EINVAL = -2,  /* invalid argument or configuration */
     STRATA_ETOOBIG = -3, /* a size limit was exceeded */
-    STRATA_EPROTO = -4, /* malformed input data */
-    STRATA_EIO = -5, /* an operating-system I/O call failed */
-    STRATA_ESTATE = -6 /* the object is in the wrong state for the call */
+    STRATA_EPROTO = -4,  /* malformed input data */
+    STRATA_EIO = -5,     /* an operating-system I/O call failed */
+    STRATA_ESTATE = -6   /* the object is in the wrong state for the call */
 } strata_err;
 
 /* A fixed-size message buffer that explains the last error of a call. */

@@ -59,8 +59,8 @@ size_t strata_model_output_dim(const strata_model *m);
  * (may be NULL when the model has no dropout or training is 0). *logits
  * receives a borrowed pointer to batch * output_dim values, valid until the
  * next call. */
-int strata_model_forward(strata_model *m, const float *x, size_t batch, int training, strata_rng *rng,
-                         const float **logits);
+int strata_model_forward(strata_model *m, const float *x, size_t batch, int training,
+                         strata_rng *rng, const float **logits);
 
 /* Softmax cross-entropy of the last forward pass against labels, then the
  * backward pass: gradients (mean over the batch) overwrite grads. Reports the
