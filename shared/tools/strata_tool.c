@@ -23,6 +23,16 @@ static const char USAGE[] =
     "         evaluate a checkpoint on the test split of a data set\n"
     "  partition --data DIR [--clients N] [--partition iid|dirichlet:ALPHA|shards:S] [--seed S]\n"
     "         print the per-client label histogram of a partition of the training split\n"
+    "  compress --in MODEL_OR_DELTA.safetensors --policy SPEC --density D [--values "
+    "fp32|fp16|bf16]\n"
+    "         --out P.bin [--residual R.safetensors] [--round R] [--rounds T] [--seed S]\n"
+    "         compress tensors into a payload with a budget policy and error feedback\n"
+    "  decode --in P.bin --out DENSE.safetensors\n"
+    "         decode a payload back to dense tensors\n"
+    "  inspect P.bin [--json]\n"
+    "         print a payload's header and per-layer compressor, kept elements and bytes\n"
+    "  policy --model NAME|ARCH.json --policy SPEC --density D --rounds T [--json]\n"
+    "         print the per-layer density table of every phase, kept elements vs uniform\n"
     "\n"
     "Run 'strata-tool COMMAND --help' for a command's options.\n";
 
@@ -109,6 +119,14 @@ int main(int argc, char **argv)
         return tool_eval(argc - 1, argv + 1);
     if (strcmp(cmd, "partition") == 0)
         return tool_partition(argc - 1, argv + 1);
+    if (strcmp(cmd, "compress") == 0)
+        return tool_compress(argc - 1, argv + 1);
+    if (strcmp(cmd, "decode") == 0)
+        return tool_decode(argc - 1, argv + 1);
+    if (strcmp(cmd, "inspect") == 0)
+        return tool_inspect(argc - 1, argv + 1);
+    if (strcmp(cmd, "policy") == 0)
+        return tool_policy(argc - 1, argv + 1);
     fprintf(stderr, "strata-tool: unknown command '%s'\n\n%s", cmd, USAGE);
     return 2;
 }

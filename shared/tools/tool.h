@@ -12,6 +12,10 @@ int tool_info(int argc, char **argv);
 int tool_train(int argc, char **argv);
 int tool_eval(int argc, char **argv);
 int tool_partition(int argc, char **argv);
+int tool_compress(int argc, char **argv);
+int tool_decode(int argc, char **argv);
+int tool_inspect(int argc, char **argv);
+int tool_policy(int argc, char **argv);
 
 /* Prints "strata-tool: <msg>" to stderr; returns 1 (or 2 for usage). */
 int tool_fail(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

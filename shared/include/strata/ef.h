@@ -1,0 +1,95 @@
+/* Per-layer error feedback (design §5.1).
+ *
+ * A strata_ef holds one float32 residual e per tensor of a model layout.
+ * Each round the client calls strata_ef_step() with its update delta: for
+ * every layer it forms
+ *     a = decay * e + delta        (decay = beta^missed, see below)
+ * compresses a with that layer's budget, and keeps e_new = a - decode(C(a)).
+ * For TOPK and RANDK, e_new is a with the kept positions replaced by the
+ * rounding error of the kept value (exactly 0 for float32 values), so
+ * decode(C(a)) + e_new == a bit for bit. For the other compressors e_new is
+ * a - decode(C(a)) computed element by element in float32. a is computed as
+ * (decay * e + delta) + 0.0f in float32 (the + 0 turns -0 into +0; with
+ * decay 1 the product is skipped), which is the value these identities refer
+ * to.
+ *
+ * Staleness: if the last step was for round r0 and this one is for round r,
+ * missed = r - r0 - 1 rounds were skipped; the residual is multiplied by
+ * beta^missed, and dropped (treated as zero) when max_staleness > 0 and
+ * missed > max_staleness. The first step has missed = 0.
+ *
+ * PowerSGD layers are warm-started from the Q factor of the layer's previous
+ * PowerSGD step, kept inside the object (not saved by strata_ef_save).
+ *
+ * Memory: two float32 copies of the layout (the residuals and a scratch
+ * buffer that makes a step all-or-nothing). A strata_ef is not thread-safe;
+ * steps may use OpenMP threads and BLAS internally. */
+#ifndef STRATA_EF_H
+#define STRATA_EF_H
+
+#include "strata/compress.h"
+#include "strata/error.h"
+#include "strata/tensor.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct strata_ef strata_ef;
+
+/* Creates error-feedback state with zero residuals shaped like layout
+ * (borrowed; names and shapes are copied). beta (staleness decay) must be in
+ * (0, 1]; 1 keeps stale residuals unchanged. max_staleness 0 never drops.
+ * *out is zeroed on entry. Errors: STRATA_EINVAL (NULL argument, bad beta),
+ * STRATA_ENOMEM. */
+int strata_ef_new(const strata_tensor_list *layout, double beta, uint32_t max_staleness,
+                  strata_ef **out);
+
+/* Frees ef. Accepts NULL. */
+void strata_ef_free(strata_ef *ef);
+
+/* One error-feedback round (see the file comment). delta (borrowed) must
+ * have exactly the layout of the residuals; budgets (borrowed) holds one
+ * budget per tensor; vf is the values format of the kept float values; round
+ * must be above the round of the previous step; seed drives the random
+ * compressors (each layer derives its own seed from it and the layer
+ * position; RANDK layers carry that seed). On success *out_layers is a new
+ * array of delta->count compressed layers, layer_index set to the tensor
+ * position (free with strata_clayers_free(*out_layers, delta->count)), and
+ * the residuals and round are updated. On error *out_layers is NULL and ef
+ * is unchanged. Errors: STRATA_EINVAL (NULL argument, layout mismatch, bad
+ * budget or values format, a NaN or infinite value in a), STRATA_ESTATE
+ * (round not after the previous step's round), STRATA_ETOOBIG (a tensor
+ * above STRATA_CLAYER_MAX_NUMEL), STRATA_ENOMEM. diag (may be NULL) names
+ * the tensor at fault. */
+int strata_ef_step(strata_ef *ef, const strata_tensor_list *delta, const strata_budget *budgets,
+                   strata_values_format vf, uint32_t round, uint64_t seed,
+                   strata_clayer **out_layers, strata_diag *diag);
+
+/* The residuals (borrowed; valid until the next step, load or free). */
+const strata_tensor_list *strata_ef_residuals(const strata_ef *ef);
+
+/* Writes the L2 norm of each residual (computed in double) to norms, which
+ * must hold n == number of tensors entries. Errors: STRATA_EINVAL. */
+int strata_ef_residual_norms(const strata_ef *ef, double *norms, size_t n);
+
+/* The round of the last successful step in *round (zeroed on entry).
+ * Returns STRATA_ESTATE when no step has happened yet. */
+int strata_ef_last_round(const strata_ef *ef, uint32_t *round);
+
+/* Saves the residuals to path as a safetensors file (atomically, see
+ * strata_safetensors_write) whose metadata holds "strata.ef.version" ("1"),
+ * "strata.ef.last_round" (a decimal round, or "none"), "strata.ef.beta" and
+ * "strata.ef.max_staleness". Errors: those of strata_safetensors_write. */
+int strata_ef_save(const strata_ef *ef, const char *path, strata_diag *diag);
+
+/* Loads a file written by strata_ef_save into a new strata_ef (*out, zeroed
+ * on entry); layout (borrowed) is the model the residuals must belong to.
+ * Residual values round-trip exactly; PowerSGD warm-start factors are not
+ * saved (the next PowerSGD step starts from random Q). Errors:
+ * STRATA_EINVAL when the file's tensors do not match layout (count, name,
+ * shape or order; diag says which), STRATA_EPROTO for missing or malformed
+ * metadata or non-finite residuals, and those of strata_safetensors_read. */
+int strata_ef_load(const char *path, const strata_tensor_list *layout, strata_ef **out,
+                   strata_diag *diag);
+
+#endif

@@ -1,0 +1,658 @@
+/* strata-tool compress, decode, inspect and policy. */
+#include "tool.h"
+
+#include "strata/compress.h"
+#include "strata/ef.h"
+#include "strata/payload.h"
+#include "strata/policy.h"
+#include "strata/safetensors.h"
+
+#include <errno.h>
+#include <getopt.h>
+#include <jansson.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#define MAX_PAYLOAD_FILE ((size_t)1 << 31)
+
+/* Reads a whole file of at most max bytes. */
+static int read_file(const char *path, size_t max, uint8_t **out, size_t *len)
+{
+    *out = NULL;
+    *len = 0;
+    FILE *f = fopen(path, "rb");
+    if (f == NULL)
+        return tool_fail(1, "%s: %s", path, strerror(errno));
+    struct stat st;
+    if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode) || (size_t)st.st_size > max) {
+        fclose(f);
+        return tool_fail(1, "%s: not a regular file of at most %zu bytes", path, max);
+    }
+    uint8_t *buf = malloc((size_t)st.st_size + 1);
+    size_t n = buf ? fread(buf, 1, (size_t)st.st_size, f) : 0;
+    fclose(f);
+    if (buf == NULL || n != (size_t)st.st_size) {
+        free(buf);
+        return tool_fail(1, "%s: read failed", path);
+    }
+    *out = buf;
+    *len = n;
+    return 0;
+}
+
+static int write_file(const char *path, const uint8_t *buf, size_t len)
+{
+    FILE *f = fopen(path, "wb");
+    if (f == NULL)
+        return tool_fail(1, "%s: %s", path, strerror(errno));
+    int ok = fwrite(buf, 1, len, f) == len;
+    ok &= fclose(f) == 0;
+    return ok ? 0 : tool_fail(1, "%s: write failed", path);
+}
+
+/* A single compressor for every layer ("sign", "qsgd:8", "powersgd:4", ...)
+ * instead of a policy. Returns 1 when spec names one, 0 when it does not, -1
+ * on a malformed parameter. */
+static int parse_compressor_spec(const char *spec, strata_budget *b)
+{
+    char name[32];
+    const char *colon = strchr(spec, ':');
+    size_t n = colon ? (size_t)(colon - spec) : strlen(spec);
+    if (n >= sizeof(name))
+        return 0;
+    memcpy(name, spec, n);
+    name[n] = '\0';
+    strata_compressor_id id;
+    if (strata_comp_from_name(name, &id) < 0 || id == STRATA_COMP_TOPK || id == STRATA_COMP_RANDK)
+        return 0;
+    memset(b, 0, sizeof(*b));
+    b->comp = id;
+    b->density = 1.0;
+    long v = 0;
+    if (id == STRATA_COMP_QSGD || id == STRATA_COMP_POWERSGD) {
+        if (colon == NULL ||
+            tool_parse_long(colon + 1, 1, id == STRATA_COMP_QSGD ? 127 : 65535, &v) != 0)
+            return -1;
+        if (id == STRATA_COMP_QSGD)
+            b->levels = (uint32_t)v;
+        else
+            b->rank = (uint32_t)v;
+    } else if (colon != NULL) {
+        return -1;
+    }
+    return 1;
+}
+
+static int parse_values(const char *s, strata_values_format *vf)
+{
+    if (strcmp(s, "fp32") == 0)
+        *vf = STRATA_VALUES_FP32;
+    else if (strcmp(s, "fp16") == 0)
+        *vf = STRATA_VALUES_FP16;
+    else if (strcmp(s, "bf16") == 0)
+        *vf = STRATA_VALUES_BF16;
+    else
+        return -1;
+    return 0;
+}
+
+static size_t *layer_sizes(const strata_tensor_list *t)
+{
+    size_t *n = malloc((t->count ? t->count : 1) * sizeof(size_t));
+    for (size_t i = 0; n && i < t->count; i++)
+        n[i] = t->items[i].numel;
+    return n;
+}
+
+/* Per-layer budgets from a policy spec or a single-compressor spec. */
+static int make_budgets(const char *spec, const strata_tensor_list *t, double d0, uint32_t round,
+                        uint32_t rounds, strata_budget *budgets)
+{
+    strata_budget one;
+    int c = parse_compressor_spec(spec, &one);
+    if (c < 0)
+        return tool_fail(2, "--policy '%s': expected qsgd:LEVELS (1-127) or powersgd:RANK", spec);
+    if (c == 1) {
+        for (size_t i = 0; i < t->count; i++)
+            budgets[i] = one;
+        return 0;
+    }
+    strata_policy *p = NULL;
+    strata_diag d = {{0}};
+    int rc = strata_policy_parse(spec, &p, &d);
+    if (rc < 0)
+        return tool_fail(2, "--policy: %s", strata_diag_msg(&d, rc));
+    size_t *sizes = layer_sizes(t);
+    rc = sizes ? strata_policy_budgets(p, sizes, t->count, d0, round, rounds, budgets, &d)
+               : STRATA_ENOMEM;
+    free(sizes);
+    strata_policy_free(p);
+    if (rc < 0)
+        return tool_fail(2, "--policy: %s", strata_diag_msg(&d, rc));
+    return 0;
+}
+
+static json_t *layout_json(const strata_tensor_list *t)
+{
+    json_t *arr = json_array();
+    for (size_t i = 0; i < t->count; i++) {
+        json_t *shape = json_array();
+        for (int k = 0; k < t->items[i].ndim; k++)
+            json_array_append_new(shape, json_integer(t->items[i].shape[k]));
+        json_array_append_new(arr,
+                              json_pack("{s:s,s:o}", "name", t->items[i].name, "shape", shape));
+    }
+    return arr;
+}
+
+int tool_compress(int argc, char **argv)
+{
+    static const struct option opts[] = {
+        {"in", required_argument, NULL, 'i'},     {"out", required_argument, NULL, 'o'},
+        {"policy", required_argument, NULL, 'p'}, {"density", required_argument, NULL, 'd'},
+        {"values", required_argument, NULL, 'v'}, {"residual", required_argument, NULL, 'r'},
+        {"round", required_argument, NULL, 'R'},  {"rounds", required_argument, NULL, 'T'},
+        {"seed", required_argument, NULL, 's'},   {"level", required_argument, NULL, 'l'},
+        {"help", no_argument, NULL, 'h'},         {NULL, 0, NULL, 0},
+    };
+    static const char usage[] =
+        "usage: strata-tool compress --in MODEL_OR_DELTA.safetensors --policy SPEC --density D\n"
+        "         [--values fp32|fp16|bf16] --out P.bin [--residual R.safetensors]\n"
+        "         [--round R] [--rounds T] [--seed S] [--level ZSTD_LEVEL]\n"
+        "  SPEC: a budget policy (uniform, legacy-layer, legacy-phase, legacy, lgreco, JSON\n"
+        "        text or @file.json), or one compressor for every layer: none, fp16, bf16,\n"
+        "        sign, qsgd:LEVELS, powersgd:RANK\n"
+        "  --residual: error-feedback state; read when the file exists, written back after\n";
+    const char *in = NULL, *out = NULL, *spec = NULL, *residual = NULL;
+    double density = 0.0;
+    long round = 0, rounds = 1, seed = 1, level = 1;
+    strata_values_format vf = STRATA_VALUES_FP32;
+    int c;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+        switch (c) {
+        case 'i':
+            in = optarg;
+            break;
+        case 'o':
+            out = optarg;
+            break;
+        case 'p':
+            spec = optarg;
+            break;
+        case 'r':
+            residual = optarg;
+            break;
+        case 'd':
+            if (tool_parse_double(optarg, 1e-12, 1.0, &density))
+                return tool_fail(2, "--density: expected a number in (0, 1], got '%s'", optarg);
+            break;
+        case 'v':
+            if (parse_values(optarg, &vf))
+                return tool_fail(2, "--values: expected fp32, fp16 or bf16, got '%s'", optarg);
+            break;
+        case 'R':
+            if (tool_parse_long(optarg, 0, UINT32_MAX - 1, &round))
+                return tool_fail(2, "--round: expected an integer >= 0, got '%s'", optarg);
+            break;
+        case 'T':
+            if (tool_parse_long(optarg, 1, UINT32_MAX, &rounds))
+                return tool_fail(2, "--rounds: expected an integer >= 1, got '%s'", optarg);
+            break;
+        case 's':
+            if (tool_parse_long(optarg, 0, __LONG_MAX__, &seed))
+                return tool_fail(2, "--seed: expected a non-negative integer, got '%s'", optarg);
+            break;
+        case 'l':
+            if (tool_parse_long(optarg, 1, 19, &level))
+                return tool_fail(2, "--level: expected a zstd level in [1, 19], got '%s'", optarg);
+            break;
+        case 'h':
+            fputs(usage, stdout);
+            return 0;
+        default:
+            fputs(usage, stderr);
+            return 2;
+        }
+    }
+    if (in == NULL || out == NULL || spec == NULL || density == 0.0 || optind != argc) {
+        fputs(usage, stderr);
+        return tool_fail(2, "compress: --in, --out, --policy and --density are required");
+    }
+    int code = 1, rc;
+    strata_diag d = {{0}};
+    strata_tensor_list t;
+    strata_tensor_list_init(&t);
+    strata_ef *ef = NULL;
+    strata_budget *budgets = NULL;
+    strata_clayer *layers = NULL;
+    uint8_t *buf = NULL;
+    size_t len = 0;
+    char *meta = NULL;
+    if ((rc = strata_safetensors_read(in, 0, &t, NULL, &d)) < 0) {
+        tool_fail(1, "%s", strata_diag_msg(&d, rc));
+        goto out;
+    }
+    budgets = calloc(t.count ? t.count : 1, sizeof(*budgets));
+    if (budgets == NULL)
+        goto out;
+    if ((code = make_budgets(spec, &t, density, (uint32_t)round, (uint32_t)rounds, budgets)) != 0)
+        goto out;
+    code = 1;
+    struct stat st;
+    if (residual != NULL && stat(residual, &st) == 0)
+        rc = strata_ef_load(residual, &t, &ef, &d);
+    else
+        rc = strata_ef_new(&t, 1.0, 0, &ef);
+    if (rc < 0) {
+        tool_fail(1, "residual %s: %s", residual ? residual : "", strata_diag_msg(&d, rc));
+        goto out;
+    }
+    if ((rc = strata_ef_step(ef, &t, budgets, vf, (uint32_t)round, (uint64_t)seed, &layers, &d)) <
+        0) {
+        tool_fail(1, "compression failed: %s", strata_diag_msg(&d, rc));
+        goto out;
+    }
+    double *norms = calloc(t.count ? t.count : 1, sizeof(double));
+    json_t *norms_j = json_array();
+    if (norms != NULL && strata_ef_residual_norms(ef, norms, t.count) == 0)
+        for (size_t i = 0; i < t.count; i++)
+            json_array_append_new(norms_j, json_real(norms[i]));
+    free(norms);
+    json_t *mj = json_pack("{s:o,s:o}", "tensors", layout_json(&t), "residual_norms", norms_j);
+    meta = json_dumps(mj, JSON_COMPACT | JSON_PRESERVE_ORDER);
+    json_decref(mj);
+    strata_payload p = {
+        .round = (uint32_t)round, .num_layers = t.count, .layers = layers, .metadata_json = meta};
+    if ((rc = strata_payload_encode(&p, (int)level, &buf, &len, &d)) < 0) {
+        tool_fail(1, "encoding failed: %s", strata_diag_msg(&d, rc));
+        goto out;
+    }
+    if (write_file(out, buf, len) != 0)
+        goto out;
+    if (residual != NULL && (rc = strata_ef_save(ef, residual, &d)) < 0) {
+        tool_fail(1, "residual %s: %s", residual, strata_diag_msg(&d, rc));
+        goto out;
+    }
+    size_t total = strata_tensor_list_numel(&t), kept = 0;
+    for (size_t i = 0; i < t.count; i++)
+        kept += (layers[i].comp == STRATA_COMP_TOPK || layers[i].comp == STRATA_COMP_RANDK)
+                    ? (size_t)layers[i].count
+                    : (size_t)layers[i].numel;
+    printf("%s: %zu tensors, %zu elements, %zu kept (%.4f%%), %zu bytes (dense float32: %zu, "
+           "ratio %.1fx)\n",
+           out, t.count, total, kept, 100.0 * (double)kept / (double)total, len, total * 4,
+           (double)(total * 4) / (double)len);
+    code = 0;
+out:
+    free(meta);
+    free(buf);
+    if (layers)
+        strata_clayers_free(layers, t.count);
+    free(budgets);
+    strata_ef_free(ef);
+    strata_tensor_list_cleanup(&t);
+    return code;
+}
+
+/* Decodes a payload file; *meta_out borrows p->metadata_json parsed. */
+static int load_payload(const char *path, strata_payload **p, size_t *file_len)
+{
+    uint8_t *buf;
+    size_t len;
+    if (read_file(path, MAX_PAYLOAD_FILE, &buf, &len) != 0)
+        return -1;
+    strata_diag d = {{0}};
+    int rc = strata_payload_decode(buf, len, NULL, p, &d);
+    free(buf);
+    if (rc < 0)
+        return tool_fail(1, "%s: %s", path, strata_diag_msg(&d, rc)) ? -1 : -1;
+    *file_len = len;
+    return 0;
+}
+
+/* Name and shape of layer i from the payload's metadata ("tensors"), or
+ * "layer.<i>" with a flat shape. */
+static void layer_layout(json_t *meta, size_t i, uint64_t numel, char *name, size_t nlen, int *ndim,
+                         int64_t *shape)
+{
+    json_t *t = json_array_get(json_object_get(meta, "tensors"), i);
+    const char *nm = json_string_value(json_object_get(t, "name"));
+    json_t *sh = json_object_get(t, "shape");
+    size_t nd = json_array_size(sh);
+    uint64_t prod = 1;
+    int ok = nm != NULL && nd >= 1 && nd <= STRATA_MAX_DIMS;
+    for (size_t k = 0; ok && k < nd; k++) {
+        json_int_t v = json_integer_value(json_array_get(sh, k));
+        ok = v > 0 && (uint64_t)v <= numel;
+        if (ok) {
+            shape[k] = v;
+            prod *= (uint64_t)v;
+        }
+    }
+    if (ok && prod == numel && strlen(nm) < nlen) {
+        snprintf(name, nlen, "%s", nm);
+        *ndim = (int)nd;
+        return;
+    }
+    snprintf(name, nlen, "layer.%zu", i);
+    *ndim = 1;
+    shape[0] = (int64_t)numel;
+}
+
+int tool_decode(int argc, char **argv)
+{
+    static const struct option opts[] = {
+        {"in", required_argument, NULL, 'i'},
+        {"out", required_argument, NULL, 'o'},
+        {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
+    };
+    const char *in = NULL, *out = NULL;
+    int c;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+        if (c == 'i')
+            in = optarg;
+        else if (c == 'o')
+            out = optarg;
+        else if (c == 'h') {
+            puts("usage: strata-tool decode --in P.bin --out DENSE.safetensors");
+            return 0;
+        } else
+            return 2;
+    }
+    if (in == NULL || out == NULL || optind != argc)
+        return tool_fail(2, "decode: --in and --out are required");
+    strata_payload *p = NULL;
+    size_t flen;
+    if (load_payload(in, &p, &flen) != 0)
+        return 1;
+    json_t *meta = p->metadata_json ? json_loads(p->metadata_json, 0, NULL) : NULL;
+    strata_tensor_list t;
+    strata_tensor_list_init(&t);
+    int code = 1, rc = 0;
+    strata_diag d = {{0}};
+    for (size_t i = 0; i < p->num_layers; i++) {
+        char name[STRATA_MAX_NAME];
+        int ndim;
+        int64_t shape[STRATA_MAX_DIMS];
+        layer_layout(meta, i, p->layers[i].numel, name, sizeof(name), &ndim, shape);
+        if ((rc = strata_tensor_list_add(&t, name, ndim, shape, NULL)) < 0) {
+            tool_fail(1, "layer %zu (%s): %s", i, name, strata_strerror(rc));
+            goto out;
+        }
+        if ((rc = strata_clayer_decode(&p->layers[i], t.items[i].data, &d)) < 0) {
+            tool_fail(1, "layer %zu: %s", i, strata_diag_msg(&d, rc));
+            goto out;
+        }
+    }
+    if ((rc = strata_safetensors_write(out, &t, NULL, &d)) < 0) {
+        tool_fail(1, "%s", strata_diag_msg(&d, rc));
+        goto out;
+    }
+    printf("%s: %zu tensors, %zu elements\n", out, t.count, strata_tensor_list_numel(&t));
+    code = 0;
+out:
+    json_decref(meta);
+    strata_tensor_list_cleanup(&t);
+    strata_payload_free(p);
+    return code;
+}
+
+/* Bytes of a compressed layer's representation before zstd. */
+static size_t layer_raw_bytes(const strata_clayer *c)
+{
+    size_t vb = c->values_format == STRATA_VALUES_FP32 ? 4 : 2;
+    switch (c->comp) {
+    case STRATA_COMP_TOPK:
+        return (size_t)c->count * (4 + vb);
+    case STRATA_COMP_RANDK:
+        return (size_t)c->count * vb + 8;
+    case STRATA_COMP_QSGD:
+        return (size_t)c->numel + 4;
+    case STRATA_COMP_SIGN:
+        return (size_t)(c->numel + 7) / 8 + 4;
+    default:
+        return (size_t)c->count * vb;
+    }
+}
+
+int tool_inspect(int argc, char **argv)
+{
+    static const struct option opts[] = {
+        {"json", no_argument, NULL, 'j'},
+        {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
+    };
+    int json = 0, c;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+        if (c == 'j')
+            json = 1;
+        else if (c == 'h') {
+            puts("usage: strata-tool inspect P.bin [--json]");
+            return 0;
+        } else
+            return 2;
+    }
+    if (optind != argc - 1)
+        return tool_fail(2, "inspect: expected one payload file");
+    const char *path = argv[optind];
+    strata_payload *p = NULL;
+    size_t flen;
+    if (load_payload(path, &p, &flen) != 0)
+        return 1;
+    json_t *meta = p->metadata_json ? json_loads(p->metadata_json, 0, NULL) : NULL;
+    json_t *root = json_pack("{s:s,s:I,s:i,s:I,s:I,s:I,s:I,s:i}", "file", path, "bytes",
+                             (json_int_t)flen, "round", (int)p->round, "model_version",
+                             (json_int_t)p->model_version, "client_id", (json_int_t)p->client_id,
+                             "sample_count", (json_int_t)p->sample_count, "layers",
+                             (json_int_t)p->num_layers, "flags", (int)p->flags);
+    json_t *arr = json_array();
+    size_t total = 0, kept_total = 0, raw_total = 0;
+    static const char *const vfn[] = {"fp32", "fp16", "bf16"};
+    for (size_t i = 0; i < p->num_layers; i++) {
+        const strata_clayer *l = &p->layers[i];
+        char name[STRATA_MAX_NAME];
+        int ndim;
+        int64_t shape[STRATA_MAX_DIMS];
+        layer_layout(meta, i, l->numel, name, sizeof(name), &ndim, shape);
+        size_t kept = (l->comp == STRATA_COMP_TOPK || l->comp == STRATA_COMP_RANDK)
+                          ? (size_t)l->count
+                          : (size_t)l->numel;
+        size_t raw = layer_raw_bytes(l);
+        total += l->numel;
+        kept_total += kept;
+        raw_total += raw;
+        json_t *lj = json_pack("{s:i,s:s,s:s,s:s,s:I,s:I,s:I}", "index", (int)l->layer_index,
+                               "name", name, "compressor", strata_comp_name(l->comp), "values",
+                               vfn[l->values_format % 3], "elements", (json_int_t)l->numel, "kept",
+                               (json_int_t)kept, "raw_bytes", (json_int_t)raw);
+        if (l->comp == STRATA_COMP_QSGD)
+            json_object_set_new(lj, "levels", json_integer(l->levels));
+        if (l->comp == STRATA_COMP_POWERSGD)
+            json_object_set_new(lj, "rank", json_integer(l->rank));
+        json_array_append_new(arr, lj);
+    }
+    json_object_set_new(root, "elements", json_integer((json_int_t)total));
+    json_object_set_new(root, "kept", json_integer((json_int_t)kept_total));
+    json_object_set_new(root, "raw_bytes", json_integer((json_int_t)raw_total));
+    json_object_set_new(root, "per_layer", arr);
+    if (json) {
+        char *s = json_dumps(root, JSON_COMPACT | JSON_PRESERVE_ORDER);
+        puts(s);
+        free(s);
+    } else {
+        printf("%s: %zu bytes, round %u, model version %llu, client %llu, %llu samples, "
+               "%zu layers, flags 0x%x\n",
+               path, flen, p->round, (unsigned long long)p->model_version,
+               (unsigned long long)p->client_id, (unsigned long long)p->sample_count, p->num_layers,
+               p->flags);
+        printf("%5s %-24s %-9s %-5s %12s %12s %9s %12s\n", "index", "tensor", "comp", "vals",
+               "elements", "kept", "density", "raw bytes");
+        for (size_t i = 0; i < json_array_size(arr); i++) {
+            json_t *lj = json_array_get(arr, i);
+            json_int_t el = json_integer_value(json_object_get(lj, "elements"));
+            json_int_t kp = json_integer_value(json_object_get(lj, "kept"));
+            printf("%5d %-24s %-9s %-5s %12lld %12lld %9.5f %12lld\n",
+                   (int)json_integer_value(json_object_get(lj, "index")),
+                   json_string_value(json_object_get(lj, "name")),
+                   json_string_value(json_object_get(lj, "compressor")),
+                   json_string_value(json_object_get(lj, "values")), (long long)el, (long long)kp,
+                   (double)kp / (double)el,
+                   (long long)json_integer_value(json_object_get(lj, "raw_bytes")));
+        }
+        printf("total: %zu elements, %zu kept (%.4f%%), %zu raw bytes, %zu bytes after zstd "
+               "(%.2f bytes per kept element)\n",
+               total, kept_total, 100.0 * (double)kept_total / (double)(total ? total : 1),
+               raw_total, flen, (double)flen / (double)(kept_total ? kept_total : 1));
+    }
+    json_decref(root);
+    json_decref(meta);
+    strata_payload_free(p);
+    return 0;
+}
+
+int tool_policy(int argc, char **argv)
+{
+    static const struct option opts[] = {
+        {"model", required_argument, NULL, 'm'},
+        {"policy", required_argument, NULL, 'p'},
+        {"density", required_argument, NULL, 'd'},
+        {"rounds", required_argument, NULL, 'T'},
+        {"json", no_argument, NULL, 'j'},
+        {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
+    };
+    const char *model = NULL, *spec = NULL;
+    double density = 0.0;
+    long rounds = 0;
+    int json = 0, c;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+        if (c == 'm')
+            model = optarg;
+        else if (c == 'p')
+            spec = optarg;
+        else if (c == 'j')
+            json = 1;
+        else if (c == 'd') {
+            if (tool_parse_double(optarg, 1e-12, 1.0, &density))
+                return tool_fail(2, "--density: expected a number in (0, 1], got '%s'", optarg);
+        } else if (c == 'T') {
+            if (tool_parse_long(optarg, 1, 1000000, &rounds))
+                return tool_fail(2, "--rounds: expected an integer >= 1, got '%s'", optarg);
+        } else if (c == 'h') {
+            puts("usage: strata-tool policy --model NAME|ARCH.json --policy SPEC --density D "
+                 "--rounds T [--json]");
+            return 0;
+        } else
+            return 2;
+    }
+    if (model == NULL || spec == NULL || density == 0.0 || rounds == 0 || optind != argc)
+        return tool_fail(2, "policy: --model, --policy, --density and --rounds are required");
+    strata_model *m = NULL;
+    if (tool_load_model(model, &m) < 0)
+        return 1;
+    strata_policy *pol = NULL, *uni = NULL;
+    strata_diag d = {{0}};
+    int rc = strata_policy_parse(spec, &pol, &d);
+    if (rc < 0) {
+        strata_model_free(m);
+        return tool_fail(2, "--policy: %s", strata_diag_msg(&d, rc));
+    }
+    strata_policy_parse("uniform", &uni, NULL);
+    const strata_tensor_list *t = strata_model_params(m);
+    size_t n = t->count, *sizes = layer_sizes(t);
+    uint32_t P = strata_policy_phases(pol);
+    double *dens = calloc(n * P + 1, sizeof(double)), *udens = calloc(n + 1, sizeof(double));
+    size_t *first = calloc(P + 1, sizeof(size_t)), *count = calloc(P + 1, sizeof(size_t));
+    int code = 1;
+    if (!sizes || !dens || !udens || !first || !count)
+        goto out;
+    /* Rounds of each phase, and the densities at its first round. */
+    for (uint32_t r = (uint32_t)rounds; r-- > 0;) {
+        uint32_t ph = strata_policy_phase(pol, r, (uint32_t)rounds);
+        first[ph] = r;
+        count[ph]++;
+    }
+    double run_kept = 0.0;
+    for (uint32_t ph = 0; ph < P; ph++) {
+        if (count[ph] == 0)
+            continue;
+        rc = strata_policy_densities(pol, sizes, n, density, (uint32_t)first[ph], (uint32_t)rounds,
+                                     dens + ph * n, &d);
+        if (rc < 0) {
+            tool_fail(1, "%s", strata_diag_msg(&d, rc));
+            goto out;
+        }
+        run_kept += (double)count[ph] * (double)strata_policy_kept(sizes, dens + ph * n, n);
+    }
+    strata_policy_densities(uni, sizes, n, density, 0, (uint32_t)rounds, udens, NULL);
+    double uni_kept = (double)strata_policy_kept(sizes, udens, n) * (double)rounds;
+    if (json) {
+        json_t *root =
+            json_pack("{s:s,s:s,s:f,s:I,s:I}", "model", model, "policy", strata_policy_name(pol),
+                      "density", density, "rounds", (json_int_t)rounds, "phases", (json_int_t)P);
+        json_t *phases = json_array();
+        for (uint32_t ph = 0; ph < P; ph++) {
+            json_t *dj = json_array();
+            for (size_t i = 0; i < n && count[ph]; i++)
+                json_array_append_new(dj, json_real(dens[ph * n + i]));
+            json_array_append_new(
+                phases,
+                json_pack(
+                    "{s:I,s:I,s:o,s:I}", "first_round", (json_int_t)first[ph], "rounds",
+                    (json_int_t)count[ph], "densities", dj, "kept",
+                    (json_int_t)(count[ph] ? strata_policy_kept(sizes, dens + ph * n, n) : 0)));
+        }
+        json_t *layers = json_array();
+        for (size_t i = 0; i < n; i++)
+            json_array_append_new(layers, json_pack("{s:s,s:I}", "name", t->items[i].name,
+                                                    "elements", (json_int_t)sizes[i]));
+        json_object_set_new(root, "layers", layers);
+        json_object_set_new(root, "by_phase", phases);
+        json_object_set_new(root, "run_kept", json_integer((json_int_t)run_kept));
+        json_object_set_new(root, "uniform_run_kept", json_integer((json_int_t)uni_kept));
+        json_object_set_new(root, "ratio_to_uniform", json_real(run_kept / uni_kept));
+        char *s = json_dumps(root, JSON_COMPACT | JSON_PRESERVE_ORDER);
+        puts(s);
+        free(s);
+        json_decref(root);
+    } else {
+        printf("policy %s on %s, target density %g, %ld rounds\n", strata_policy_name(pol), model,
+               density, rounds);
+        printf("%-20s %12s", "tensor", "elements");
+        for (uint32_t ph = 0; ph < P; ph++) {
+            char h[32];
+            snprintf(h, sizeof(h), "r%zu-%zu", first[ph], first[ph] + count[ph] - 1);
+            printf(" %11s", count[ph] ? h : "(none)");
+        }
+        printf(" %11s\n", "uniform");
+        for (size_t i = 0; i < n; i++) {
+            printf("%-20s %12zu", t->items[i].name, sizes[i]);
+            for (uint32_t ph = 0; ph < P; ph++)
+                printf(" %11.6f", count[ph] ? dens[ph * n + i] : 0.0);
+            printf(" %11.6f\n", udens[i]);
+        }
+        printf("%-20s %12s", "kept per round", "");
+        for (uint32_t ph = 0; ph < P; ph++)
+            printf(" %11zu", count[ph] ? strata_policy_kept(sizes, dens + ph * n, n) : (size_t)0);
+        printf(" %11zu\n", strata_policy_kept(sizes, udens, n));
+        printf("kept over the run: %.0f (uniform: %.0f, ratio %.4f)\n", run_kept, uni_kept,
+               run_kept / uni_kept);
+    }
+    code = 0;
+out:
+    free(sizes);
+    free(dens);
+    free(udens);
+    free(first);
+    free(count);
+    strata_policy_free(pol);
+    strata_policy_free(uni);
+    strata_model_free(m);
+    return code;
+}
