@@ -3,7 +3,11 @@
 #   training throughput: mlp and cnn, batch 32, 1 and 2 threads; when Debian's
 #   python3-torch is installed, PyTorch on the same data in the same run and
 #   the ratio Strata / PyTorch.
-# Usage: scripts/bench.sh [train]
+#   payload: bytes per kept element and encode/decode throughput of the codec
+#   at 1% density on a 1,000,000-element Gaussian tensor.
+#   topk: top-k + error feedback at 1% density on 25,000,000 elements, 1 and
+#   2 threads, against memcpy bandwidth measured in the same run.
+# Usage: scripts/bench.sh [all|train|payload|topk]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -57,4 +61,16 @@ if [ "$what" = all ] || [ "$what" = train ]; then
     if [ $auto = 1 ]; then
         echo "(strata(auto): the same run with OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE} unset)"
     fi
+fi
+
+if [ "$what" = all ] || [ "$what" = payload ]; then
+    echo "== payload codec"
+    ./build/bench_payload
+fi
+
+if [ "$what" = all ] || [ "$what" = topk ]; then
+    echo "== top-k + error feedback"
+    for threads in 1 2; do
+        ./build/bench_topk --threads $threads
+    done
 fi

@@ -11,6 +11,9 @@
 #define MAX_LAYERS 64
 #define MAX_ARCH_BYTES (1u << 20)
 #define MAX_DIM_SIZE 65536
+/* Loops over fewer elements run on one thread: a parallel region costs more
+ * than it saves there, and far more when a core is busy with another process. */
+#define PAR_MIN ((size_t)1 << 16)
 
 typedef enum { L_LINEAR, L_CONV2D, L_MAXPOOL, L_RELU, L_FLATTEN, L_DROPOUT } layer_kind;
 
@@ -603,7 +606,7 @@ static void im2col(const layer *L, const float *x, size_t B, float *cols)
     const int K = L->k, S = L->stride, PAD = L->pad;
     const int H = L->in_h, W = L->in_w, OH = L->out_h, OW = L->out_w;
     const size_t P = conv_p(L), KK = conv_k(L), plane = (size_t)H * W;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (KK * B * P >= PAR_MIN)
     for (size_t kk = 0; kk < KK; kk++) {
         int j = (int)(kk % K), i = (int)((kk / K) % K), c = (int)(kk / ((size_t)K * K));
         int ow_lo, ow_hi;
@@ -639,7 +642,7 @@ static void col2im(const layer *L, const float *dcols, size_t B, float *dx)
     const int K = L->k, S = L->stride, PAD = L->pad;
     const int H = L->in_h, W = L->in_w, OH = L->out_h, OW = L->out_w, C = L->in_c;
     const size_t P = conv_p(L), plane = (size_t)H * W;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (B * (size_t)C * plane >= PAR_MIN)
     for (size_t bc = 0; bc < B * (size_t)C; bc++) {
         size_t b = bc / C;
         int c = (int)(bc % C);
@@ -677,7 +680,7 @@ static void conv_forward(strata_model *m, layer *L, const float *x, float *y, si
     im2col(L, x, B, L->cols);
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)OC, (int)BP, (int)KK, 1.0f, w,
                 (int)KK, L->cols, (int)BP, 0.0f, tmp, (int)BP);
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (B * OC * P >= PAR_MIN)
     for (size_t bo = 0; bo < B * OC; bo++) {
         size_t b = bo / OC, oc = bo % OC;
         const float *src = tmp + oc * BP + b * P;
@@ -694,7 +697,7 @@ static void conv_backward(strata_model *m, layer *L, const float *dy, float *dx,
     float *dyt = m->scratch[0], *dcols = m->scratch[1];
     float *gw = m->grads.items[L->w].data;
     float *gb = L->b >= 0 ? m->grads.items[L->b].data : NULL;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (OC * BP >= PAR_MIN)
     for (size_t oc = 0; oc < OC; oc++) {
         float *dst = dyt + oc * BP;
         double s = 0.0;
@@ -758,7 +761,7 @@ static void maxpool_forward(layer *L, const float *x, float *y, size_t B)
 {
     const int K = L->k, S = L->stride, H = L->in_h, W = L->in_w, OH = L->out_h, OW = L->out_w;
     const size_t planes = B * (size_t)L->in_c, iplane = (size_t)H * W, oplane = (size_t)OH * OW;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (planes * iplane >= PAR_MIN)
     for (size_t pl = 0; pl < planes; pl++) {
         const float *xp = x + pl * iplane;
         float *yp = y + pl * oplane;
@@ -785,7 +788,7 @@ static void maxpool_backward(layer *L, const float *dy, float *dx, size_t B)
 {
     const size_t planes = B * (size_t)L->in_c, iplane = (size_t)L->in_h * L->in_w;
     const size_t oplane = (size_t)L->out_h * L->out_w;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (planes * iplane >= PAR_MIN)
     for (size_t pl = 0; pl < planes; pl++) {
         float *dp = dx + pl * iplane;
         memset(dp, 0, iplane * sizeof(float));
@@ -809,7 +812,7 @@ int strata_model_forward(strata_model *m, const float *x, size_t batch, int trai
     const size_t n0 = batch * m->layers[0].in_dim;
     const float mean = m->mean, inv = 1.0f / m->std;
     float *a0 = m->act[0];
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (n0 >= PAR_MIN)
     for (size_t i = 0; i < n0; i++)
         a0[i] = (x[i] - mean) * inv;
     for (int li = 0; li < m->nlayers; li++) {
@@ -828,7 +831,7 @@ int strata_model_forward(strata_model *m, const float *x, size_t batch, int trai
             maxpool_forward(L, in, o, batch);
             break;
         case L_RELU:
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (n >= PAR_MIN)
             for (size_t i = 0; i < n; i++)
                 o[i] = in[i] > 0.0f ? in[i] : 0.0f;
             break;
@@ -881,7 +884,7 @@ int strata_model_backward_from(strata_model *m, const float *dlogits)
             break;
         case L_RELU:
             if (dx) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (n >= PAR_MIN)
                 for (size_t i = 0; i < n; i++)
                     dx[i] = out[i] > 0.0f ? dy[i] : 0.0f;
             }
