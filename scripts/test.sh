@@ -38,14 +38,18 @@ if command -v clang >/dev/null && [ -n "$fuzz_lib" ] && [ -f "$fuzz_lib" ] &&
         work=$(mktemp -d)
         [ -d "$corpus_src" ] && cp -r "$corpus_src"/. "$work"/
         echo "-- $name for ${seconds}s"
+        log="$work.log"
+        status=0
         ./build-fuzz/"$name" -max_total_time="$seconds" -rss_limit_mb=2048 -print_final_stats=1 \
-            "$work" 2>&1 | grep -E "^(stat::number_of_executed_units|stat::new_units_added|==.*ERROR|SUMMARY)" || true
-        status=${PIPESTATUS[0]}
-        rm -rf "$work"
+            "$work" >"$log" 2>&1 || status=$?
+        grep -E "^(stat::number_of_executed_units|stat::new_units_added|==.*ERROR|SUMMARY)" "$log" || true
         if [ "$status" -ne 0 ]; then
-            echo "fuzz target $name failed"
+            tail -n 40 "$log"
+            rm -rf "$work" "$log"
+            echo "fuzz target $name failed (exit $status)"
             exit 1
         fi
+        rm -rf "$work" "$log"
     done
 else
     echo "== libFuzzer runtime not found: fuzz targets skipped"

@@ -277,9 +277,11 @@ out:
     return rc;
 }
 
+/* |q| <= levels, so the quotient is at most 1 in magnitude and the product
+ * at most scale: finite for every finite scale (scale * q could overflow). */
 static inline float qsgd_value(float scale, int q, uint32_t levels)
 {
-    return scale * (float)q / (float)levels;
+    return scale * ((float)q / (float)levels);
 }
 
 static int compress_qsgd(const float *a, size_t n, uint32_t levels, uint64_t seed,

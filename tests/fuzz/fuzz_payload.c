@@ -13,6 +13,7 @@
 #include "strata/payload.h"
 
 #include <stdint.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <zstd.h>
@@ -98,6 +99,19 @@ static void run(const uint8_t *wire, size_t len)
     size_t b1, b2;
     uint8_t *body1 = body_of(wire, len, &b1), *body2 = body_of(again, again_len, &b2);
     check(b1 == b2 && memcmp(body1, body2, b1) == 0);
+
+    /* Every accepted layer decodes to finite dense values. */
+    for (size_t i = 0; i < p->num_layers; i++) {
+        const strata_clayer *c = &p->layers[i];
+        if (c->numel > ((uint64_t)1 << 20))
+            continue;
+        float *dense = malloc((size_t)c->numel * sizeof(float));
+        check(dense != NULL);
+        if (strata_clayer_decode(c, dense, NULL) == STRATA_OK)
+            for (uint64_t j = 0; j < c->numel; j++)
+                check(isfinite(dense[j]));
+        free(dense);
+    }
 
     free(body1);
     free(body2);

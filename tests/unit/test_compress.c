@@ -980,6 +980,28 @@ static void test_decode_values(void)
     strata_clayer_cleanup(&c);
 }
 
+/* Near the top of the float range a QSGD layer must still decode to finite
+ * values: the quotient q / levels is formed before multiplying by scale. */
+static void test_qsgd_huge_values_finite(void)
+{
+    const float a[2] = {3e38f, 1e30f};
+    int64_t shape[1] = {2};
+    strata_budget b = {.comp = STRATA_COMP_QSGD, .levels = 2};
+    strata_clayer c;
+    CU_ASSERT_EQUAL_FATAL(
+        strata_compress(a, 2, 1, shape, &b, STRATA_VALUES_FP32, 1, NULL, &c, NULL), STRATA_OK);
+    float dense[2];
+    CU_ASSERT_EQUAL(strata_clayer_decode(&c, dense, NULL), STRATA_OK);
+    CU_ASSERT(isfinite(dense[0]) && isfinite(dense[1]));
+    strata_clayer_cleanup(&c);
+
+    int8_t q[2] = {2, -2};
+    strata_clayer h = {
+        .comp = STRATA_COMP_QSGD, .numel = 2, .qlevels = q, .scale = 3.4e38f, .levels = 2};
+    CU_ASSERT_EQUAL(strata_clayer_decode(&h, dense, NULL), STRATA_OK);
+    CU_ASSERT(dense[0] == 3.4e38f && dense[1] == -3.4e38f);
+}
+
 int main(void)
 {
     CU_TestInfo basic[] = {
@@ -1003,6 +1025,7 @@ int main(void)
         {"randk positions and values", test_randk},
         {"qsgd unbiased", test_qsgd_unbiased},
         {"sign scale = mean |a|", test_sign},
+        {"qsgd near FLT_MAX decodes finite", test_qsgd_huge_values_finite},
         {"powersgd low rank + noise", test_powersgd_low_rank},
         CU_TEST_INFO_NULL,
     };
