@@ -51,9 +51,21 @@ static int build_from(strata_tensor_list *tensors, const strata_metadata *meta, 
     if (arch == NULL)
         return strata_diag_set(diag, STRATA_EPROTO, "checkpoint has no '%s' metadata entry",
                                STRATA_META_ARCH);
+    /* The description is untrusted: check that it needs exactly the
+     * parameters the file holds (bounded by the file's size) before building
+     * it, so a tiny file cannot make us allocate a huge model. */
     strata_model *m = NULL;
     strata_diag inner = {{0}};
-    int rc = strata_model_from_json(arch, strlen(arch), &m, &inner);
+    size_t need = 0;
+    int rc = strata_model_count_params(arch, strlen(arch), &need, &inner);
+    if (rc < 0)
+        return strata_diag_set(diag, STRATA_EPROTO, "checkpoint architecture: %s", inner.msg);
+    if (need != strata_tensor_list_numel(tensors))
+        return strata_diag_set(diag, STRATA_EPROTO,
+                               "checkpoint tensors do not match its architecture (%zu parameters "
+                               "in the file, %zu in the architecture)",
+                               strata_tensor_list_numel(tensors), need);
+    rc = strata_model_from_json(arch, strlen(arch), &m, &inner);
     if (rc < 0)
         return strata_diag_set(diag, STRATA_EPROTO, "checkpoint architecture: %s", inner.msg);
     strata_tensor_list *p = strata_model_params(m);

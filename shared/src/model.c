@@ -46,6 +46,8 @@ struct strata_model {
     float *probs; /* softmax of the last loss computation */
     int input_grad;
     float *dinput;
+    int dry; /* parsing only: count parameters, allocate nothing */
+    size_t nparams;
 };
 
 static const char MLP_JSON[] =
@@ -130,10 +132,21 @@ static int add_param(strata_model *m, const char *lname, const char *suffix, int
     char name[STRATA_MAX_NAME];
     if ((size_t)snprintf(name, sizeof(name), "%s.%s", lname, suffix) >= sizeof(name))
         return strata_diag_set(diag, STRATA_EINVAL, "layers[%d].name: too long", idx);
+    size_t numel;
+    int rc = strata_shape_numel(ndim, shape, &numel);
+    if (rc == STRATA_OK && numel > STRATA_MODEL_MAX_PARAMS - m->nparams)
+        rc = STRATA_ETOOBIG;
+    if (rc < 0)
+        return strata_diag_set(diag, rc == STRATA_ETOOBIG ? STRATA_ETOOBIG : STRATA_EINVAL,
+                               "layers[%d]: the model would have more than %zu parameters", idx,
+                               (size_t)STRATA_MODEL_MAX_PARAMS);
+    m->nparams += numel;
+    if (m->dry)
+        return STRATA_OK;
     if (strata_tensor_list_find(&m->params, name) != NULL)
         return strata_diag_set(diag, STRATA_EINVAL, "layers[%d].name: '%s' is used twice", idx,
                                lname);
-    int rc = strata_tensor_list_add(&m->params, name, ndim, shape, NULL);
+    rc = strata_tensor_list_add(&m->params, name, ndim, shape, NULL);
     if (rc == STRATA_OK)
         rc = strata_tensor_list_add(&m->grads, name, ndim, shape, NULL);
     if (rc < 0)
@@ -283,7 +296,10 @@ static int parse_layer(strata_model *m, json_t *lj, int idx, int *c, int *h, int
     return STRATA_OK;
 }
 
-int strata_model_from_json(const char *json, size_t len, strata_model **out, strata_diag *diag)
+/* Parses an architecture. dry: only count the parameters (*nparams), build
+ * nothing and allocate no tensor. */
+static int parse_arch(const char *json, size_t len, int dry, strata_model **out, size_t *nparams,
+                      strata_diag *diag)
 {
     *out = NULL;
     if (len > MAX_ARCH_BYTES)
@@ -303,6 +319,7 @@ int strata_model_from_json(const char *json, size_t len, strata_model **out, str
     strata_tensor_list_init(&m->params);
     strata_tensor_list_init(&m->grads);
     m->std = 1.0f;
+    m->dry = dry;
     if (!json_is_object(root)) {
         rc = strata_diag_set(diag, STRATA_EINVAL, "architecture: expected a JSON object");
         goto out;
@@ -369,6 +386,12 @@ int strata_model_from_json(const char *json, size_t len, strata_model **out, str
             max_dim = od;
     }
     m->max_dim = max_dim;
+    if (nparams != NULL)
+        *nparams = m->nparams;
+    if (dry) {
+        rc = STRATA_OK;
+        goto out;
+    }
     m->arch = json_dumps(root, JSON_COMPACT | JSON_PRESERVE_ORDER);
     if (m->arch == NULL) {
         rc = STRATA_ENOMEM;
@@ -377,11 +400,23 @@ int strata_model_from_json(const char *json, size_t len, strata_model **out, str
     rc = STRATA_OK;
 out:
     json_decref(root);
-    if (rc < 0)
+    if (rc < 0 || dry)
         strata_model_free(m);
     else
         *out = m;
     return rc;
+}
+
+int strata_model_from_json(const char *json, size_t len, strata_model **out, strata_diag *diag)
+{
+    return parse_arch(json, len, 0, out, NULL, diag);
+}
+
+int strata_model_count_params(const char *json, size_t len, size_t *count, strata_diag *diag)
+{
+    strata_model *unused;
+    *count = 0;
+    return parse_arch(json, len, 1, &unused, count, diag);
 }
 
 int strata_model_new(const char *spec, strata_model **out, strata_diag *diag)
@@ -535,9 +570,17 @@ static int ensure_batch(strata_model *m, size_t batch)
 {
     if (batch <= m->cap_batch)
         return STRATA_OK;
-    free_buffers(m);
-    if (batch > ((size_t)1 << 20) || m->max_dim > SIZE_MAX / 4 / batch)
+    /* Every buffer, and every BLAS dimension (an int), must stay below 2^31
+     * elements. */
+    const size_t cap = (size_t)1 << 31;
+    if (batch > ((size_t)1 << 20) || m->max_dim > cap / batch)
         return STRATA_ETOOBIG;
+    for (int i = 0; i < m->nlayers; i++)
+        if (m->layers[i].kind == L_CONV2D &&
+            (conv_p(&m->layers[i]) > cap / batch ||
+             conv_k(&m->layers[i]) > cap / (batch * conv_p(&m->layers[i]))))
+            return STRATA_ETOOBIG;
+    free_buffers(m);
     m->act = calloc((size_t)m->nlayers + 1, sizeof(float *));
     if (m->act == NULL)
         return STRATA_ENOMEM;
@@ -805,10 +848,10 @@ int strata_model_forward(strata_model *m, const float *x, size_t batch, int trai
     *logits = NULL;
     if (batch == 0)
         return STRATA_EINVAL;
+    m->batch = 0; /* no valid forward pass until this one completes */
     int rc = ensure_batch(m, batch);
     if (rc < 0)
         return rc;
-    m->batch = batch;
     const size_t n0 = batch * m->layers[0].in_dim;
     const float mean = m->mean, inv = 1.0f / m->std;
     float *a0 = m->act[0];
@@ -854,6 +897,7 @@ int strata_model_forward(strata_model *m, const float *x, size_t batch, int trai
             break;
         }
     }
+    m->batch = batch;
     *logits = m->act[m->nlayers];
     return STRATA_OK;
 }

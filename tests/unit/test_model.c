@@ -98,6 +98,37 @@ static void test_arch_errors(void)
     CU_ASSERT_PTR_NOT_NULL(strstr(d.msg, "/nonexistent/arch.json"));
 }
 
+static void test_count_and_limits(void)
+{
+    size_t n = 0;
+    const char *cnn = strata_model_builtin_json("cnn");
+    CU_ASSERT_EQUAL(strata_model_count_params(cnn, strlen(cnn), &n, NULL), STRATA_OK);
+    CU_ASSERT_EQUAL(n, 1663370);
+    /* 2^20 x 2^9 weights are 2^29 parameters: above the limit, refused before
+     * anything is allocated. */
+    const char *huge = "{\"input\":[512],\"layers\":[{\"type\":\"linear\",\"name\":\"a\","
+                       "\"out_features\":1048576}]}";
+    strata_diag d = {{0}};
+    CU_ASSERT_EQUAL(strata_model_count_params(huge, strlen(huge), &n, &d), STRATA_ETOOBIG);
+    CU_ASSERT_PTR_NOT_NULL(strstr(d.msg, "parameters"));
+    strata_model *m = NULL;
+    CU_ASSERT_EQUAL(strata_model_from_json(huge, strlen(huge), &m, &d), STRATA_ETOOBIG);
+    CU_ASSERT_PTR_NULL(m);
+
+    /* A forward pass that fails leaves no pass to run backward on. */
+    CU_ASSERT_EQUAL_FATAL(strata_model_new("mlp", &m, NULL), STRATA_OK);
+    float x[784] = {0};
+    uint8_t y[1] = {0};
+    const float *logits;
+    CU_ASSERT_EQUAL(strata_model_forward(m, x, 1, 0, NULL, &logits), STRATA_OK);
+    CU_ASSERT_EQUAL(strata_model_forward(m, x, ((size_t)1 << 20) + 1, 0, NULL, &logits),
+                    STRATA_ETOOBIG);
+    CU_ASSERT_EQUAL(strata_model_backward(m, y, NULL, NULL), STRATA_ESTATE);
+    CU_ASSERT_EQUAL(strata_model_forward(m, x, 1, 0, NULL, &logits), STRATA_OK);
+    CU_ASSERT_EQUAL(strata_model_backward(m, y, NULL, NULL), STRATA_OK);
+    strata_model_free(m);
+}
+
 /* ---- finite-difference gradient checks ---- */
 
 enum input_kind { IN_GAUSS, IN_AWAY_FROM_ZERO, IN_DISTINCT };
@@ -387,6 +418,7 @@ int main(void)
     CU_TestInfo arch_tests[] = {
         {"built-in parameter counts", test_builtin_counts},
         {"architecture errors name the field", test_arch_errors},
+        {"parameter count, limits, failed forward", test_count_and_limits},
         CU_TEST_INFO_NULL,
     };
     CU_TestInfo grad_tests[] = {

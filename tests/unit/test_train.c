@@ -192,6 +192,13 @@ static void test_train_learns_and_checkpoint(void)
     CU_ASSERT_EQUAL(strata_checkpoint_load(path, &m3, &d), STRATA_EPROTO);
     CU_ASSERT_PTR_NULL(m3);
     CU_ASSERT_PTR_NOT_NULL(strstr(d.msg, "do not match"));
+    /* an architecture far larger than the file is refused without building it */
+    strata_metadata_set(&meta, STRATA_META_ARCH,
+                        "{\"input\":[256],\"layers\":[{\"type\":\"linear\",\"name\":\"fc1\","
+                        "\"out_features\":1000000}]}");
+    CU_ASSERT_EQUAL(strata_safetensors_write(path, &wrong, &meta, NULL), STRATA_OK);
+    CU_ASSERT_EQUAL(strata_checkpoint_load(path, &m3, &d), STRATA_EPROTO);
+    CU_ASSERT_PTR_NOT_NULL(strstr(d.msg, "257000000 in the architecture"));
     /* and one without architecture metadata */
     strata_metadata_cleanup(&meta);
     strata_metadata_init(&meta);

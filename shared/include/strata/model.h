@@ -21,13 +21,23 @@
 
 typedef struct strata_model strata_model;
 
+/* Most parameters a model may have (1 GiB of float32). */
+#define STRATA_MODEL_MAX_PARAMS ((size_t)1 << 28)
+
 /* Builds a model from a built-in name ("mlp", "cnn") or, when spec names an
  * existing file, from a JSON architecture file. Parameters are zero until
  * strata_model_init_params() or a load. Errors name the offending field. */
 int strata_model_new(const char *spec, strata_model **out, strata_diag *diag);
 
-/* Builds a model from JSON architecture text of len bytes. */
+/* Builds a model from JSON architecture text of len bytes. Errors:
+ * STRATA_EINVAL naming the field, STRATA_ETOOBIG above
+ * STRATA_MODEL_MAX_PARAMS parameters, STRATA_ENOMEM. */
 int strata_model_from_json(const char *json, size_t len, strata_model **out, strata_diag *diag);
+
+/* Counts the parameters an architecture would have without building it or
+ * allocating any tensor (for checking untrusted descriptions against data
+ * before committing memory). Same errors as strata_model_from_json(). */
+int strata_model_count_params(const char *json, size_t len, size_t *count, strata_diag *diag);
 
 /* Returns the JSON text of a built-in architecture, or NULL. */
 const char *strata_model_builtin_json(const char *name);
