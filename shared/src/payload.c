@@ -625,12 +625,14 @@ typedef struct limits {
     uint32_t max_layers;
     uint64_t max_layer_numel;
     size_t max_metadata_bytes;
+    uint64_t max_total_numel;
 } limits;
 
 static limits resolve_limits(const strata_payload_limits *in)
 {
     limits l = {STRATA_PAYLOAD_DEFAULT_MAX_DECODED_BYTES, STRATA_PAYLOAD_DEFAULT_MAX_LAYERS,
-                STRATA_PAYLOAD_DEFAULT_MAX_LAYER_NUMEL, STRATA_PAYLOAD_DEFAULT_MAX_METADATA_BYTES};
+                STRATA_PAYLOAD_DEFAULT_MAX_LAYER_NUMEL, STRATA_PAYLOAD_DEFAULT_MAX_METADATA_BYTES,
+                STRATA_PAYLOAD_DEFAULT_MAX_TOTAL_NUMEL};
     if (in != NULL) {
         if (in->max_decoded_bytes != 0)
             l.max_decoded_bytes = in->max_decoded_bytes;
@@ -640,6 +642,8 @@ static limits resolve_limits(const strata_payload_limits *in)
             l.max_layer_numel = in->max_layer_numel;
         if (in->max_metadata_bytes != 0)
             l.max_metadata_bytes = in->max_metadata_bytes;
+        if (in->max_total_numel != 0)
+            l.max_total_numel = in->max_total_numel;
     }
     return l;
 }
@@ -932,11 +936,18 @@ static int parse_body(const uint8_t *body, size_t body_len, const limits *lim, s
             return strata_diag_set(diag, STRATA_ENOMEM, "out of memory");
         p->num_layers = nlayers;
     }
+    uint64_t total = 0;
     for (uint32_t i = 0; i < nlayers; i++) {
         int rc = get_layer(body, end, &pos, i, i > 0, i > 0 ? p->layers[i - 1].layer_index : 0, lim,
                            &p->layers[i], diag);
         if (rc < 0)
             return rc;
+        total += p->layers[i].numel; /* each numel < 2^32, at most 2^32 layers */
+        if (total > lim->max_total_numel)
+            return strata_diag_set(diag, STRATA_ETOOBIG,
+                                   "layer %" PRIu32 ": the layers describe more than %" PRIu64
+                                   " dense elements in total",
+                                   i, lim->max_total_numel);
     }
 
     if (end - pos < 4)

@@ -83,6 +83,23 @@ int tool_load_model(const char *spec, strata_model **out)
     return rc;
 }
 
+int tool_check_writable(const char *path)
+{
+    size_t n = strlen(path) + 16;
+    char *name = malloc(n);
+    if (name == NULL)
+        return tool_fail(1, "out of memory");
+    snprintf(name, n, "%s.tmp.XXXXXX", path);
+    int fd = mkstemp(name);
+    int e = errno;
+    if (fd >= 0) {
+        close(fd);
+        unlink(name);
+    }
+    free(name);
+    return fd >= 0 ? 0 : tool_fail(1, "cannot write %s: %s", path, strerror(e));
+}
+
 void tool_progress(void *ctx, size_t done, size_t total)
 {
     const char *label = ctx;

@@ -28,6 +28,11 @@ int tool_load_model(const char *spec, strata_model **out);
 int tool_parse_long(const char *s, long min, long max, long *out);
 int tool_parse_double(const char *s, double min, double max, double *out);
 
+/* Checks that a file can be created at path (its directory exists and is
+ * writable) without leaving anything behind; prints an error and returns
+ * non-zero otherwise. */
+int tool_check_writable(const char *path);
+
 /* A one-line progress bar on stderr when it is a terminal. */
 void tool_progress(void *ctx, size_t done, size_t total);
 

@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #define MAX_PAYLOAD_FILE ((size_t)1 << 31)
 
@@ -41,14 +42,35 @@ static int read_file(const char *path, size_t max, uint8_t **out, size_t *len)
     return 0;
 }
 
-static int write_file(const char *path, const uint8_t *buf, size_t len)
+/* Writes buf to a new temporary file beside path; *tmp receives its name
+ * (malloc'ed) for a later rename over path or unlink. */
+static int write_temp(const char *path, const uint8_t *buf, size_t len, char **tmp)
 {
-    FILE *f = fopen(path, "wb");
-    if (f == NULL)
-        return tool_fail(1, "%s: %s", path, strerror(errno));
-    int ok = fwrite(buf, 1, len, f) == len;
-    ok &= fclose(f) == 0;
-    return ok ? 0 : tool_fail(1, "%s: write failed", path);
+    *tmp = NULL;
+    size_t n = strlen(path) + 16;
+    char *name = malloc(n);
+    if (name == NULL)
+        return tool_fail(1, "out of memory");
+    snprintf(name, n, "%s.tmp.XXXXXX", path);
+    int fd = mkstemp(name);
+    if (fd < 0) {
+        int e = errno;
+        free(name);
+        return tool_fail(1, "%s: %s", path, strerror(e));
+    }
+    FILE *f = fdopen(fd, "wb");
+    int ok = f != NULL && fwrite(buf, 1, len, f) == len;
+    if (f != NULL)
+        ok &= fclose(f) == 0;
+    else
+        close(fd);
+    if (!ok) {
+        unlink(name);
+        free(name);
+        return tool_fail(1, "%s: write failed", path);
+    }
+    *tmp = name;
+    return 0;
 }
 
 /* A single compressor for every layer ("sign", "qsgd:8", "powersgd:4", ...)
@@ -220,6 +242,9 @@ int tool_compress(int argc, char **argv)
         fputs(usage, stderr);
         return tool_fail(2, "compress: --in, --out, --policy and --density are required");
     }
+    if (round >= rounds)
+        return tool_fail(2, "--round %ld is outside a run of %ld rounds (rounds count from 0)",
+                         round, rounds);
     int code = 1, rc;
     strata_diag d = {{0}};
     strata_tensor_list t;
@@ -229,7 +254,7 @@ int tool_compress(int argc, char **argv)
     strata_clayer *layers = NULL;
     uint8_t *buf = NULL;
     size_t len = 0;
-    char *meta = NULL;
+    char *meta = NULL, *tmp = NULL;
     if ((rc = strata_safetensors_read(in, 0, &t, NULL, &d)) < 0) {
         tool_fail(1, "%s", strata_diag_msg(&d, rc));
         goto out;
@@ -269,12 +294,21 @@ int tool_compress(int argc, char **argv)
         tool_fail(1, "encoding failed: %s", strata_diag_msg(&d, rc));
         goto out;
     }
-    if (write_file(out, buf, len) != 0)
+    /* Nothing becomes visible unless everything succeeds: the payload goes to
+     * a temporary file, the residual is saved (atomically), then the payload
+     * is renamed into place. */
+    if (write_temp(out, buf, len, &tmp) != 0)
         goto out;
     if (residual != NULL && (rc = strata_ef_save(ef, residual, &d)) < 0) {
         tool_fail(1, "residual %s: %s", residual, strata_diag_msg(&d, rc));
         goto out;
     }
+    if (rename(tmp, out) != 0) {
+        tool_fail(1, "%s: %s", out, strerror(errno));
+        goto out;
+    }
+    free(tmp);
+    tmp = NULL;
     size_t total = strata_tensor_list_numel(&t), kept = 0;
     for (size_t i = 0; i < t.count; i++)
         kept += (layers[i].comp == STRATA_COMP_TOPK || layers[i].comp == STRATA_COMP_RANDK)
@@ -286,6 +320,9 @@ int tool_compress(int argc, char **argv)
            (double)(total * 4) / (double)len);
     code = 0;
 out:
+    if (tmp != NULL)
+        unlink(tmp);
+    free(tmp);
     free(meta);
     free(buf);
     if (layers)
@@ -401,8 +438,20 @@ out:
     return code;
 }
 
-/* Bytes of a compressed layer's representation before zstd. */
-static size_t layer_raw_bytes(const strata_clayer *c)
+/* A JSON integer, or a decimal string above the signed 64-bit range. */
+static json_t *json_u64(uint64_t v)
+{
+    if (v <= (uint64_t)INT64_MAX)
+        return json_integer((json_int_t)v);
+    char buf[32];
+    snprintf(buf, sizeof(buf), "%llu", (unsigned long long)v);
+    return json_string(buf);
+}
+
+/* Bytes of a compressed layer's arrays in memory (4-byte indices, 4- or
+ * 2-byte values, 1-byte levels, packed sign bits), before varint coding,
+ * byte shuffling and zstd. */
+static size_t layer_array_bytes(const strata_clayer *c)
 {
     size_t vb = c->values_format == STRATA_VALUES_FP32 ? 4 : 2;
     switch (c->comp) {
@@ -445,11 +494,11 @@ int tool_inspect(int argc, char **argv)
     if (load_payload(path, &p, &flen) != 0)
         return 1;
     json_t *meta = p->metadata_json ? json_loads(p->metadata_json, 0, NULL) : NULL;
-    json_t *root = json_pack("{s:s,s:I,s:i,s:I,s:I,s:I,s:I,s:i}", "file", path, "bytes",
-                             (json_int_t)flen, "round", (int)p->round, "model_version",
-                             (json_int_t)p->model_version, "client_id", (json_int_t)p->client_id,
-                             "sample_count", (json_int_t)p->sample_count, "layers",
-                             (json_int_t)p->num_layers, "flags", (int)p->flags);
+    json_t *root =
+        json_pack("{s:s,s:I,s:I,s:o,s:o,s:o,s:I,s:I}", "file", path, "bytes", (json_int_t)flen,
+                  "round", (json_int_t)p->round, "model_version", json_u64(p->model_version),
+                  "client_id", json_u64(p->client_id), "sample_count", json_u64(p->sample_count),
+                  "layers", (json_int_t)p->num_layers, "flags", (json_int_t)p->flags);
     json_t *arr = json_array();
     size_t total = 0, kept_total = 0, raw_total = 0;
     static const char *const vfn[] = {"fp32", "fp16", "bf16"};
@@ -462,14 +511,14 @@ int tool_inspect(int argc, char **argv)
         size_t kept = (l->comp == STRATA_COMP_TOPK || l->comp == STRATA_COMP_RANDK)
                           ? (size_t)l->count
                           : (size_t)l->numel;
-        size_t raw = layer_raw_bytes(l);
+        size_t raw = layer_array_bytes(l);
         total += l->numel;
         kept_total += kept;
         raw_total += raw;
         json_t *lj = json_pack("{s:i,s:s,s:s,s:s,s:I,s:I,s:I}", "index", (int)l->layer_index,
                                "name", name, "compressor", strata_comp_name(l->comp), "values",
                                vfn[l->values_format % 3], "elements", (json_int_t)l->numel, "kept",
-                               (json_int_t)kept, "raw_bytes", (json_int_t)raw);
+                               (json_int_t)kept, "array_bytes", (json_int_t)raw);
         if (l->comp == STRATA_COMP_QSGD)
             json_object_set_new(lj, "levels", json_integer(l->levels));
         if (l->comp == STRATA_COMP_POWERSGD)
@@ -478,7 +527,7 @@ int tool_inspect(int argc, char **argv)
     }
     json_object_set_new(root, "elements", json_integer((json_int_t)total));
     json_object_set_new(root, "kept", json_integer((json_int_t)kept_total));
-    json_object_set_new(root, "raw_bytes", json_integer((json_int_t)raw_total));
+    json_object_set_new(root, "array_bytes", json_integer((json_int_t)raw_total));
     json_object_set_new(root, "per_layer", arr);
     if (json) {
         char *s = json_dumps(root, JSON_COMPACT | JSON_PRESERVE_ORDER);
@@ -491,7 +540,7 @@ int tool_inspect(int argc, char **argv)
                (unsigned long long)p->client_id, (unsigned long long)p->sample_count, p->num_layers,
                p->flags);
         printf("%5s %-24s %-9s %-5s %12s %12s %9s %12s\n", "index", "tensor", "comp", "vals",
-               "elements", "kept", "density", "raw bytes");
+               "elements", "kept", "density", "array bytes");
         for (size_t i = 0; i < json_array_size(arr); i++) {
             json_t *lj = json_array_get(arr, i);
             json_int_t el = json_integer_value(json_object_get(lj, "elements"));
@@ -502,9 +551,9 @@ int tool_inspect(int argc, char **argv)
                    json_string_value(json_object_get(lj, "compressor")),
                    json_string_value(json_object_get(lj, "values")), (long long)el, (long long)kp,
                    (double)kp / (double)el,
-                   (long long)json_integer_value(json_object_get(lj, "raw_bytes")));
+                   (long long)json_integer_value(json_object_get(lj, "array_bytes")));
         }
-        printf("total: %zu elements, %zu kept (%.4f%%), %zu raw bytes, %zu bytes after zstd "
+        printf("total: %zu elements, %zu kept (%.4f%%), %zu array bytes, %zu payload bytes "
                "(%.2f bytes per kept element)\n",
                total, kept_total, 100.0 * (double)kept_total / (double)(total ? total : 1),
                raw_total, flen, (double)flen / (double)(kept_total ? kept_total : 1));

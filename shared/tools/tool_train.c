@@ -253,6 +253,14 @@ int tool_train(int argc, char **argv)
                   strata_model_input_dim(m), train.dim);
         goto out;
     }
+    int classes = train.num_classes > test.num_classes ? train.num_classes : test.num_classes;
+    if (strata_model_output_dim(m) < (size_t)classes) {
+        tool_fail(1, "model '%s' has %zu outputs but the data has %d classes", a.model,
+                  strata_model_output_dim(m), classes);
+        goto out;
+    }
+    if (a.out != NULL && tool_check_writable(a.out) != 0)
+        goto out;
     float mean = 0.0f, std = 1.0f;
     if (strcmp(a.normalize, "auto") == 0) {
         double dm, ds;
@@ -372,6 +380,12 @@ int tool_eval(int argc, char **argv)
     }
     if (spec == NULL || data == NULL || optind != argc)
         return tool_fail(2, "eval: --model and --data are required");
+    size_t slen = strlen(spec);
+    if (slen <= 12 || strcmp(spec + slen - 12, ".safetensors") != 0)
+        return tool_fail(2,
+                         "eval: --model must be a checkpoint (.safetensors); '%s' has no "
+                         "trained weights",
+                         spec);
     strata_set_threads((int)threads);
     strata_model *m = NULL;
     strata_dataset test;

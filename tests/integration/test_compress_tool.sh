@@ -54,5 +54,9 @@ if "$TOOL" compress --in "$WORK/cnn.safetensors" --policy nosuch --density 0.01 
 grep -q nosuch "$WORK/err" || fail "unknown-policy message does not name it"
 if "$TOOL" compress --in "$WORK/cnn.safetensors" --policy uniform --density 2 \
     --out "$WORK/x.bin" 2>/dev/null; then fail "density 2 accepted"; fi
-[ ! -e "$WORK/x.bin" ] || fail "a refused command left an output file"
+if "$TOOL" compress --in "$WORK/cnn.safetensors" --policy uniform --density 0.01 \
+    --out "$WORK/x.bin" --residual "$WORK/nodir/r.safetensors" 2>/dev/null; then
+    fail "unwritable residual accepted"
+fi
+[ -z "$(ls "$WORK" | grep '^x\.bin')" ] || fail "a refused command left an output file"
 echo "PASS: compress tool"

@@ -32,4 +32,13 @@ if "$TOOL" train --model mlp --data "$DATA" --epochs 0 2>/dev/null; then fail "-
 printf 'garbage' >"$WORK/bad.safetensors"
 if "$TOOL" eval --model "$WORK/bad.safetensors" --data "$DATA" 2>"$WORK/err"; then fail "garbage checkpoint accepted"; fi
 [ -s "$WORK/err" ] || fail "garbage checkpoint: no message"
+printf '{"input":[1,28,28],"layers":[{"type":"flatten"},{"type":"linear","name":"fc","out_features":5}]}' >"$WORK/five.json"
+if "$TOOL" train --model "$WORK/five.json" --data "$DATA" --epochs 1 --limit 100 2>"$WORK/err"; then
+    fail "a model with 5 outputs trained on 10 classes"
+fi
+grep -q "5 outputs" "$WORK/err" || fail "output-count message: $(cat "$WORK/err")"
+if "$TOOL" eval --model mlp --data "$DATA" 2>/dev/null; then fail "eval of an untrained built-in accepted"; fi
+if "$TOOL" train --model mlp --data "$DATA" --epochs 1 --limit 100 --out "$WORK/nodir/x.safetensors" \
+    2>"$WORK/err"; then fail "unwritable --out accepted"; fi
+grep -q "cannot write" "$WORK/err" || fail "unwritable --out: $(cat "$WORK/err")"
 echo "PASS: bad inputs rejected"

@@ -274,12 +274,14 @@ static void fix_crc(uint8_t *body, size_t n)
         body[n - 4 + i] = (uint8_t)(c >> (8 * i));
 }
 
-/* Decodes wire bytes that must succeed; returns the payload. */
+/* Decodes wire bytes that must succeed; returns the payload. The total-size
+ * limit is lifted: some cases describe tensors of 2^32 - 1 elements. */
 static strata_payload *decode_ok(const uint8_t *wire, size_t len, const char *what)
 {
+    static const strata_payload_limits wide = {.max_total_numel = UINT64_MAX};
     strata_payload *p = NULL;
     strata_diag diag = {{0}};
-    int rc = strata_payload_decode(wire, len, NULL, &p, &diag);
+    int rc = strata_payload_decode(wire, len, &wide, &p, &diag);
     CASE_ASSERT(rc == STRATA_OK, what);
     if (rc != STRATA_OK)
         fprintf(stderr, "  decode failed: %s\n", diag.msg);
@@ -2075,6 +2077,30 @@ static void test_reference_rounding(void)
     strata_free_floats(c.values);
 }
 
+/* A few bytes may describe a huge sparse tensor: the default limit on the
+ * total dense size refuses what would cost gigabytes to decode densely. */
+static void test_total_numel_limit(void)
+{
+    uint32_t idx[1] = {7};
+    float val[1] = {1.5f};
+    strata_clayer l = {.comp = STRATA_COMP_TOPK,
+                       .numel = ((uint64_t)1 << 28) + 1,
+                       .count = 1,
+                       .indices = idx,
+                       .values = val};
+    strata_payload p = {.num_layers = 1, .layers = &l};
+    uint8_t *wire = NULL;
+    size_t len = 0;
+    CU_ASSERT_EQUAL_FATAL(strata_payload_encode(&p, 1, &wire, &len, NULL), STRATA_OK);
+    CU_ASSERT(len < 200);
+    expect_reject("2^28 + 1 dense elements", wire, len, NULL, STRATA_ETOOBIG, "dense elements");
+    strata_payload_limits lim = {.max_total_numel = ((uint64_t)1 << 28) + 1};
+    strata_payload *q = NULL;
+    CU_ASSERT_EQUAL(strata_payload_decode(wire, len, &lim, &q, NULL), STRATA_OK);
+    strata_payload_free(q);
+    free(wire);
+}
+
 int main(void)
 {
     CU_TestInfo crc_tests[] = {
@@ -2099,6 +2125,7 @@ int main(void)
         {"hand-built bodies (table)", test_malformed_bodies},
         {"zstd frames", test_malformed_frames},
         {"limits", test_limits},
+        {"total dense size limit", test_total_numel_limit},
         {"deep metadata, many layers", test_deep_metadata_and_many_layers},
         {"every wire flip and truncation", test_every_wire_flip_and_truncation},
         {"every body flip and truncation", test_every_body_flip_and_truncation},

@@ -42,6 +42,7 @@
 #define STRATA_PAYLOAD_DEFAULT_MAX_LAYERS 65536u
 #define STRATA_PAYLOAD_DEFAULT_MAX_LAYER_NUMEL STRATA_CLAYER_MAX_NUMEL
 #define STRATA_PAYLOAD_DEFAULT_MAX_METADATA_BYTES ((size_t)1 << 20) /* 1 MiB */
+#define STRATA_PAYLOAD_DEFAULT_MAX_TOTAL_NUMEL ((uint64_t)1 << 28)  /* dense elements */
 
 /* One update. Every pointer is owned by the struct; strata_payload_free
  * releases them.
@@ -75,12 +76,19 @@ typedef struct strata_payload {
  *                       format's own maximum): largest dense tensor a layer
  *                       may describe
  *   max_metadata_bytes  STRATA_PAYLOAD_DEFAULT_MAX_METADATA_BYTES (1 MiB)
- * A server should set max_decoded_bytes and max_layer_numel from its model. */
+ *   max_total_numel     STRATA_PAYLOAD_DEFAULT_MAX_TOTAL_NUMEL (2^28): the
+ *                       largest sum of the layers' dense element counts, i.e.
+ *                       what decoding the whole update densely costs (a
+ *                       sparse layer can declare a huge tensor in a few
+ *                       bytes)
+ * A server should set max_decoded_bytes, max_layer_numel and max_total_numel
+ * from its model. */
 typedef struct strata_payload_limits {
     uint64_t max_decoded_bytes;
     uint32_t max_layers;
     uint64_t max_layer_numel;
     size_t max_metadata_bytes;
+    uint64_t max_total_numel;
 } strata_payload_limits;
 
 /* Encodes p (borrowed) into a new malloc'ed buffer: *out (free with free())
