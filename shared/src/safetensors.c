@@ -840,22 +840,26 @@ int strata_safetensors_write(const char *path, const strata_tensor_list *t,
         goto out;
     }
     size_t plen = strlen(path);
-    tmp = malloc(plen + sizeof(".tmp"));
+    tmp = malloc(plen + sizeof(".tmp.XXXXXX"));
     dir = dir_of(path);
     if (tmp == NULL || dir == NULL) {
         rc = strata_diag_set(diag, STRATA_ENOMEM, "out of memory");
         goto out;
     }
     memcpy(tmp, path, plen);
-    memcpy(tmp + plen, ".tmp", sizeof(".tmp"));
+    memcpy(tmp + plen, ".tmp.XXXXXX", sizeof(".tmp.XXXXXX"));
 
-    fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    fd = mkostemp(tmp, O_CLOEXEC);
     if (fd < 0) {
         rc = strata_diag_set(diag, STRATA_EIO, "open %s: %s", tmp, strerror(errno));
         goto out;
     }
     created = 1;
-    if (write_all(fd, buf, len) < 0) {
+    /* mkostemp creates the file 0600; a checkpoint is as readable as any
+     * file the user creates. */
+    mode_t mask = umask(0);
+    umask(mask);
+    if (fchmod(fd, 0666 & ~mask) < 0 || write_all(fd, buf, len) < 0) {
         rc = strata_diag_set(diag, STRATA_EIO, "write %s: %s", tmp, strerror(errno));
         goto out;
     }

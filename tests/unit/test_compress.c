@@ -980,6 +980,78 @@ static void test_decode_values(void)
     strata_clayer_cleanup(&c);
 }
 
+/* schemas/payload.md §2.5, implemented from the text alone, must give the
+ * positions strata_randk_indices() gives. */
+static uint64_t doc_splitmix(uint64_t *x)
+{
+    *x += 0x9e3779b97f4a7c15ULL;
+    uint64_t z = *x;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+
+static uint64_t doc_rotl(uint64_t v, int k)
+{
+    return (v << k) | (v >> (64 - k));
+}
+
+static uint64_t doc_next(uint64_t *s)
+{
+    uint64_t r = doc_rotl(s[1] * 5, 7) * 9, t = s[1] << 17;
+    s[2] ^= s[0];
+    s[3] ^= s[1];
+    s[1] ^= s[2];
+    s[0] ^= s[3];
+    s[2] ^= t;
+    s[3] = doc_rotl(s[3], 45);
+    return r;
+}
+
+static void test_randk_matches_spec(void)
+{
+    static const uint64_t cases[][3] = {{1, 10, 3},  {42, 1000, 10}, {7, 1000, 600},
+                                        {9, 64, 63}, {5, 65, 1},     {123456789, 100000, 1000},
+                                        {0, 7, 7},   {3, 129, 64}};
+    for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
+        uint64_t seed = cases[c][0], numel = cases[c][1], count = cases[c][2];
+        uint32_t *got = malloc(count * sizeof(uint32_t) + 4);
+        uint8_t *mark = calloc(numel, 1);
+        CU_ASSERT_EQUAL_FATAL(strata_randk_indices(seed, numel, count, got), STRATA_OK);
+        if (count == numel) {
+            for (uint64_t i = 0; i < numel; i++)
+                mark[i] = 1;
+        } else {
+            uint64_t x = seed ^ (0x72616e646bULL * 0xd1b54a32d192ed03ULL), s[4];
+            for (int i = 0; i < 4; i++)
+                s[i] = doc_splitmix(&x);
+            int invert = count > numel / 2;
+            uint64_t draw = invert ? numel - count : count, limit = UINT64_MAX - UINT64_MAX % numel;
+            for (uint64_t done = 0; done < draw;) {
+                uint64_t v;
+                do {
+                    v = doc_next(s);
+                } while (v >= limit);
+                if (!mark[v % numel]) {
+                    mark[v % numel] = 1;
+                    done++;
+                }
+            }
+            if (invert)
+                for (uint64_t i = 0; i < numel; i++)
+                    mark[i] = !mark[i];
+        }
+        uint64_t m = 0;
+        int same = 1;
+        for (uint64_t i = 0; i < numel; i++)
+            if (mark[i])
+                same &= m < count && got[m++] == i;
+        CU_ASSERT(same && m == count);
+        free(got);
+        free(mark);
+    }
+}
+
 /* Near the top of the float range a QSGD layer must still decode to finite
  * values: the quotient q / levels is formed before multiplying by scale. */
 static void test_qsgd_huge_values_finite(void)
@@ -1026,6 +1098,7 @@ int main(void)
         {"qsgd unbiased", test_qsgd_unbiased},
         {"sign scale = mean |a|", test_sign},
         {"qsgd near FLT_MAX decodes finite", test_qsgd_huge_values_finite},
+        {"randk positions follow schemas/payload.md", test_randk_matches_spec},
         {"powersgd low rank + noise", test_powersgd_low_rank},
         CU_TEST_INFO_NULL,
     };

@@ -4,6 +4,7 @@
 #include "strata/tensor.h"
 #include "test_util.h"
 
+#include <dirent.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -315,6 +316,20 @@ static void test_roundtrip_empty(void)
     strata_metadata_cleanup(&got);
 }
 
+/* Number of entries of a directory, . and .. excluded. */
+static int count_entries(const char *dir)
+{
+    DIR *d = opendir(dir);
+    int n = 0;
+    if (d == NULL)
+        return -1;
+    for (struct dirent *e; (e = readdir(d)) != NULL;)
+        if (strcmp(e->d_name, ".") != 0 && strcmp(e->d_name, "..") != 0)
+            n++;
+    closedir(d);
+    return n;
+}
+
 static void test_roundtrip_file(void)
 {
     strata_tensor_list src, src2, dst;
@@ -334,6 +349,7 @@ static void test_roundtrip_file(void)
     CU_ASSERT_EQUAL(strata_safetensors_write(path, &src, &meta, &diag), STRATA_OK);
     CU_ASSERT_NOT_EQUAL(access(path, F_OK), -1);
     CU_ASSERT_EQUAL(access(tmp, F_OK), -1);
+    CU_ASSERT_EQUAL(count_entries(dir), 1); /* no temporary file left behind */
     sentinel_init(&dst, &got);
     CU_ASSERT_EQUAL(strata_safetensors_read(path, 0, &dst, &got, &diag), STRATA_OK);
     assert_lists_equal(&src, &dst);

@@ -90,10 +90,11 @@ int strata_safetensors_decode(const uint8_t *buf, size_t len, strata_tensor_list
                               strata_metadata *meta, strata_diag *diag);
 
 /* Encodes t and meta as strata_safetensors_encode does and stores them at
- * path: the bytes go to "<path>.tmp", which is fsync'ed and renamed over
- * path, then the directory is fsync'ed, so a crash leaves either the old file
- * or the complete new one at path. Two concurrent writers of the same path
- * share the temporary name and must not run at once. Errors: those of
+ * path: the bytes go to a new temporary file "<path>.tmp.XXXXXX" (mkostemp),
+ * which is fsync'ed and renamed over path, then the directory is fsync'ed,
+ * so a crash leaves either the old file or the complete new one at path;
+ * concurrent writers of one path each use their own temporary file and the
+ * last rename wins. Errors: those of
  * strata_safetensors_encode, and STRATA_EIO when a system call fails (the
  * temporary file is removed; after a failed directory fsync the new file is
  * already in place). diag (may be NULL) explains the error. */
