@@ -22,6 +22,20 @@ const char *strata_comp_name(strata_compressor_id id)
     return COMP_NAMES[id];
 }
 
+const char *strata_values_name(strata_values_format f)
+{
+    switch (f) {
+    case STRATA_VALUES_FP32:
+        return "fp32";
+    case STRATA_VALUES_FP16:
+        return "fp16";
+    case STRATA_VALUES_BF16:
+        return "bf16";
+    default:
+        return "?";
+    }
+}
+
 int strata_comp_from_name(const char *name, strata_compressor_id *out)
 {
     if (out != NULL)

@@ -27,27 +27,14 @@
 
 static const uint8_t MAGIC[4] = {'S', 'T', 'R', 'P'};
 
-static const char *const COMP_NAMES[STRATA_COMP_COUNT] = {
-    "none", "fp16", "bf16", "topk", "randk", "qsgd", "sign", "powersgd",
-};
-
 static const char *comp_name(unsigned id)
 {
-    return id < STRATA_COMP_COUNT ? COMP_NAMES[id] : "?";
+    return strata_comp_name((strata_compressor_id)id);
 }
 
 static const char *format_name(unsigned f)
 {
-    switch (f) {
-    case STRATA_VALUES_FP32:
-        return "fp32";
-    case STRATA_VALUES_FP16:
-        return "fp16";
-    case STRATA_VALUES_BF16:
-        return "bf16";
-    default:
-        return "?";
-    }
+    return strata_values_name((strata_values_format)f);
 }
 
 static size_t format_width(strata_values_format f)

@@ -501,7 +501,6 @@ int tool_inspect(int argc, char **argv)
                   "layers", (json_int_t)p->num_layers, "flags", (json_int_t)p->flags);
     json_t *arr = json_array();
     size_t total = 0, kept_total = 0, raw_total = 0;
-    static const char *const vfn[] = {"fp32", "fp16", "bf16"};
     for (size_t i = 0; i < p->num_layers; i++) {
         const strata_clayer *l = &p->layers[i];
         char name[STRATA_MAX_NAME];
@@ -515,10 +514,11 @@ int tool_inspect(int argc, char **argv)
         total += l->numel;
         kept_total += kept;
         raw_total += raw;
-        json_t *lj = json_pack("{s:i,s:s,s:s,s:s,s:I,s:I,s:I}", "index", (int)l->layer_index,
-                               "name", name, "compressor", strata_comp_name(l->comp), "values",
-                               vfn[l->values_format % 3], "elements", (json_int_t)l->numel, "kept",
-                               (json_int_t)kept, "array_bytes", (json_int_t)raw);
+        json_t *lj =
+            json_pack("{s:i,s:s,s:s,s:s,s:I,s:I,s:I}", "index", (int)l->layer_index, "name", name,
+                      "compressor", strata_comp_name(l->comp), "values",
+                      strata_values_name(l->values_format), "elements", (json_int_t)l->numel,
+                      "kept", (json_int_t)kept, "array_bytes", (json_int_t)raw);
         if (l->comp == STRATA_COMP_QSGD)
             json_object_set_new(lj, "levels", json_integer(l->levels));
         if (l->comp == STRATA_COMP_POWERSGD)

@@ -74,6 +74,9 @@ typedef struct strata_budget {
 /* Returns the compressor's name ("topk"), or "?" for an unknown id. */
 const char *strata_comp_name(strata_compressor_id id);
 
+/* Returns a values format's name ("fp32", "fp16", "bf16"), or "?". */
+const char *strata_values_name(strata_values_format f);
+
 /* Parses a compressor name; returns STRATA_EINVAL for an unknown one. */
 int strata_comp_from_name(const char *name, strata_compressor_id *out);
 
