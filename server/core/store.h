@@ -1,0 +1,293 @@
+/* The coordinator's durable state: one state directory holding
+ *
+ *   state.db        SQLite database (WAL): clients, rounds, updates
+ *                   (metadata and SHA-256 only), checkpoints, counters
+ *   updates/<R>/<C>.bin   the payload of client C's update for round R
+ *   checkpoints/model-<V>.safetensors   the global model of version V
+ *   lock            held (flock) by the process that owns the directory
+ *
+ * Durability contract. strata_store_update_put returns STRATA_OK only after
+ * the payload file is written, fsync'ed and renamed into place (and its
+ * directory fsync'ed) AND the row describing it is committed with
+ * synchronous=FULL. A caller may acknowledge the update (HTTP 200) exactly
+ * then: after a crash of the process or of the machine the update is listed by
+ * strata_store_update_list and its bytes are intact. A payload file whose row
+ * was never committed (crash between the two steps) is removed when the
+ * directory is next opened by strata_store_open; it is never listed.
+ *
+ * Threads and processes. A strata_store is one SQLite connection and may be
+ * used by one thread at a time. Exactly one process owns a state directory:
+ * strata_store_open takes an exclusive lock and fails with STRATA_ESTATE when
+ * another open store (in this or another process) holds it. A thread that
+ * needs its own connection gets one from strata_store_open_secondary; all
+ * connections may write concurrently (SQLite serialises the write
+ * transactions, busy_timeout waits for the lock).
+ *
+ * Errors. Every function returns STRATA_OK or a negative strata_err and, when
+ * diag is not NULL, explains the failure in it: STRATA_EINVAL for bad
+ * arguments, STRATA_ESTATE when the call contradicts the stored state
+ * (existing round, closed round, ...), STRATA_EIO for file-system and SQLite
+ * failures (with sqlite3_errmsg), STRATA_ENOMEM, STRATA_ETOOBIG for a too
+ * small caller buffer. Every write is all-or-nothing: on error the
+ * transaction is rolled back and no file is left behind. Out-parameters are
+ * zeroed on entry. Unsigned 64-bit values (ids, versions, sample counts) must
+ * fit in int64_t (SQLite integers); larger values are STRATA_EINVAL. */
+#ifndef STRATA_SERVER_STORE_H
+#define STRATA_SERVER_STORE_H
+
+#include "strata/error.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* The schema this build creates and reads. An older database is migrated on
+ * open; a newer one is refused. */
+#define STRATA_STORE_SCHEMA_VERSION 1
+
+#define STRATA_STORE_HASH_LEN 32          /* SHA-256 */
+#define STRATA_STORE_RECEIPT_LEN 32       /* hex characters of a receipt id */
+#define STRATA_STORE_NAME_MAX 128         /* bytes of a client name */
+#define STRATA_STORE_COUNTER_NAME_MAX 127 /* bytes of a counter name */
+
+typedef struct strata_store strata_store;
+
+/* ---- Opening and closing ---------------------------------------------- */
+
+/* Opens (creating when missing) the state directory state_dir: creates the
+ * layout, takes the directory lock, opens state.db in WAL mode with
+ * busy_timeout, synchronous=FULL and foreign keys on, creates or migrates the
+ * schema, and recovers: removes payload files that have no committed row and
+ * temporary files left by an interrupted write (see
+ * strata_store_recovered_files). Errors: STRATA_ESTATE when the directory is
+ * locked by another store or the database has a newer schema version,
+ * STRATA_EIO for file-system or SQLite failures. *out is owned by the caller
+ * (strata_store_close). */
+int strata_store_open(const char *state_dir, strata_store **out, strata_diag *diag);
+
+/* Opens another connection to primary's state directory for use by another
+ * thread of the same process; no lock is taken and no recovery runs. Every
+ * secondary must be closed before its primary. */
+int strata_store_open_secondary(const strata_store *primary, strata_store **out, strata_diag *diag);
+
+/* Finalises the prepared statements, closes the connection and (for a
+ * primary) releases the lock. Accepts NULL. */
+void strata_store_close(strata_store *s);
+
+/* The state directory (borrowed; lives as long as s). */
+const char *strata_store_dir(const strata_store *s);
+
+/* Number of orphan payload files and temporary files the recovery of
+ * strata_store_open removed (0 for a secondary). */
+size_t strata_store_recovered_files(const strata_store *s);
+
+/* SHA-256 of len bytes (data may be NULL when len is 0). Callers hash client
+ * tokens with it before they reach the store. */
+void strata_store_sha256(const void *data, size_t len, uint8_t out[STRATA_STORE_HASH_LEN]);
+
+/* ---- Clients ---------------------------------------------------------- */
+
+typedef struct strata_store_client {
+    uint64_t id; /* assigned by the store, >= 1, never reused */
+    uint8_t token_hash[STRATA_STORE_HASH_LEN];
+    char name[STRATA_STORE_NAME_MAX + 1]; /* "" when none was given */
+    int64_t created_unix_ms;
+    int64_t last_seen_unix_ms;
+} strata_store_client;
+
+/* Registers a client identified by the SHA-256 of its bearer token (the token
+ * itself is never stored). name may be NULL; at most STRATA_STORE_NAME_MAX
+ * bytes, no control characters. Errors: STRATA_ESTATE when a client with
+ * this token hash exists. */
+int strata_store_client_add(strata_store *s, const uint8_t token_hash[STRATA_STORE_HASH_LEN],
+                            const char *name, uint64_t *client_id, strata_diag *diag);
+
+/* Looks a client up by token hash. Not registered: STRATA_OK with *found = 0. */
+int strata_store_client_by_token(strata_store *s, const uint8_t token_hash[STRATA_STORE_HASH_LEN],
+                                 strata_store_client *out, int *found, strata_diag *diag);
+
+/* Looks a client up by id. Not registered: STRATA_OK with *found = 0. */
+int strata_store_client_get(strata_store *s, uint64_t client_id, strata_store_client *out,
+                            int *found, strata_diag *diag);
+
+int strata_store_client_count(strata_store *s, uint64_t *count, strata_diag *diag);
+
+/* Sets the client's last-seen time to now. STRATA_ESTATE for an unknown id.
+ * Committed without an fsync of its own (synchronous=NORMAL): a power loss
+ * may forget the latest touches, a process crash does not. */
+int strata_store_client_touch(strata_store *s, uint64_t client_id, strata_diag *diag);
+
+/* ---- Rounds ----------------------------------------------------------- */
+
+typedef enum {
+    STRATA_STORE_ROUND_OPEN = 0,
+    STRATA_STORE_ROUND_CLOSED = 1
+} strata_store_round_state;
+
+typedef struct strata_store_round {
+    uint32_t round;
+    uint64_t model_version;
+    strata_store_round_state state;
+    int64_t opened_unix_ms;
+    int64_t deadline_unix_ms;
+    int64_t closed_unix_ms; /* 0 while open */
+    uint64_t *selected;     /* owned, ascending; NULL in lists (see round_list) */
+    size_t n_selected;      /* always set */
+    uint64_t n_updates;     /* acknowledged updates */
+    char *task_json;        /* owned; NULL when none was given */
+    char *summary_json;     /* owned; NULL while open or when none was given */
+} strata_store_round;
+
+/* Frees what a strata_store_round owns and zeroes it. Accepts NULL. */
+void strata_store_round_cleanup(strata_store_round *r);
+
+/* Opens round `round` for model_version with the n selected (registered,
+ * distinct) clients and a deadline (the store records it; enforcing it is the
+ * caller's job). task_json (may be NULL) is any valid JSON the caller wants
+ * back after a restart, e.g. the task's budgets. Rounds open in increasing
+ * order and one at a time. Errors: STRATA_ESTATE when a round numbered
+ * `round` or higher exists or another round is still open; STRATA_EINVAL for
+ * n == 0, duplicate or unregistered clients, invalid JSON. */
+int strata_store_round_open(strata_store *s, uint32_t round, uint64_t model_version,
+                            const uint64_t *selected, size_t n, int64_t deadline_unix_ms,
+                            const char *task_json, strata_diag *diag);
+
+/* Reads round `round` into *out (caller cleans it up with
+ * strata_store_round_cleanup). Unknown round: STRATA_OK with *found = 0. */
+int strata_store_round_get(strata_store *s, uint32_t round, strata_store_round *out, int *found,
+                           strata_diag *diag);
+
+/* Closes an open round and stores its summary (metrics) JSON, which may be
+ * NULL. After this, uploads for the round are rejected. Errors: STRATA_ESTATE
+ * for an unknown or already closed round; STRATA_EINVAL for invalid JSON. */
+int strata_store_round_close(strata_store *s, uint32_t round, const char *summary_json,
+                             strata_diag *diag);
+
+/* The highest round number. No round yet: STRATA_OK with *found = 0. */
+int strata_store_last_round(strata_store *s, uint32_t *round, int *found, strata_diag *diag);
+
+/* Lists up to `limit` (>= 1) rounds numbered `from` or higher, ascending,
+ * into a new array *out of *n entries (free with
+ * strata_store_round_list_free; *out is NULL when *n is 0). The next page
+ * starts at the last round + 1. `selected` is NULL in the entries;
+ * n_selected is set. */
+int strata_store_round_list(strata_store *s, uint32_t from, size_t limit, strata_store_round **out,
+                            size_t *n, strata_diag *diag);
+
+void strata_store_round_list_free(strata_store_round *rounds, size_t n);
+
+/* ---- Updates ---------------------------------------------------------- */
+
+typedef struct strata_store_receipt {
+    char id[STRATA_STORE_RECEIPT_LEN + 1]; /* random, lowercase hex */
+    uint8_t sha256[STRATA_STORE_HASH_LEN]; /* of the payload */
+    uint64_t bytes;
+    uint64_t samples;
+    int64_t received_unix_ms;
+    int duplicate; /* 1: this put repeated an earlier one, nothing changed */
+} strata_store_receipt;
+
+/* Why strata_store_update_put accepted or refused an update. */
+typedef enum {
+    STRATA_STORE_ACCEPTED = 0,             /* stored now (HTTP 200) */
+    STRATA_STORE_DUPLICATE = 1,            /* stored before; original receipt (200) */
+    STRATA_STORE_REJECT_UNKNOWN_ROUND = 2, /* STRATA_ESTATE (HTTP 404 or 409) */
+    STRATA_STORE_REJECT_ROUND_CLOSED = 3,  /* STRATA_ESTATE (HTTP 409) */
+    STRATA_STORE_REJECT_NOT_SELECTED = 4   /* STRATA_ESTATE (HTTP 403) */
+} strata_store_verdict;
+
+/* Stores client_id's update for round `round` durably (see the contract at
+ * the top): payload (borrowed, len > 0 bytes) goes to
+ * updates/<round>/<client_id>.bin, its metadata to the database, and
+ * *receipt describes it. samples > 0 is the FedAvg weight.
+ *
+ * Idempotent by (client, round): when the client already has an update for
+ * the round, nothing changes (even when the bytes differ, and even when the
+ * round has closed since) and the call returns STRATA_OK with the ORIGINAL
+ * receipt, receipt->duplicate = 1 and *verdict = STRATA_STORE_DUPLICATE.
+ *
+ * Refusals return STRATA_ESTATE and say why in *verdict: unknown round,
+ * closed round, or a client not selected for the round. verdict may be NULL.
+ * Other errors (EINVAL, EIO, ENOMEM) leave *verdict at ACCEPTED's value 0 and
+ * must not be acknowledged. */
+int strata_store_update_put(strata_store *s, uint32_t round, uint64_t client_id,
+                            const uint8_t *payload, size_t len, uint64_t samples,
+                            strata_store_receipt *receipt, strata_store_verdict *verdict,
+                            strata_diag *diag);
+
+typedef struct strata_store_update {
+    uint32_t round;
+    uint64_t client_id;
+    strata_store_receipt receipt; /* duplicate = 0 */
+    char *path;                   /* owned by the list: the payload file */
+} strata_store_update;
+
+/* Lists the acknowledged updates of a round in the order they were accepted
+ * (replaying them in this order reproduces a streaming aggregate exactly)
+ * into a new array (free with strata_store_update_list_free). An unknown
+ * round gives an empty list. */
+int strata_store_update_list(strata_store *s, uint32_t round, strata_store_update **out, size_t *n,
+                             strata_diag *diag);
+
+void strata_store_update_list_free(strata_store_update *updates, size_t n);
+
+/* Number of acknowledged updates of a round. */
+int strata_store_update_count(strata_store *s, uint32_t round, uint64_t *count, strata_diag *diag);
+
+/* Reads client_id's payload for a round into a new buffer *buf (free()) and
+ * checks its length and SHA-256 against the row. Errors: STRATA_ESTATE when
+ * there is no such update, STRATA_EIO when the file is missing or its
+ * content does not match. */
+int strata_store_update_read(strata_store *s, uint32_t round, uint64_t client_id, uint8_t **buf,
+                             size_t *len, strata_diag *diag);
+
+/* Writes the path of an update's payload file into buf (len bytes).
+ * STRATA_ETOOBIG when it does not fit. */
+int strata_store_update_path(const strata_store *s, uint32_t round, uint64_t client_id, char *buf,
+                             size_t len, strata_diag *diag);
+
+/* ---- Checkpoints ------------------------------------------------------ */
+
+/* Writes the path of model_version's checkpoint into buf (len bytes):
+ * <dir>/checkpoints/model-<version>.safetensors. STRATA_ETOOBIG when it does
+ * not fit. Save the model there with strata_checkpoint_save (durable,
+ * temp-then-rename), then call strata_store_checkpoint_record. */
+int strata_store_checkpoint_path(const strata_store *s, uint64_t model_version, char *buf,
+                                 size_t len, strata_diag *diag);
+
+/* Records that model_version's checkpoint file is complete (it must exist).
+ * Recording a version again replaces the record. */
+int strata_store_checkpoint_record(strata_store *s, uint64_t model_version, strata_diag *diag);
+
+/* The highest recorded model version. None: STRATA_OK with *found = 0. */
+int strata_store_latest_model_version(strata_store *s, uint64_t *model_version, int *found,
+                                      strata_diag *diag);
+
+/* ---- Persistent counters (for /metrics) ------------------------------- */
+
+/* A counter's name and value; a delta in strata_store_counter_add_many. */
+typedef struct strata_store_counter {
+    char name[STRATA_STORE_COUNTER_NAME_MAX + 1];
+    int64_t value;
+} strata_store_counter;
+
+/* Adds delta to counter `name` (created at 0): 1 to
+ * STRATA_STORE_COUNTER_NAME_MAX printable ASCII bytes, e.g.
+ * `updates_rejected_total{reason="shape"}`. STRATA_ETOOBIG when the sum
+ * would overflow int64_t (the counter is unchanged). Like client_touch,
+ * committed with synchronous=NORMAL: survives a process crash; a power loss
+ * may forget the latest additions. Counters that must match acknowledged
+ * data exactly should be derived from the updates instead. */
+int strata_store_counter_add(strata_store *s, const char *name, int64_t delta, strata_diag *diag);
+
+/* Adds n deltas in one transaction (all or nothing). */
+int strata_store_counter_add_many(strata_store *s, const strata_store_counter *deltas, size_t n,
+                                  strata_diag *diag);
+
+/* The counter's value; 0 for a counter never added to. */
+int strata_store_counter_get(strata_store *s, const char *name, int64_t *value, strata_diag *diag);
+
+/* All counters, sorted by name, into a new array (free()). */
+int strata_store_counter_list(strata_store *s, strata_store_counter **out, size_t *n,
+                              strata_diag *diag);
+
+#endif

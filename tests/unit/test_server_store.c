@@ -1,0 +1,962 @@
+#include "store.h"
+#include "strata/rng.h"
+#include "test_util.h"
+
+#include <sqlite3.h>
+
+#include <dirent.h>
+#include <errno.h>
+#include <pthread.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+/* ---- helpers ------------------------------------------------------------ */
+
+static void token_hash(int i, uint8_t h[STRATA_STORE_HASH_LEN])
+{
+    char tok[64];
+    snprintf(tok, sizeof(tok), "token-%d", i);
+    strata_store_sha256(tok, strlen(tok), h);
+}
+
+static strata_store *open_store(const char *dir)
+{
+    strata_store *s = NULL;
+    strata_diag d;
+    int rc = strata_store_open(dir, &s, &d);
+    if (rc != STRATA_OK)
+        fprintf(stderr, "open %s: %s\n", dir, strata_diag_msg(&d, rc));
+    return s;
+}
+
+static int path_exists(const char *path)
+{
+    struct stat st;
+    return stat(path, &st) == 0;
+}
+
+/* Reads a whole small file into buf; returns its length or -1. */
+static long read_small(const char *path, uint8_t *buf, size_t cap)
+{
+    FILE *f = fopen(path, "rb");
+    if (f == NULL)
+        return -1;
+    size_t n = fread(buf, 1, cap, f);
+    fclose(f);
+    return (long)n;
+}
+
+static int write_small(const char *path, const void *data, size_t n)
+{
+    FILE *f = fopen(path, "wb");
+    if (f == NULL)
+        return -1;
+    size_t w = fwrite(data, 1, n, f);
+    return (fclose(f) == 0 && w == n) ? 0 : -1;
+}
+
+/* Number of directory entries other than . and .. */
+static int count_entries(const char *path)
+{
+    DIR *d = opendir(path);
+    if (d == NULL)
+        return -1;
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL)
+        n += strcmp(e->d_name, ".") != 0 && strcmp(e->d_name, "..") != 0;
+    closedir(d);
+    return n;
+}
+
+static void hex(const uint8_t *h, size_t n, char *out)
+{
+    for (size_t i = 0; i < n; i++)
+        sprintf(out + 2 * i, "%02x", h[i]);
+}
+
+/* Registers n clients (token-1 .. token-n); ids[i] receives client i+1's id. */
+static void add_clients(strata_store *s, int n, uint64_t *ids)
+{
+    for (int i = 0; i < n; i++) {
+        uint8_t h[STRATA_STORE_HASH_LEN];
+        token_hash(i + 1, h);
+        CU_ASSERT_EQUAL_FATAL(strata_store_client_add(s, h, NULL, &ids[i], NULL), STRATA_OK);
+    }
+}
+
+/* ---- 0. SHA-256 --------------------------------------------------------- */
+
+static void test_sha256_vectors(void)
+{
+    static const struct {
+        const char *in;
+        const char *hex;
+    } cases[] = {
+        {"", "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"},
+        {"abc", "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"},
+        {"abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq",
+         "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1"},
+    };
+    char got[65];
+    uint8_t h[32];
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        strata_store_sha256(cases[i].in, strlen(cases[i].in), h);
+        hex(h, 32, got);
+        CU_ASSERT_STRING_EQUAL(got, cases[i].hex);
+    }
+    /* One million 'a' (FIPS 180-2 example): many blocks in one call. */
+    char *a = malloc(1000000);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(a);
+    memset(a, 'a', 1000000);
+    strata_store_sha256(a, 1000000, h);
+    hex(h, 32, got);
+    CU_ASSERT_STRING_EQUAL(got, "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
+    free(a);
+}
+
+/* ---- 1. open, reopen, lock, schema version ------------------------------ */
+
+static void test_open_reopen_schema(void)
+{
+    char *dir = strata_test_tmpdir();
+    CU_ASSERT_PTR_NOT_NULL_FATAL(dir);
+    char path[1200], sub[1024];
+    snprintf(sub, sizeof(sub), "%s/state", dir);
+    strata_diag d;
+
+    strata_store *s = open_store(sub);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(s);
+    CU_ASSERT_STRING_EQUAL(strata_store_dir(s), sub);
+    snprintf(path, sizeof(path), "%s/state.db", sub);
+    CU_ASSERT(path_exists(path));
+    snprintf(path, sizeof(path), "%s/updates", sub);
+    CU_ASSERT(path_exists(path));
+    snprintf(path, sizeof(path), "%s/checkpoints", sub);
+    CU_ASSERT(path_exists(path));
+
+    uint8_t h[32];
+    uint64_t id = 0;
+    token_hash(1, h);
+    CU_ASSERT_EQUAL(strata_store_client_add(s, h, "alpha", &id, NULL), STRATA_OK);
+
+    /* The directory is owned by one store at a time. */
+    strata_store *second = NULL;
+    CU_ASSERT_EQUAL(strata_store_open(sub, &second, &d), STRATA_ESTATE);
+    CU_ASSERT_PTR_NULL(second);
+    CU_ASSERT(strstr(d.msg, "in use") != NULL);
+
+    /* A secondary connection sees the same data. */
+    CU_ASSERT_EQUAL_FATAL(strata_store_open_secondary(s, &second, &d), STRATA_OK);
+    strata_store_client c;
+    int found = 0;
+    CU_ASSERT_EQUAL(strata_store_client_by_token(second, h, &c, &found, NULL), STRATA_OK);
+    CU_ASSERT_EQUAL(found, 1);
+    CU_ASSERT_EQUAL(c.id, id);
+    strata_store_close(second);
+    strata_store_close(s);
+
+    /* Data survives close and reopen. */
+    s = open_store(sub);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(s);
+    CU_ASSERT_EQUAL(strata_store_client_by_token(s, h, &c, &found, NULL), STRATA_OK);
+    CU_ASSERT_EQUAL(found, 1);
+    CU_ASSERT_EQUAL(c.id, id);
+    CU_ASSERT_STRING_EQUAL(c.name, "alpha");
+    strata_store_close(s);
+
+    /* A database written by a newer build is refused with a clear error. */
+    sqlite3 *db = NULL;
+    snprintf(path, sizeof(path), "%s/state.db", sub);
+    CU_ASSERT_EQUAL_FATAL(sqlite3_open(path, &db), SQLITE_OK);
+    CU_ASSERT_EQUAL(sqlite3_exec(db, "UPDATE schema_version SET version = 99", NULL, NULL, NULL),
+                    SQLITE_OK);
+    sqlite3_close(db);
+    s = NULL;
+    CU_ASSERT_EQUAL(strata_store_open(sub, &s, &d), STRATA_ESTATE);
+    CU_ASSERT_PTR_NULL(s);
+    CU_ASSERT(strstr(d.msg, "99") != NULL && strstr(d.msg, "newer") != NULL);
+    /* The refusal released the lock and changed nothing: it still refuses. */
+    CU_ASSERT_EQUAL(strata_store_open(sub, &s, &d), STRATA_ESTATE);
+
+    /* A foreign SQLite database is not taken over. */
+    snprintf(sub, sizeof(sub), "%s/foreign", dir);
+    mkdir(sub, 0700);
+    snprintf(path, sizeof(path), "%s/state.db", sub);
+    CU_ASSERT_EQUAL_FATAL(sqlite3_open(path, &db), SQLITE_OK);
+    CU_ASSERT_EQUAL(sqlite3_exec(db, "CREATE TABLE t(x)", NULL, NULL, NULL), SQLITE_OK);
+    sqlite3_close(db);
+    CU_ASSERT_EQUAL(strata_store_open(sub, &s, &d), STRATA_ESTATE);
+    CU_ASSERT(strstr(d.msg, "not a Strata") != NULL);
+
+    /* Bad arguments. */
+    CU_ASSERT_EQUAL(strata_store_open(NULL, &s, &d), STRATA_EINVAL);
+    CU_ASSERT_EQUAL(strata_store_open("", &s, &d), STRATA_EINVAL);
+    CU_ASSERT_EQUAL(strata_store_open(sub, NULL, &d), STRATA_EINVAL);
+    strata_store_close(NULL);
+
+    strata_test_rmtree(dir);
+    free(dir);
+}
+
+/* ---- 2. clients --------------------------------------------------------- */
+
+static void test_clients(void)
+{
+    char *dir = strata_test_tmpdir();
+    CU_ASSERT_PTR_NOT_NULL_FATAL(dir);
+    strata_store *s = open_store(dir);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(s);
+    strata_diag d;
+    uint8_t h1[32], h2[32], h3[32];
+    token_hash(1, h1);
+    token_hash(2, h2);
+    token_hash(3, h3);
+    uint64_t id1 = 0, id2 = 0, id = 7, n = 0;
+
+    CU_ASSERT_EQUAL(strata_store_client_add(s, h1, "edge-1", &id1, &d), STRATA_OK);
+    CU_ASSERT_EQUAL(strata_store_client_add(s, h2, NULL, &id2, &d), STRATA_OK);
+    CU_ASSERT(id1 >= 1 && id2 > id1);
+    CU_ASSERT_EQUAL(strata_store_client_count(s, &n, NULL), STRATA_OK);
+    CU_ASSERT_EQUAL(n, 2);
+
+    strata_store_client c;
+    int found = 0;
+    CU_ASSERT_EQUAL(strata_store_client_by_token(s, h2, &c, &found, NULL), STRATA_OK);
+    CU_ASSERT_EQUAL(found, 1);
+    CU_ASSERT_EQUAL(c.id, id2);
+    CU_ASSERT_STRING_EQUAL(c.name, "");
+    CU_ASSERT(memcmp(c.token_hash, h2, 32) == 0);
+    CU_ASSERT(c.created_unix_ms > 0 && c.last_seen_unix_ms == c.created_unix_ms);
+
+    /* Unknown hash: not found, not an error. */
+    CU_ASSERT_EQUAL(strata_store_client_by_token(s, h3, &c, &found, NULL), STRATA_OK);
+    CU_ASSERT_EQUAL(found, 0);
+    CU_ASSERT_EQUAL(strata_store_client_get(s, id1, &c, &found, NULL), STRATA_OK);
+    CU_ASSERT_EQUAL(found, 1);
+    CU_ASSERT_STRING_EQUAL(c.name, "edge-1");
+    CU_ASSERT_EQUAL(strata_store_client_get(s, 999, &c, &found, NULL), STRATA_OK);
+    CU_ASSERT_EQUAL(found, 0);
+
+    /* A token hash registers once. */
+    CU_ASSERT_EQUAL(strata_store_client_add(s, h1, "again", &id, &d), STRATA_ESTATE);
+    CU_ASSERT_EQUAL(id, 0);
+    CU_ASSERT(strstr(d.msg, "token hash") != NULL);
+    CU_ASSERT_EQUAL(strata_store_client_count(s, &n, NULL), STRATA_OK);
+    CU_ASSERT_EQUAL(n, 2);
+
+    /* Touch moves last-seen forward; unknown ids are refused. */
+    struct timespec ts = {0, 5 * 1000 * 1000};
+    nanosleep(&ts, NULL);
+    CU_ASSERT_EQUAL(strata_store_client_touch(s, id1, &d), STRATA_OK);
+    CU_ASSERT_EQUAL(strata_store_client_get(s, id1, &c, &found, NULL), STRATA_OK);
+    CU_ASSERT(c.last_seen_unix_ms > c.created_unix_ms);
+    CU_ASSERT_EQUAL(strata_store_client_touch(s, 999, &d), STRATA_ESTATE);
+
+    /* Bad arguments. */
+    char longname[STRATA_STORE_NAME_MAX + 2];
+    memset(longname, 'x', sizeof(longname) - 1);
+    longname[sizeof(longname) - 1] = '\0';
+    CU_ASSERT_EQUAL(strata_store_client_add(s, h3, longname, &id, &d), STRATA_EINVAL);
+    CU_ASSERT_EQUAL(strata_store_client_add(s, h3, "a\nb", &id, &d), STRATA_EINVAL);
+    CU_ASSERT_EQUAL(strata_store_client_add(s, NULL, NULL, &id, &d), STRATA_EINVAL);
+    CU_ASSERT_EQUAL(strata_store_client_add(s, h3, NULL, NULL, &d), STRATA_EINVAL);
+    CU_ASSERT_EQUAL(strata_store_client_by_token(s, NULL, &c, &found, &d), STRATA_EINVAL);
+    CU_ASSERT_EQUAL(strata_store_client_count(s, NULL, &d), STRATA_EINVAL);
+    CU_ASSERT_EQUAL(strata_store_client_count(s, &n, NULL), STRATA_OK);
+    CU_ASSERT_EQUAL(n, 2);
+
+    strata_store_close(s);
+    strata_test_rmtree(dir);
+    free(dir);
+}
+
+/* ---- 3. rounds ---------------------------------------------------------- */
+
+static void test_rounds(void)
+{
+    char *dir = strata_test_tmpdir();
+    CU_ASSERT_PTR_NOT_NULL_FATAL(dir);
+    strata_store *s = open_store(dir);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(s);
+    strata_diag d;
+    uint64_t ids[3];
+    add_clients(s, 3, ids);
+
+    uint32_t last = 9;
+    int found = 1;
+    CU_ASSERT_EQUAL(strata_store_last_round(s, &last, &found, NULL), STRATA_OK);
+    CU_ASSERT_EQUAL(found, 0);
+
+    uint64_t sel[2] = {ids[2], ids[0]};
+    CU_ASSERT_EQUAL(strata_store_round_open(s, 1, 5, sel, 2, 123456789, "{\"density\":0.01}", &d),
+                    STRATA_OK);
+    char path[1024];
+    snprintf(path, sizeof(path), "%s/updates/1", dir);
+    CU_ASSERT(path_exists(path));
+
+    strata_store_round r;
+    CU_ASSERT_EQUAL(strata_store_round_get(s, 1, &r, &found, &d), STRATA_OK);
+    CU_ASSERT_EQUAL_FATAL(found, 1);
+    CU_ASSERT_EQUAL(r.round, 1);
+    CU_ASSERT_EQUAL(r.model_version, 5);
+    CU_ASSERT_EQUAL(r.state, STRATA_STORE_ROUND_OPEN);
+    CU_ASSERT_EQUAL(r.deadline_unix_ms, 123456789);
+    CU_ASSERT(r.opened_unix_ms > 0);
+    CU_ASSERT_EQUAL(r.closed_unix_ms, 0);
+    CU_ASSERT_EQUAL_FATAL(r.n_selected, 2);
+    CU_ASSERT_EQUAL(r.selected[0], ids[0]); /* ascending */
+    CU_ASSERT_EQUAL(r.selected[1], ids[2]);
+    CU_ASSERT_STRING_EQUAL(r.task_json, "{\"density\":0.01}");
+    CU_ASSERT_PTR_NULL(r.summary_json);
+    CU_ASSERT_EQUAL(r.n_updates, 0);
+    strata_store_round_cleanup(&r);
+    CU_ASSERT_EQUAL(strata_store_round_get(s, 2, &r, &found, &d), STRATA_OK);
+    CU_ASSERT_EQUAL(found, 0);
+
+    /* The same round again, or another while one is open: wrong state. */
+    CU_ASSERT_EQUAL(strata_store_round_open(s, 1, 5, sel, 2, 0, NULL, &d), STRATA_ESTATE);
+    CU_ASSERT_EQUAL(strata_store_round_open(s, 2, 6, sel, 2, 0, NULL, &d), STRATA_ESTATE);
+    CU_ASSERT(strstr(d.msg, "still open") != NULL);
+
+    /* Closing: invalid JSON changes nothing; then close, close again. */
+    CU_ASSERT_EQUAL(strata_store_round_close(s, 1, "{not json", &d), STRATA_EINVAL);
+    CU_ASSERT_EQUAL(strata_store_round_get(s, 1, &r, &found, &d), STRATA_OK);
+    CU_ASSERT_EQUAL(r.state, STRATA_STORE_ROUND_OPEN);
+    strata_store_round_cleanup(&r);
+    const char *summary = "{\"accuracy\":0.8,\"participants\":2}";
+    CU_ASSERT_EQUAL(strata_store_round_close(s, 1, summary, &d), STRATA_OK);
+    CU_ASSERT_EQUAL(strata_store_round_close(s, 1, summary, &d), STRATA_ESTATE);
+    CU_ASSERT(strstr(d.msg, "already closed") != NULL);
+    CU_ASSERT_EQUAL(strata_store_round_close(s, 7, NULL, &d), STRATA_ESTATE);
+    CU_ASSERT(strstr(d.msg, "no such round") != NULL);
+    CU_ASSERT_EQUAL(strata_store_round_get(s, 1, &r, &found, &d), STRATA_OK);
+    CU_ASSERT_EQUAL(r.state, STRATA_STORE_ROUND_CLOSED);
+    CU_ASSERT_STRING_EQUAL(r.summary_json, summary);
+    CU_ASSERT(r.closed_unix_ms >= r.opened_unix_ms);
+    strata_store_round_cleanup(&r);
+
+    /* Selection errors. */
+    uint64_t unknown[2] = {ids[0], 999};
+    uint64_t twice[2] = {ids[1], ids[1]};
+    CU_ASSERT_EQUAL(strata_store_round_open(s, 2, 6, unknown, 2, 0, NULL, &d), STRATA_EINVAL);
+    CU_ASSERT(strstr(d.msg, "not registered") != NULL);
+    CU_ASSERT_EQUAL(strata_store_round_open(s, 2, 6, twice, 2, 0, NULL, &d), STRATA_EINVAL);
+    CU_ASSERT_EQUAL(strata_store_round_open(s, 2, 6, sel, 0, 0, NULL, &d), STRATA_EINVAL);
+    CU_ASSERT_EQUAL(strata_store_round_open(s, 2, 6, sel, 2, 0, "[1,", &d), STRATA_EINVAL);
+    CU_ASSERT_EQUAL(strata_store_round_open(s, 2, UINT64_MAX, sel, 2, 0, NULL, &d), STRATA_EINVAL);
+    /* None of them left a round behind. */
+    CU_ASSERT_EQUAL(strata_store_round_get(s, 2, &r, &found, &d), STRATA_OK);
+    CU_ASSERT_EQUAL(found, 0);
+
+    CU_ASSERT_EQUAL(strata_store_round_open(s, 2, 6, ids, 3, 0, NULL, &d), STRATA_OK);
+    CU_ASSERT_EQUAL(strata_store_round_close(s, 2, NULL, &d), STRATA_OK);
+    CU_ASSERT_EQUAL(strata_store_round_open(s, 4, 7, ids, 1, 0, NULL, &d), STRATA_OK);
+    /* Rounds only move forward. */
+    CU_ASSERT_EQUAL(strata_store_round_close(s, 4, NULL, &d), STRATA_OK);
+    CU_ASSERT_EQUAL(strata_store_round_open(s, 3, 7, ids, 1, 0, NULL, &d), STRATA_ESTATE);
+
+    CU_ASSERT_EQUAL(strata_store_last_round(s, &last, &found, NULL), STRATA_OK);
+    CU_ASSERT_EQUAL(found, 1);
+    CU_ASSERT_EQUAL(last, 4);
+
+    strata_store_round *list = NULL;
+    size_t n = 0;
+    CU_ASSERT_EQUAL(strata_store_round_list(s, 0, 10, &list, &n, &d), STRATA_OK);
+    CU_ASSERT_EQUAL_FATAL(n, 3);
+    CU_ASSERT_EQUAL(list[0].round, 1);
+    CU_ASSERT_EQUAL(list[1].round, 2);
+    CU_ASSERT_EQUAL(list[2].round, 4);
+    CU_ASSERT_EQUAL(list[0].n_selected, 2);
+    CU_ASSERT_EQUAL(list[1].n_selected, 3);
+    CU_ASSERT_PTR_NULL(list[0].selected);
+    CU_ASSERT_STRING_EQUAL(list[0].summary_json, summary);
+    strata_store_round_list_free(list, n);
+    /* Paging. */
+    CU_ASSERT_EQUAL(strata_store_round_list(s, 0, 2, &list, &n, &d), STRATA_OK);
+    CU_ASSERT_EQUAL(n, 2);
+    strata_store_round_list_free(list, n);
+    CU_ASSERT_EQUAL(strata_store_round_list(s, 3, 2, &list, &n, &d), STRATA_OK);
+    CU_ASSERT_EQUAL_FATAL(n, 1);
+    CU_ASSERT_EQUAL(list[0].round, 4);
+    strata_store_round_list_free(list, n);
+    CU_ASSERT_EQUAL(strata_store_round_list(s, 5, 2, &list, &n, &d), STRATA_OK);
+    CU_ASSERT_EQUAL(n, 0);
+    CU_ASSERT_PTR_NULL(list);
+    CU_ASSERT_EQUAL(strata_store_round_list(s, 0, 0, &list, &n, &d), STRATA_EINVAL);
+
+    /* Rounds survive reopening. */
+    strata_store_close(s);
+    s = open_store(dir);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(s);
+    CU_ASSERT_EQUAL(strata_store_round_get(s, 1, &r, &found, &d), STRATA_OK);
+    CU_ASSERT_EQUAL(found, 1);
+    CU_ASSERT_EQUAL(r.state, STRATA_STORE_ROUND_CLOSED);
+    CU_ASSERT_EQUAL(r.n_selected, 2);
+    strata_store_round_cleanup(&r);
+
+    strata_store_close(s);
+    strata_test_rmtree(dir);
+    free(dir);
+}
+
+/* ---- 4. update put ------------------------------------------------------ */
+
+static void test_update_put(void)
+{
+    char *dir = strata_test_tmpdir();
+    CU_ASSERT_PTR_NOT_NULL_FATAL(dir);
+    strata_store *s = open_store(dir);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(s);
+    strata_diag d;
+    uint64_t ids[3];
+    add_clients(s, 3, ids);
+    CU_ASSERT_EQUAL_FATAL(strata_store_round_open(s, 1, 0, ids, 2, 0, NULL, &d), STRATA_OK);
+
+    strata_store_receipt rc1, rc2;
+    strata_store_verdict v = 99;
+    const uint8_t abc[3] = {'a', 'b', 'c'};
+    CU_ASSERT_EQUAL(strata_store_update_put(s, 1, ids[0], abc, 3, 10, &rc1, &v, &d), STRATA_OK);
+    CU_ASSERT_EQUAL(v, STRATA_STORE_ACCEPTED);
+    CU_ASSERT_EQUAL(rc1.duplicate, 0);
+    CU_ASSERT_EQUAL(rc1.bytes, 3);
+    CU_ASSERT_EQUAL(rc1.samples, 10);
+    CU_ASSERT(rc1.received_unix_ms > 0);
+    CU_ASSERT_EQUAL(strlen(rc1.id), STRATA_STORE_RECEIPT_LEN);
+    CU_ASSERT(strspn(rc1.id, "0123456789abcdef") == STRATA_STORE_RECEIPT_LEN);
+    char shahex[65];
+    hex(rc1.sha256, 32, shahex);
+    CU_ASSERT_STRING_EQUAL(shahex,
+                           "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+
+    /* The file holds the payload; the row exists. */
+    char path[1024];
+    uint8_t buf[64];
+    CU_ASSERT_EQUAL(strata_store_update_path(s, 1, ids[0], path, sizeof(path), &d), STRATA_OK);
+    CU_ASSERT_EQUAL(read_small(path, buf, sizeof(buf)), 3);
+    CU_ASSERT(memcmp(buf, abc, 3) == 0);
+    uint64_t count = 0;
+    CU_ASSERT_EQUAL(strata_store_update_count(s, 1, &count, &d), STRATA_OK);
+    CU_ASSERT_EQUAL(count, 1);
+    strata_store_update *list = NULL;
+    size_t n = 0;
+    CU_ASSERT_EQUAL(strata_store_update_list(s, 1, &list, &n, &d), STRATA_OK);
+    CU_ASSERT_EQUAL_FATAL(n, 1);
+    CU_ASSERT_EQUAL(list[0].client_id, ids[0]);
+    CU_ASSERT_EQUAL(list[0].round, 1);
+    CU_ASSERT_STRING_EQUAL(list[0].receipt.id, rc1.id);
+    CU_ASSERT_STRING_EQUAL(list[0].path, path);
+    CU_ASSERT_EQUAL(list[0].receipt.samples, 10);
+    strata_store_update_list_free(list, n);
+
+    /* A repeat (even with other bytes) returns the original receipt and
+     * changes nothing. */
+    const uint8_t other[5] = {1, 2, 3, 4, 5};
+    CU_ASSERT_EQUAL(strata_store_update_put(s, 1, ids[0], other, 5, 99, &rc2, &v, &d), STRATA_OK);
+    CU_ASSERT_EQUAL(v, STRATA_STORE_DUPLICATE);
+    CU_ASSERT_EQUAL(rc2.duplicate, 1);
+    CU_ASSERT_STRING_EQUAL(rc2.id, rc1.id);
+    CU_ASSERT(memcmp(rc2.sha256, rc1.sha256, 32) == 0);
+    CU_ASSERT_EQUAL(rc2.bytes, 3);
+    CU_ASSERT_EQUAL(rc2.samples, 10);
+    CU_ASSERT_EQUAL(rc2.received_unix_ms, rc1.received_unix_ms);
+    CU_ASSERT_EQUAL(read_small(path, buf, sizeof(buf)), 3);
+    CU_ASSERT(memcmp(buf, abc, 3) == 0);
+    CU_ASSERT_EQUAL(strata_store_update_count(s, 1, &count, &d), STRATA_OK);
+    CU_ASSERT_EQUAL(count, 1);
+
+    /* Not selected: refused with its own verdict, no file. */
+    CU_ASSERT_EQUAL(strata_store_update_put(s, 1, ids[2], abc, 3, 10, &rc2, &v, &d), STRATA_ESTATE);
+    CU_ASSERT_EQUAL(v, STRATA_STORE_REJECT_NOT_SELECTED);
+    CU_ASSERT(strstr(d.msg, "not selected") != NULL);
+    CU_ASSERT_EQUAL(strata_store_update_path(s, 1, ids[2], path, sizeof(path), &d), STRATA_OK);
+    CU_ASSERT(!path_exists(path));
+    /* Unknown round. */
+    CU_ASSERT_EQUAL(strata_store_update_put(s, 9, ids[0], abc, 3, 10, &rc2, &v, &d), STRATA_ESTATE);
+    CU_ASSERT_EQUAL(v, STRATA_STORE_REJECT_UNKNOWN_ROUND);
+    /* Bad arguments are EINVAL with verdict 0. */
+    CU_ASSERT_EQUAL(strata_store_update_put(s, 1, ids[1], abc, 0, 10, &rc2, &v, &d), STRATA_EINVAL);
+    CU_ASSERT_EQUAL(v, STRATA_STORE_ACCEPTED);
+    CU_ASSERT_EQUAL(strata_store_update_put(s, 1, ids[1], abc, 3, 0, &rc2, &v, &d), STRATA_EINVAL);
+    CU_ASSERT_EQUAL(strata_store_update_put(s, 1, ids[1], NULL, 3, 1, &rc2, &v, &d), STRATA_EINVAL);
+    CU_ASSERT_EQUAL(strata_store_update_put(s, 1, ids[1], abc, 3, 1, NULL, &v, &d), STRATA_EINVAL);
+
+    /* Closed round: refused, no file; the earlier upload is still a
+     * duplicate (a retry whose answer was lost gets its receipt). */
+    CU_ASSERT_EQUAL(strata_store_round_close(s, 1, NULL, &d), STRATA_OK);
+    CU_ASSERT_EQUAL(strata_store_update_put(s, 1, ids[1], abc, 3, 10, &rc2, NULL, &d),
+                    STRATA_ESTATE);
+    CU_ASSERT_EQUAL(strata_store_update_put(s, 1, ids[1], abc, 3, 10, &rc2, &v, &d), STRATA_ESTATE);
+    CU_ASSERT_EQUAL(v, STRATA_STORE_REJECT_ROUND_CLOSED);
+    CU_ASSERT_EQUAL(strata_store_update_path(s, 1, ids[1], path, sizeof(path), &d), STRATA_OK);
+    CU_ASSERT(!path_exists(path));
+    CU_ASSERT_EQUAL(strata_store_update_put(s, 1, ids[0], abc, 3, 10, &rc2, &v, &d), STRATA_OK);
+    CU_ASSERT_EQUAL(v, STRATA_STORE_DUPLICATE);
+    CU_ASSERT_STRING_EQUAL(rc2.id, rc1.id);
+
+    /* update_read checks the bytes against the acknowledged hash. */
+    uint8_t *data = NULL;
+    size_t len = 0;
+    CU_ASSERT_EQUAL(strata_store_update_read(s, 1, ids[0], &data, &len, &d), STRATA_OK);
+    CU_ASSERT_EQUAL(len, 3);
+    CU_ASSERT(data != NULL && memcmp(data, abc, 3) == 0);
+    free(data);
+    CU_ASSERT_EQUAL(strata_store_update_read(s, 1, ids[1], &data, &len, &d), STRATA_ESTATE);
+    CU_ASSERT_EQUAL(strata_store_update_path(s, 1, ids[0], path, sizeof(path), &d), STRATA_OK);
+    CU_ASSERT_EQUAL(write_small(path, "abd", 3), 0);
+    CU_ASSERT_EQUAL(strata_store_update_read(s, 1, ids[0], &data, &len, &d), STRATA_EIO);
+    CU_ASSERT(strstr(d.msg, "SHA-256") != NULL);
+    CU_ASSERT_PTR_NULL(data);
+    char small[8];
+    CU_ASSERT_EQUAL(strata_store_update_path(s, 1, ids[0], small, sizeof(small), &d),
+                    STRATA_ETOOBIG);
+
+    /* Updates survive reopening, in arrival order. */
+    CU_ASSERT_EQUAL(strata_store_round_open(s, 2, 1, ids, 3, 0, NULL, &d), STRATA_OK);
+    for (int i = 2; i >= 0; i--) {
+        uint8_t p[4] = {(uint8_t)i, 7, 7, 7};
+        CU_ASSERT_EQUAL(strata_store_update_put(s, 2, ids[i], p, 4, (uint64_t)i + 1, &rc2, &v, &d),
+                        STRATA_OK);
+    }
+    strata_store_close(s);
+    s = open_store(dir);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(s);
+    CU_ASSERT_EQUAL(strata_store_recovered_files(s), 0);
+    CU_ASSERT_EQUAL(strata_store_update_list(s, 2, &list, &n, &d), STRATA_OK);
+    CU_ASSERT_EQUAL_FATAL(n, 3);
+    for (size_t i = 0; i < 3; i++) {
+        CU_ASSERT_EQUAL(list[i].client_id, ids[2 - i]);
+        CU_ASSERT_EQUAL(list[i].receipt.samples, 3 - i);
+    }
+    strata_store_update_list_free(list, n);
+    CU_ASSERT_EQUAL(strata_store_update_list(s, 77, &list, &n, &d), STRATA_OK);
+    CU_ASSERT_EQUAL(n, 0);
+
+    strata_store_close(s);
+    strata_test_rmtree(dir);
+    free(dir);
+}
+
+/* ---- 5a. recovery of files without a committed row ---------------------- */
+
+static void test_recovery_orphans(void)
+{
+    char *dir = strata_test_tmpdir();
+    CU_ASSERT_PTR_NOT_NULL_FATAL(dir);
+    strata_store *s = open_store(dir);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(s);
+    strata_diag d;
+    uint64_t ids[2];
+    add_clients(s, 2, ids);
+    CU_ASSERT_EQUAL_FATAL(strata_store_round_open(s, 1, 0, ids, 2, 0, NULL, &d), STRATA_OK);
+    strata_store_receipt r;
+    CU_ASSERT_EQUAL(
+        strata_store_update_put(s, 1, ids[0], (const uint8_t *)"kept", 4, 1, &r, NULL, &d),
+        STRATA_OK);
+    strata_store_close(s);
+
+    /* What a crash between publishing the file and committing its row
+     * leaves behind, plus an interrupted temporary and a foreign file. */
+    char orphan[1024], tmp[1024], ckpt_tmp[1024], foreign[1024], kept[1024];
+    snprintf(orphan, sizeof(orphan), "%s/updates/1/%" PRIu64 ".bin", dir, ids[1]);
+    snprintf(tmp, sizeof(tmp), "%s/updates/1/%" PRIu64 ".bin.tmp.Ab12Cd", dir, ids[1]);
+    snprintf(ckpt_tmp, sizeof(ckpt_tmp), "%s/checkpoints/model-3.safetensors.tmp.Zz99Yy", dir);
+    snprintf(foreign, sizeof(foreign), "%s/updates/1/README", dir);
+    snprintf(kept, sizeof(kept), "%s/updates/1/%" PRIu64 ".bin", dir, ids[0]);
+    CU_ASSERT_EQUAL(write_small(orphan, "orphan", 6), 0);
+    CU_ASSERT_EQUAL(write_small(tmp, "half", 4), 0);
+    CU_ASSERT_EQUAL(write_small(ckpt_tmp, "ck", 2), 0);
+    CU_ASSERT_EQUAL(write_small(foreign, "x", 1), 0);
+
+    s = open_store(dir);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(s);
+    CU_ASSERT_EQUAL(strata_store_recovered_files(s), 3);
+    CU_ASSERT(!path_exists(orphan));
+    CU_ASSERT(!path_exists(tmp));
+    CU_ASSERT(!path_exists(ckpt_tmp));
+    CU_ASSERT(path_exists(foreign));
+    CU_ASSERT(path_exists(kept));
+    strata_store_update *list = NULL;
+    size_t n = 0;
+    CU_ASSERT_EQUAL(strata_store_update_list(s, 1, &list, &n, &d), STRATA_OK);
+    CU_ASSERT_EQUAL_FATAL(n, 1);
+    CU_ASSERT_EQUAL(list[0].client_id, ids[0]);
+    strata_store_update_list_free(list, n);
+    /* The client whose upload was lost uploads again normally. */
+    strata_store_verdict v;
+    CU_ASSERT_EQUAL(
+        strata_store_update_put(s, 1, ids[1], (const uint8_t *)"again", 5, 2, &r, &v, &d),
+        STRATA_OK);
+    CU_ASSERT_EQUAL(v, STRATA_STORE_ACCEPTED);
+    uint8_t *data = NULL;
+    size_t len = 0;
+    CU_ASSERT_EQUAL(strata_store_update_read(s, 1, ids[1], &data, &len, &d), STRATA_OK);
+    CU_ASSERT(len == 5 && memcmp(data, "again", 5) == 0);
+    free(data);
+
+    strata_store_close(s);
+    strata_test_rmtree(dir);
+    free(dir);
+}
+
+/* ---- 5b. a real crash: SIGKILL at a random moment ----------------------- */
+
+#define CRASH_CLIENTS 48
+
+typedef struct {
+    uint64_t client;
+    char receipt[STRATA_STORE_RECEIPT_LEN + 1];
+    uint8_t sha256[STRATA_STORE_HASH_LEN];
+} ack_record;
+
+/* The payload client `client` uploads in round `round`: 1 to 20000
+ * deterministic bytes. */
+static uint8_t *crash_payload(uint32_t round, uint64_t client, size_t *len)
+{
+    strata_rng rng;
+    strata_rng_seed(&rng, round, client);
+    *len = 1 + (size_t)strata_rng_below(&rng, 20000);
+    uint8_t *p = malloc(*len);
+    if (p != NULL) {
+        for (size_t i = 0; i < *len; i++)
+            p[i] = (uint8_t)strata_rng_u64(&rng);
+    }
+    return p;
+}
+
+static void crash_child(const char *dir, uint32_t round, const uint64_t *ids, int fd)
+{
+    strata_store *s = NULL;
+    if (strata_store_open(dir, &s, NULL) != STRATA_OK)
+        _exit(3);
+    for (int i = 0; i < CRASH_CLIENTS; i++) {
+        size_t len;
+        uint8_t *p = crash_payload(round, ids[i], &len);
+        strata_store_receipt r;
+        if (p == NULL || strata_store_update_put(s, round, ids[i], p, len, (uint64_t)i + 1, &r,
+                                                 NULL, NULL) != STRATA_OK)
+            _exit(4);
+        free(p);
+        /* Acknowledge only after the store said OK: this is the 200. */
+        ack_record a;
+        memset(&a, 0, sizeof(a));
+        a.client = ids[i];
+        memcpy(a.receipt, r.id, sizeof(a.receipt));
+        memcpy(a.sha256, r.sha256, sizeof(a.sha256));
+        if (write(fd, &a, sizeof(a)) != (ssize_t)sizeof(a))
+            _exit(5);
+    }
+    strata_store_close(s);
+    _exit(0);
+}
+
+static void test_crash_sigkill(void)
+{
+    char *dir = strata_test_tmpdir();
+    CU_ASSERT_PTR_NOT_NULL_FATAL(dir);
+    strata_store *s = open_store(dir);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(s);
+    uint64_t ids[CRASH_CLIENTS];
+    add_clients(s, CRASH_CLIENTS, ids);
+    strata_store_close(s);
+
+    strata_rng rng;
+    strata_rng_seed(&rng, (uint64_t)time(NULL), 0);
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    size_t total_acked = 0, total_listed = 0;
+    for (uint32_t round = 1; round <= 8; round++) {
+        s = open_store(dir);
+        CU_ASSERT_PTR_NOT_NULL_FATAL(s);
+        if (round > 1)
+            CU_ASSERT_EQUAL_FATAL(strata_store_round_close(s, round - 1, NULL, NULL), STRATA_OK);
+        CU_ASSERT_EQUAL_FATAL(
+            strata_store_round_open(s, round, round, ids, CRASH_CLIENTS, 0, NULL, NULL), STRATA_OK);
+        strata_store_close(s);
+
+        int fds[2];
+        CU_ASSERT_EQUAL_FATAL(pipe(fds), 0);
+        fflush(NULL);
+        pid_t pid = fork();
+        CU_ASSERT_FATAL(pid >= 0);
+        if (pid == 0) {
+            close(fds[0]);
+            crash_child(dir, round, ids, fds[1]);
+        }
+        close(fds[1]);
+        /* Kill somewhere between immediately and well into the uploads. */
+        struct timespec delay = {0, (long)strata_rng_below(&rng, 40) * 1000 * 1000};
+        nanosleep(&delay, NULL);
+        kill(pid, SIGKILL);
+        int status = 0;
+        waitpid(pid, &status, 0);
+        CU_ASSERT(WIFSIGNALED(status) || (WIFEXITED(status) && WEXITSTATUS(status) == 0));
+
+        ack_record acks[CRASH_CLIENTS];
+        size_t nack = 0, got = 0;
+        uint8_t *raw = (uint8_t *)acks;
+        ssize_t k;
+        while (got < sizeof(acks) && (k = read(fds[0], raw + got, sizeof(acks) - got)) != 0) {
+            if (k < 0 && errno == EINTR)
+                continue;
+            if (k < 0)
+                break;
+            got += (size_t)k;
+        }
+        close(fds[0]);
+        nack = got / sizeof(ack_record); /* a torn last record is no ack */
+
+        /* Restart: every acknowledged update is there exactly once, intact. */
+        s = open_store(dir);
+        CU_ASSERT_PTR_NOT_NULL_FATAL(s);
+        strata_store_update *list = NULL;
+        size_t n = 0;
+        CU_ASSERT_EQUAL_FATAL(strata_store_update_list(s, round, &list, &n, NULL), STRATA_OK);
+        CU_ASSERT(n >= nack);
+        for (size_t a = 0; a < nack; a++) {
+            int seen = 0;
+            for (size_t i = 0; i < n; i++) {
+                if (list[i].client_id != acks[a].client)
+                    continue;
+                seen++;
+                CU_ASSERT_STRING_EQUAL(list[i].receipt.id, acks[a].receipt);
+                CU_ASSERT(memcmp(list[i].receipt.sha256, acks[a].sha256, 32) == 0);
+            }
+            CU_ASSERT_EQUAL(seen, 1);
+        }
+        /* Everything listed (acknowledged or not) has intact bytes. */
+        for (size_t i = 0; i < n; i++) {
+            size_t want_len, len = 0;
+            uint8_t *want = crash_payload(round, list[i].client_id, &want_len);
+            uint8_t *data = NULL;
+            CU_ASSERT_EQUAL(
+                strata_store_update_read(s, round, list[i].client_id, &data, &len, NULL),
+                STRATA_OK);
+            CU_ASSERT(want != NULL && len == want_len && memcmp(data, want, len) == 0);
+            free(data);
+            free(want);
+        }
+        /* No orphan is left in the round's directory. */
+        char rdir[1024];
+        snprintf(rdir, sizeof(rdir), "%s/updates/%" PRIu32, dir, round);
+        CU_ASSERT_EQUAL(count_entries(rdir), (int)n);
+        /* Uploads continue after the restart: the rest of the clients. */
+        uint64_t count = 0;
+        for (int i = 0; i < CRASH_CLIENTS; i++) {
+            size_t len;
+            uint8_t *p = crash_payload(round, ids[i], &len);
+            strata_store_receipt r;
+            CU_ASSERT_EQUAL(
+                strata_store_update_put(s, round, ids[i], p, len, (uint64_t)i + 1, &r, NULL, NULL),
+                STRATA_OK);
+            free(p);
+        }
+        CU_ASSERT_EQUAL(strata_store_update_count(s, round, &count, NULL), STRATA_OK);
+        CU_ASSERT_EQUAL(count, CRASH_CLIENTS);
+        strata_store_update_list_free(list, n);
+        strata_store_close(s);
+        total_acked += nack;
+        total_listed += n;
+
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        if ((t1.tv_sec - t0.tv_sec) > 4)
+            break;
+    }
+    fprintf(stderr, "\n    crash test: %zu acknowledged, %zu committed at the kills\n", total_acked,
+            total_listed);
+
+    strata_test_rmtree(dir);
+    free(dir);
+}
+
+/* ---- 5c. concurrent connections racing for the same (client, round) ---- */
+
+#define RACERS 4
+
+typedef struct {
+    strata_store *s;
+    uint64_t client;
+    int index;
+    int rc;
+    strata_store_receipt receipt;
+    strata_store_verdict verdict;
+} racer;
+
+static void *race_put(void *arg)
+{
+    racer *r = arg;
+    uint8_t payload[256];
+    memset(payload, r->index + 1, sizeof(payload));
+    r->rc = strata_store_update_put(r->s, 1, r->client, payload, sizeof(payload), 1, &r->receipt,
+                                    &r->verdict, NULL);
+    return NULL;
+}
+
+static void test_concurrent_same_update(void)
+{
+    char *dir = strata_test_tmpdir();
+    CU_ASSERT_PTR_NOT_NULL_FATAL(dir);
+    strata_store *s = open_store(dir);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(s);
+    uint64_t ids[1];
+    add_clients(s, 1, ids);
+    CU_ASSERT_EQUAL_FATAL(strata_store_round_open(s, 1, 0, ids, 1, 0, NULL, NULL), STRATA_OK);
+
+    racer r[RACERS];
+    pthread_t th[RACERS];
+    memset(r, 0, sizeof(r));
+    for (int i = 0; i < RACERS; i++) {
+        r[i].client = ids[0];
+        r[i].index = i;
+        CU_ASSERT_EQUAL_FATAL(strata_store_open_secondary(s, &r[i].s, NULL), STRATA_OK);
+    }
+    for (int i = 0; i < RACERS; i++)
+        CU_ASSERT_EQUAL_FATAL(pthread_create(&th[i], NULL, race_put, &r[i]), 0);
+    for (int i = 0; i < RACERS; i++)
+        pthread_join(th[i], NULL);
+
+    /* Exactly one accepted; the others got its receipt; the file holds the
+     * accepted bytes. */
+    int accepted = -1, n_accepted = 0;
+    for (int i = 0; i < RACERS; i++) {
+        CU_ASSERT_EQUAL(r[i].rc, STRATA_OK);
+        if (r[i].verdict == STRATA_STORE_ACCEPTED) {
+            accepted = i;
+            n_accepted++;
+        } else {
+            CU_ASSERT_EQUAL(r[i].verdict, STRATA_STORE_DUPLICATE);
+        }
+    }
+    CU_ASSERT_EQUAL_FATAL(n_accepted, 1);
+    for (int i = 0; i < RACERS; i++)
+        CU_ASSERT_STRING_EQUAL(r[i].receipt.id, r[accepted].receipt.id);
+    uint8_t *data = NULL;
+    size_t len = 0;
+    CU_ASSERT_EQUAL(strata_store_update_read(s, 1, ids[0], &data, &len, NULL), STRATA_OK);
+    CU_ASSERT(len == 256 && data != NULL && data[0] == accepted + 1 && data[255] == accepted + 1);
+    free(data);
+    char rdir[1200];
+    snprintf(rdir, sizeof(rdir), "%s/updates/1", dir);
+    CU_ASSERT_EQUAL(count_entries(rdir), 1);
+    for (int i = 0; i < RACERS; i++)
+        strata_store_close(r[i].s);
+    strata_store_close(s);
+    strata_test_rmtree(dir);
+    free(dir);
+}
+
+/* ---- 6. counters and checkpoints ---------------------------------------- */
+
+static void test_counters(void)
+{
+    char *dir = strata_test_tmpdir();
+    CU_ASSERT_PTR_NOT_NULL_FATAL(dir);
+    strata_store *s = open_store(dir);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(s);
+    strata_diag d;
+    int64_t v = -1;
+
+    CU_ASSERT_EQUAL(strata_store_counter_get(s, "updates_accepted_total", &v, &d), STRATA_OK);
+    CU_ASSERT_EQUAL(v, 0);
+    CU_ASSERT_EQUAL(strata_store_counter_add(s, "updates_accepted_total", 3, &d), STRATA_OK);
+    CU_ASSERT_EQUAL(strata_store_counter_add(s, "updates_accepted_total", -1, &d), STRATA_OK);
+    strata_store_counter many[2] = {{"bytes_in_total", 1000},
+                                    {"updates_rejected_total{reason=\"shape\"}", 1}};
+    CU_ASSERT_EQUAL(strata_store_counter_add_many(s, many, 2, &d), STRATA_OK);
+    CU_ASSERT_EQUAL(strata_store_counter_add_many(s, many, 2, &d), STRATA_OK);
+
+    /* Overflow and bad names change nothing. */
+    CU_ASSERT_EQUAL(strata_store_counter_add(s, "bytes_in_total", INT64_MAX, &d), STRATA_ETOOBIG);
+    strata_store_counter bad[2] = {{"bytes_in_total", 5}, {"has space", 1}};
+    CU_ASSERT_EQUAL(strata_store_counter_add_many(s, bad, 2, &d), STRATA_EINVAL);
+    CU_ASSERT_EQUAL(strata_store_counter_add(s, "", 1, &d), STRATA_EINVAL);
+    CU_ASSERT_EQUAL(strata_store_counter_add(s, NULL, 1, &d), STRATA_EINVAL);
+
+    strata_store_close(s);
+    s = open_store(dir);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(s);
+    CU_ASSERT_EQUAL(strata_store_counter_get(s, "updates_accepted_total", &v, &d), STRATA_OK);
+    CU_ASSERT_EQUAL(v, 2);
+    CU_ASSERT_EQUAL(strata_store_counter_get(s, "bytes_in_total", &v, &d), STRATA_OK);
+    CU_ASSERT_EQUAL(v, 2000);
+    strata_store_counter *list = NULL;
+    size_t n = 0;
+    CU_ASSERT_EQUAL(strata_store_counter_list(s, &list, &n, &d), STRATA_OK);
+    CU_ASSERT_EQUAL_FATAL(n, 3);
+    CU_ASSERT_STRING_EQUAL(list[0].name, "bytes_in_total");
+    CU_ASSERT_STRING_EQUAL(list[1].name, "updates_accepted_total");
+    CU_ASSERT_STRING_EQUAL(list[2].name, "updates_rejected_total{reason=\"shape\"}");
+    CU_ASSERT_EQUAL(list[2].value, 2);
+    free(list);
+
+    strata_store_close(s);
+    strata_test_rmtree(dir);
+    free(dir);
+}
+
+static void test_checkpoints(void)
+{
+    char *dir = strata_test_tmpdir();
+    CU_ASSERT_PTR_NOT_NULL_FATAL(dir);
+    strata_store *s = open_store(dir);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(s);
+    strata_diag d;
+    uint64_t ver = 9;
+    int found = 1;
+    CU_ASSERT_EQUAL(strata_store_latest_model_version(s, &ver, &found, &d), STRATA_OK);
+    CU_ASSERT_EQUAL(found, 0);
+
+    char path[1024], want[1024];
+    CU_ASSERT_EQUAL(strata_store_checkpoint_path(s, 3, path, sizeof(path), &d), STRATA_OK);
+    snprintf(want, sizeof(want), "%s/checkpoints/model-3.safetensors", dir);
+    CU_ASSERT_STRING_EQUAL(path, want);
+    CU_ASSERT_EQUAL(strata_store_checkpoint_record(s, 3, &d), STRATA_ESTATE);
+    CU_ASSERT_EQUAL(write_small(path, "model", 5), 0);
+    CU_ASSERT_EQUAL(strata_store_checkpoint_record(s, 3, &d), STRATA_OK);
+    CU_ASSERT_EQUAL(strata_store_checkpoint_path(s, 2, path, sizeof(path), &d), STRATA_OK);
+    CU_ASSERT_EQUAL(write_small(path, "model", 5), 0);
+    CU_ASSERT_EQUAL(strata_store_checkpoint_record(s, 2, &d), STRATA_OK);
+    char small[4];
+    CU_ASSERT_EQUAL(strata_store_checkpoint_path(s, 2, small, sizeof(small), &d), STRATA_ETOOBIG);
+
+    strata_store_close(s);
+    s = open_store(dir);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(s);
+    CU_ASSERT_EQUAL(strata_store_latest_model_version(s, &ver, &found, &d), STRATA_OK);
+    CU_ASSERT_EQUAL(found, 1);
+    CU_ASSERT_EQUAL(ver, 3);
+
+    strata_store_close(s);
+    strata_test_rmtree(dir);
+    free(dir);
+}
+
+int main(void)
+{
+    CU_TestInfo store_tests[] = {
+        {"SHA-256 test vectors", test_sha256_vectors},
+        {"open, reopen, lock, schema version", test_open_reopen_schema},
+        {"clients", test_clients},
+        {"rounds", test_rounds},
+        {"update put: durable, idempotent, refusals", test_update_put},
+        {"recovery removes uncommitted files", test_recovery_orphans},
+        {"SIGKILL at random moments loses no acknowledged update", test_crash_sigkill},
+        {"concurrent connections store one update once", test_concurrent_same_update},
+        {"counters persist", test_counters},
+        {"checkpoints", test_checkpoints},
+        CU_TEST_INFO_NULL,
+    };
+    CU_SuiteInfo suites[] = {
+        {"store", NULL, NULL, NULL, NULL, store_tests},
+        CU_SUITE_INFO_NULL,
+    };
+    return strata_test_run(suites);
+}
