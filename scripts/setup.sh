@@ -10,6 +10,7 @@ PACKAGES=(
   libopenblas0-openmp libopenblas-openmp-dev
   libsqlite3-dev sqlite3 zlib1g-dev libcunit1-dev
   dataset-fashion-mnist
+  curl libyaml-libyaml-perl
 )
 
 missing=()

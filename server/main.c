@@ -1,14 +1,81 @@
-/* strata-server: the coordinator. Not implemented yet; this binary reports
- * that plainly instead of pretending to work. */
+/* strata-server: the federation coordinator. Parses the configuration,
+ * opens the engine (state directory, test split, model), serves the REST API
+ * of schemas/api.md until SIGINT or SIGTERM, then shuts down cleanly. */
+#include "config.h"
+#include "engine.h"
+#include "http.h"
+
+#include <signal.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
+
+static volatile sig_atomic_t g_stop;
+
+static void on_signal(int sig)
+{
+    (void)sig;
+    g_stop = 1;
+}
 
 int main(int argc, char **argv)
 {
-    if (argc > 1 && (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0)) {
-        puts("usage: strata-server (not implemented yet: the federation coordinator)");
+    srv_config cfg;
+    srv_config_init(&cfg);
+    strata_diag d = {{0}};
+    int rc = srv_config_parse(&cfg, argc, argv, &d);
+    if (rc == 1) {
+        fputs(srv_config_usage, stdout);
+        srv_config_cleanup(&cfg);
         return 0;
     }
-    fputs("strata-server: the coordinator is not implemented yet\n", stderr);
-    return 2;
+    if (rc < 0) {
+        fprintf(stderr, "strata-server: %s\n(see strata-server --help)\n", strata_diag_msg(&d, rc));
+        srv_config_cleanup(&cfg);
+        return 2;
+    }
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGINT);
+    sigaddset(&set, SIGTERM);
+    struct sigaction sa;
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_handler = on_signal;
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    signal(SIGPIPE, SIG_IGN);
+    /* Threads started from here on leave the signals to the main thread. */
+    pthread_sigmask(SIG_BLOCK, &set, NULL);
+
+    srv_engine *e = NULL;
+    srv_http *h = NULL;
+    int code = 1;
+    unsigned port = 0;
+    if ((rc = srv_engine_open(&cfg, &e, &d)) < 0) {
+        fprintf(stderr, "strata-server: %s\n", strata_diag_msg(&d, rc));
+        goto out;
+    }
+    unsigned pool = cfg.threads > 4 ? (unsigned)cfg.threads : 4;
+    if ((rc = srv_http_start(e, cfg.host, (unsigned)cfg.port, pool, &h, &port, &d)) < 0) {
+        fprintf(stderr, "strata-server: %s\n", strata_diag_msg(&d, rc));
+        goto out;
+    }
+    if ((rc = srv_engine_start(e)) < 0) {
+        fprintf(stderr, "strata-server: cannot start the round thread\n");
+        goto out;
+    }
+    printf("strata-server: listening on http://%s:%u\n", cfg.host, port);
+    fflush(stdout);
+    pthread_sigmask(SIG_UNBLOCK, &set, NULL);
+    while (!g_stop)
+        pause();
+    fprintf(stderr, "strata-server: stopping\n");
+    code = 0;
+out:
+    if (e != NULL)
+        srv_engine_stop(e);
+    srv_http_stop(h);
+    srv_engine_free(e);
+    srv_config_cleanup(&cfg);
+    return code;
 }

@@ -171,24 +171,34 @@ static json_t *layout_json(const strata_tensor_list *t)
 int tool_compress(int argc, char **argv)
 {
     static const struct option opts[] = {
-        {"in", required_argument, NULL, 'i'},     {"out", required_argument, NULL, 'o'},
-        {"policy", required_argument, NULL, 'p'}, {"density", required_argument, NULL, 'd'},
-        {"values", required_argument, NULL, 'v'}, {"residual", required_argument, NULL, 'r'},
-        {"round", required_argument, NULL, 'R'},  {"rounds", required_argument, NULL, 'T'},
-        {"seed", required_argument, NULL, 's'},   {"level", required_argument, NULL, 'l'},
-        {"help", no_argument, NULL, 'h'},         {NULL, 0, NULL, 0},
+        {"in", required_argument, NULL, 'i'},
+        {"out", required_argument, NULL, 'o'},
+        {"policy", required_argument, NULL, 'p'},
+        {"density", required_argument, NULL, 'd'},
+        {"values", required_argument, NULL, 'v'},
+        {"residual", required_argument, NULL, 'r'},
+        {"round", required_argument, NULL, 'R'},
+        {"rounds", required_argument, NULL, 'T'},
+        {"seed", required_argument, NULL, 's'},
+        {"level", required_argument, NULL, 'l'},
+        {"client-id", required_argument, NULL, 'C'},
+        {"model-version", required_argument, NULL, 'M'},
+        {"samples", required_argument, NULL, 'N'},
+        {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
     };
     static const char usage[] =
         "usage: strata-tool compress --in MODEL_OR_DELTA.safetensors --policy SPEC --density D\n"
         "         [--values fp32|fp16|bf16] --out P.bin [--residual R.safetensors]\n"
         "         [--round R] [--rounds T] [--seed S] [--level ZSTD_LEVEL]\n"
+        "         [--client-id C] [--model-version V] [--samples N]   (payload header; 0)\n"
         "  SPEC: a budget policy (uniform, legacy-layer, legacy-phase, legacy, lgreco, JSON\n"
         "        text or @file.json), or one compressor for every layer: none, fp16, bf16,\n"
         "        sign, qsgd:LEVELS, powersgd:RANK\n"
         "  --residual: error-feedback state; read when the file exists, written back after\n";
     const char *in = NULL, *out = NULL, *spec = NULL, *residual = NULL;
     double density = 0.0;
-    long round = 0, rounds = 1, seed = 1, level = 1;
+    long round = 0, rounds = 1, seed = 1, level = 1, client_id = 0, model_version = 0, samples = 0;
     strata_values_format vf = STRATA_VALUES_FP32;
     int c;
     optind = 1;
@@ -230,6 +240,18 @@ int tool_compress(int argc, char **argv)
             if (tool_parse_long(optarg, 1, 19, &level))
                 return tool_fail(2, "--level: expected a zstd level in [1, 19], got '%s'", optarg);
             break;
+        case 'C':
+        case 'M':
+        case 'N': {
+            long *dst = c == 'C' ? &client_id : c == 'M' ? &model_version : &samples;
+            if (tool_parse_long(optarg, 0, __LONG_MAX__, dst))
+                return tool_fail(2, "--%s: expected a non-negative integer, got '%s'",
+                                 c == 'C'   ? "client-id"
+                                 : c == 'M' ? "model-version"
+                                            : "samples",
+                                 optarg);
+            break;
+        }
         case 'h':
             fputs(usage, stdout);
             return 0;
@@ -288,8 +310,13 @@ int tool_compress(int argc, char **argv)
     json_t *mj = json_pack("{s:o,s:o}", "tensors", layout_json(&t), "residual_norms", norms_j);
     meta = json_dumps(mj, JSON_COMPACT | JSON_PRESERVE_ORDER);
     json_decref(mj);
-    strata_payload p = {
-        .round = (uint32_t)round, .num_layers = t.count, .layers = layers, .metadata_json = meta};
+    strata_payload p = {.round = (uint32_t)round,
+                        .model_version = (uint64_t)model_version,
+                        .client_id = (uint64_t)client_id,
+                        .sample_count = (uint64_t)samples,
+                        .num_layers = t.count,
+                        .layers = layers,
+                        .metadata_json = meta};
     if ((rc = strata_payload_encode(&p, (int)level, &buf, &len, &d)) < 0) {
         tool_fail(1, "encoding failed: %s", strata_diag_msg(&d, rc));
         goto out;

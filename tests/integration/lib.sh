@@ -4,6 +4,7 @@ BUILD=${1:?usage: test.sh BUILD_DIR}
 DATA=${STRATA_DATA_DIR:-/usr/share/datasets/fashion-mnist}
 TOOL="$BUILD/strata-tool"
 WORK=$(mktemp -d)
+export WORK
 trap 'rm -rf "$WORK"' EXIT
 
 fail() {

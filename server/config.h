@@ -1,0 +1,40 @@
+/* strata-server's configuration: defaults, a JSON config file and
+ * command-line overrides (the keys are the same, snake_case in the file,
+ * --kebab-case on the command line). */
+#ifndef STRATA_SERVER_CONFIG_H
+#define STRATA_SERVER_CONFIG_H
+
+#include "strata/compress.h"
+#include "strata/error.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct srv_config {
+    char *state_dir, *model, *data, *host, *policy, *server_opt, *enrolment_secret, *values;
+    long port, rounds, min_clients, clients_per_round, min_updates, local_epochs, batch, max_steps,
+        threads, seed, max_body_bytes;
+    double fraction, round_deadline, density, lr, momentum, weight_decay, prox_mu, server_lr;
+    strata_values_format values_format;
+} srv_config;
+
+/* Fills cfg with the defaults. */
+void srv_config_init(srv_config *cfg);
+
+/* Frees the strings cfg owns. */
+void srv_config_cleanup(srv_config *cfg);
+
+/* Parses argv: first the file named by --config (when present), then every
+ * other option over it. Returns 0 on success, 1 when --help was printed, and
+ * STRATA_EINVAL with diag naming the key for an unknown, repeated-in-file,
+ * or invalid key or value, or a missing required key. */
+int srv_config_parse(srv_config *cfg, int argc, char **argv, strata_diag *diag);
+
+/* The configuration as a new JSON object text (free()), without the
+ * enrolment secret; NULL when out of memory. */
+char *srv_config_json(const srv_config *cfg);
+
+/* The --help text. */
+extern const char srv_config_usage[];
+
+#endif

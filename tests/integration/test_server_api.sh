@@ -1,0 +1,219 @@
+#!/usr/bin/env bash
+# strata-server's REST API against a real server process on port 0: every
+# endpoint, the error statuses, and one full round with a real payload.
+. "$(dirname "$0")/lib.sh"
+SERVER="$BUILD/strata-server"
+[ -x "$SERVER" ] || fail "no $SERVER"
+command -v curl >/dev/null || fail "curl is required"
+
+SPID=""
+cleanup() {
+    if [ -n "$SPID" ]; then
+        kill "$SPID" 2>/dev/null || true
+        wait "$SPID" 2>/dev/null || true
+    fi
+    rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+# Config file + overrides; unknown keys are start-up errors (exit 2).
+echo '{"min_clients": 1, "bogus_key": 3}' >"$WORK/bad.json"
+set +e
+"$SERVER" --state-dir "$WORK/s0" --model mlp --data "$DATA" --config "$WORK/bad.json" \
+    2>"$WORK/bad.err"
+rc=$?
+set -e
+[ "$rc" -eq 2 ] || fail "unknown config key: exit $rc, expected 2"
+grep -q bogus_key "$WORK/bad.err" || fail "the error does not name the key"
+
+cat >"$WORK/cfg.json" <<'JSON'
+{"min_clients": 1, "clients_per_round": 1, "rounds": 3, "round_deadline": 30,
+ "policy": "uniform", "density": 0.05, "enrolment_secret": "s3cret"}
+JSON
+"$SERVER" --config "$WORK/cfg.json" --state-dir "$WORK/state" --model mlp --data "$DATA" \
+    --port 0 --rounds 2 >"$WORK/server.out" 2>"$WORK/server.err" &
+SPID=$!
+for _ in $(seq 1 200); do
+    grep -q "listening on" "$WORK/server.out" 2>/dev/null && break
+    kill -0 "$SPID" 2>/dev/null || fail "server exited: $(cat "$WORK/server.err")"
+    sleep 0.1
+done
+URL=$(head -n 1 "$WORK/server.out" | sed -n 's/^strata-server: listening on //p')
+[ -n "$URL" ] || fail "no listening line"
+
+C=(curl -sS --max-time 20)
+# req METHOD PATH [curl args...]: sets CODE and BODY.
+req() {
+    local m=$1 p=$2
+    shift 2
+    CODE=$("${C[@]}" -X "$m" -o "$WORK/body" -w '%{http_code}' "$@" "$URL$p")
+    BODY=$(tr -d '\000' <"$WORK/body")
+}
+expect() { [ "$CODE" = "$1" ] || fail "$2: HTTP $CODE, expected $1 ($BODY)"; }
+
+req GET /healthz
+expect 200 healthz
+[ "$BODY" = "ok" ] || fail "healthz body '$BODY'"
+req GET /v1/status
+expect 200 status
+[ "$(json_field "$BODY" state)" = waiting ] || fail "status: $BODY"
+[ "$(json_field "$BODY" total_rounds)" = 2 ] || fail "CLI does not override the file: $BODY"
+req GET /nope
+expect 404 "unknown path"
+echo "$BODY" | grep -q '"code":"not_found"' || fail "404 body: $BODY"
+req DELETE /v1/status
+expect 405 "wrong method"
+
+# Registration.
+J=(-H 'Content-Type: application/json')
+req POST /v1/clients "${J[@]}" -d '{"name":"edge-1"}'
+expect 403 "missing secret"
+echo "$BODY" | grep -q bad_secret || fail "403 body: $BODY"
+req POST /v1/clients "${J[@]}" -d '{"name":"edge-1"'
+expect 400 "malformed JSON"
+req POST /v1/clients "${J[@]}" -d '{"name":"edge-1","colour":"red","enrolment_secret":"s3cret"}'
+expect 400 "unknown key"
+req POST /v1/clients "${J[@]}" -d '{"name":"a","name":"b","enrolment_secret":"s3cret"}'
+expect 400 "duplicate key"
+req POST /v1/clients "${J[@]}" -d '{"name":7,"enrolment_secret":"s3cret"}'
+expect 400 "bad name"
+req POST /v1/clients "${J[@]}" -d '{"name":"edge-1","enrolment_secret":"s3cret"}'
+expect 201 register
+TOKEN=$(json_field "$BODY" token)
+CID=$(json_field "$BODY" client_id)
+[ ${#TOKEN} -eq 64 ] || fail "token '$TOKEN'"
+A=(-H "Authorization: Bearer $TOKEN")
+
+# Authentication.
+req GET /v1/tasks/next
+expect 401 "no token"
+req GET /v1/tasks/next -H "Authorization: Bearer $(printf '%064d' 0)"
+expect 401 "bad token"
+
+# The round opens (min_clients 1): long-poll for the task.
+req GET '/v1/tasks/next?wait=10' "${A[@]}"
+expect 200 task
+TASK=$BODY
+[ "$(json_field "$TASK" round)" = 0 ] || fail "task: $TASK"
+[ "$(json_field "$TASK" model_version)" = 0 ] || fail "task: $TASK"
+echo "$TASK" | grep -q '"compressor":"topk"' || fail "task budgets: $TASK"
+req GET '/v1/tasks/next?wait=99' "${A[@]}"
+expect 400 "wait out of range"
+
+# Model download, ETag, zstd, unknown version.
+curl -sS --max-time 20 -D "$WORK/h" -o "$WORK/model.safetensors" "${A[@]}" "$URL/v1/models/0"
+grep -qi '^etag: "m0"' "$WORK/h" || fail "no ETag: $(cat "$WORK/h")"
+req GET /v1/models/0 "${A[@]}" -H 'If-None-Match: "m0"'
+expect 304 "If-None-Match"
+curl -sS --max-time 20 -D "$WORK/hz" -o "$WORK/model.zst" "${A[@]}" -H 'Accept-Encoding: zstd' \
+    "$URL/v1/models/0"
+grep -qi '^content-encoding: zstd' "$WORK/hz" || fail "no zstd encoding"
+[ "$(stat -c %s "$WORK/model.zst")" -lt "$(stat -c %s "$WORK/model.safetensors")" ] ||
+    fail "zstd body not smaller"
+req GET /v1/models/7 "${A[@]}"
+expect 404 "unknown model version"
+
+# Uploads: garbage, then a real payload built from the model itself.
+head -c 100 /dev/urandom >"$WORK/garbage.bin"
+req POST /v1/rounds/0/updates "${A[@]}" --data-binary @"$WORK/garbage.bin" \
+    -H 'Content-Type: application/octet-stream'
+expect 400 "garbage upload"
+echo "$BODY" | grep -q bad_payload || fail "garbage body: $BODY"
+"$TOOL" compress --in "$WORK/model.safetensors" --policy uniform --density 0.05 --round 0 \
+    --rounds 2 --out "$WORK/wrong.bin" --client-id "$CID" --samples 0 >/dev/null
+req POST /v1/rounds/0/updates "${A[@]}" --data-binary @"$WORK/wrong.bin"
+expect 422 "sample_count 0"
+echo "$BODY" | grep -q invalid_update || fail "422 body: $BODY"
+"$TOOL" compress --in "$WORK/model.safetensors" --policy uniform --density 0.05 --round 0 \
+    --rounds 2 --out "$WORK/up.bin" --client-id "$CID" --model-version 0 --samples 100 >/dev/null
+req POST /v1/rounds/0/updates "${A[@]}" --data-binary @"$WORK/up.bin"
+expect 200 upload
+RECEIPT=$(json_field "$BODY" receipt)
+[ "$(json_field "$BODY" duplicate)" = false ] || fail "first upload: $BODY"
+req POST /v1/rounds/0/updates "${A[@]}" --data-binary @"$WORK/up.bin"
+expect 200 "repeated upload"
+[ "$(json_field "$BODY" receipt)" = "$RECEIPT" ] || fail "repeat receipt: $BODY"
+[ "$(json_field "$BODY" duplicate)" = true ] || fail "repeat: $BODY"
+
+# The round closes (every selected client reported).
+for _ in $(seq 1 100); do
+    req GET /v1/rounds/0
+    [ "$(json_field "$BODY" state)" = closed ] && break
+    sleep 0.2
+done
+expect 200 "round 0"
+[ "$(json_field "$BODY" state)" = closed ] || fail "round 0 did not close: $BODY"
+[ "$(json_field "$BODY" participants)" = 1 ] || fail "round 0: $BODY"
+[ "$(json_field "$BODY" uplink_bytes)" = "$(stat -c %s "$WORK/up.bin")" ] || fail "uplink: $BODY"
+grep -q '^round 0/2: 1 updates, accuracy' "$WORK/server.out" || fail "no round log line"
+req GET /v1/rounds
+expect 200 rounds
+echo "$BODY" | grep -q '"round":0' || fail "rounds list: $BODY"
+req GET /v1/rounds/99
+expect 404 "unknown round"
+req POST /v1/rounds/0/updates "${A[@]}" --data-binary @"$WORK/up.bin"
+expect 200 "repeat after close"
+[ "$(json_field "$BODY" duplicate)" = true ] || fail "repeat after close: $BODY"
+"$TOOL" compress --in "$WORK/model.safetensors" --policy uniform --density 0.05 --round 0 \
+    --rounds 2 --out "$WORK/up1.bin" --client-id "$CID" --model-version 1 --samples 10 \
+    >/dev/null
+req POST /v1/rounds/5/updates "${A[@]}" --data-binary @"$WORK/up1.bin"
+expect 409 "round never opened"
+echo "$BODY" | grep -q round_not_open || fail "409 body: $BODY"
+req GET /v1/models/1 "${A[@]}"
+expect 200 "model version 1"
+
+# A second client registered now is not selected for round 1 (1 per round)
+# unless sampled; a different client's upload for round 0 is round_closed.
+req POST /v1/clients "${J[@]}" -d '{"enrolment_secret":"s3cret"}'
+expect 201 "second register"
+T2=$(json_field "$BODY" token)
+C2=$(json_field "$BODY" client_id)
+"$TOOL" compress --in "$WORK/model.safetensors" --policy uniform --density 0.05 --round 0 \
+    --rounds 2 --out "$WORK/late.bin" --client-id "$C2" --samples 10 >/dev/null
+req POST /v1/rounds/0/updates -H "Authorization: Bearer $T2" --data-binary @"$WORK/late.bin"
+expect 409 "upload for a closed round"
+echo "$BODY" | grep -q round_closed || fail "409 body: $BODY"
+
+# Oversize body: 413 before the body is read.
+req POST /v1/clients "${J[@]}" --data-binary @<(head -c 70000 /dev/zero | tr '\0' ' ')
+expect 413 "oversize JSON body"
+
+req GET /metrics
+expect 200 metrics
+for m in strata_rounds_completed_total strata_updates_accepted_total \
+    'strata_updates_rejected_total{reason="bad_payload"}' strata_bytes_received_total \
+    strata_bytes_sent_total strata_aggregation_seconds strata_round_duration_seconds \
+    strata_accuracy strata_registered_clients; do
+    echo "$BODY" | grep -qF "$m" || fail "metrics lack $m"
+done
+echo "$BODY" | grep -q '^strata_rounds_completed_total 1$' || fail "rounds counter: $BODY"
+echo "$BODY" | grep -q '^strata_updates_accepted_total 1$' || fail "accepted counter: $BODY"
+
+# Clean stop on SIGTERM, then a restart resumes from the state directory.
+kill -TERM "$SPID"
+for _ in $(seq 1 100); do kill -0 "$SPID" 2>/dev/null || break; sleep 0.1; done
+kill -0 "$SPID" 2>/dev/null && fail "server ignored SIGTERM"
+wait "$SPID" || fail "server exit status $? after SIGTERM: $(tail -n 20 "$WORK/server.err")"
+SPID=""
+"$SERVER" --config "$WORK/cfg.json" --state-dir "$WORK/state" --model mlp --data "$DATA" \
+    --port 0 --rounds 2 >"$WORK/server2.out" 2>"$WORK/server2.err" &
+SPID=$!
+for _ in $(seq 1 200); do
+    grep -q "listening on" "$WORK/server2.out" 2>/dev/null && break
+    kill -0 "$SPID" 2>/dev/null || fail "restart failed: $(cat "$WORK/server2.err")"
+    sleep 0.1
+done
+URL=$(head -n 1 "$WORK/server2.out" | sed -n 's/^strata-server: listening on //p')
+req GET /v1/status
+[ "$(json_field "$BODY" model_version)" = 1 ] || fail "restart: $BODY"
+[ "$(json_field "$BODY" registered_clients)" = 2 ] || fail "restart: $BODY"
+# A client's long-poll is pending while the server stops: it still exits 0.
+"${C[@]}" -o /dev/null "${A[@]}" "$URL/v1/tasks/next?wait=5" &
+POLL=$!
+sleep 0.3
+kill -TERM "$SPID"
+wait "$SPID" || fail "restarted server exit status $?: $(tail -n 20 "$WORK/server2.err")"
+SPID=""
+wait "$POLL" || true
+echo "PASS test_server_api"
