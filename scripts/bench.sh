@@ -7,7 +7,9 @@
 #   at 1% density on a 1,000,000-element Gaussian tensor.
 #   topk: top-k + error feedback at 1% density on 25,000,000 elements, 1 and
 #   2 threads, against memcpy bandwidth measured in the same run.
-# Usage: scripts/bench.sh [all|train|payload|topk]
+#   memory: peak RSS of strata-server in one FedAvg round (mlp) with 10 and 200
+#   synthetic clients, dense and uniform 1% (tests/bench/coordinator_memory.sh).
+# Usage: scripts/bench.sh [all|train|payload|topk|memory]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -73,4 +75,9 @@ if [ "$what" = all ] || [ "$what" = topk ]; then
     for threads in 1 2; do
         ./build/bench_topk --threads $threads
     done
+fi
+
+if [ "$what" = all ] || [ "$what" = memory ]; then
+    echo "== coordinator memory (peak RSS, one round, 10 vs 200 clients)"
+    STRATA_DATA_DIR="$DATA" bash tests/bench/coordinator_memory.sh build none uniform:0.01
 fi
