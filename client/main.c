@@ -456,11 +456,11 @@ typedef struct progress_ctx {
     uint32_t round;
 } progress_ctx;
 
-static void on_progress(void *ud, size_t done, size_t total)
+static int on_progress(void *ud, size_t done, size_t total)
 {
     progress_ctx *p = ud;
     if (!p->tty || total == 0)
-        return;
+        return g_stop != 0;
     int width = 30, filled = (int)((double)done / (double)total * width);
     char bar[40];
     for (int i = 0; i < width; i++)
@@ -469,6 +469,117 @@ static void on_progress(void *ud, size_t done, size_t total)
     fprintf(stderr, "\rround %u [%s] %5.1f%%", p->round, bar, 100.0 * (double)done / (double)total);
     if (done >= total)
         fputs("\r\033[K", stderr);
+    return g_stop != 0; /* SIGINT/SIGTERM abandon the step after this batch */
+}
+
+/* Appends "ROUND RECEIPT" to receipts.log unless its last line already
+ * records that round. */
+static void record_receipt(const options *o, uint32_t round, const char *receipt)
+{
+    char lpath[4096], line[256];
+    state_path(o, "receipts.log", lpath, sizeof(lpath));
+    uint8_t *old;
+    size_t len;
+    if (read_small(lpath, (size_t)1 << 24, &old, &len) == 0) {
+        const char *last = (const char *)old;
+        for (size_t i = 0; i + 1 < len; i++)
+            if (old[i] == '\n')
+                last = (const char *)old + i + 1;
+        unsigned long r;
+        int dup = sscanf(last, "%lu", &r) == 1 && r == round;
+        free(old);
+        if (dup)
+            return;
+    }
+    int fd = open(lpath, O_WRONLY | O_CREAT | O_APPEND, 0644);
+    if (fd < 0) {
+        logf_("warning: cannot record the receipt: %s", strerror(errno));
+        return;
+    }
+    int n = snprintf(line, sizeof(line), "%u %s\n", round, receipt);
+    if (write(fd, line, (size_t)n) != n || fsync(fd) != 0)
+        logf_("warning: cannot record the receipt");
+    close(fd);
+}
+
+/* Uploads the staged payload of `round` (wire, or pending.bin when wire is
+ * NULL) and settles the stage: on 200 the receipt is recorded and the
+ * pending residual becomes current; on a refusal that ends the round for
+ * this client (403, 409) the stage is dropped and the previous residual
+ * stays. Returns STRATA_OK in both cases. */
+static int upload_pending(const options *o, strata_http *h, uint32_t round, const uint8_t *wire,
+                          size_t wire_len)
+{
+    char ppath[4096], rpath[4096], bpath[4096], jpath[4096], url[64];
+    state_path(o, "residual.pending.safetensors", ppath, sizeof(ppath));
+    state_path(o, "residual.safetensors", rpath, sizeof(rpath));
+    state_path(o, "pending.bin", bpath, sizeof(bpath));
+    state_path(o, "pending.json", jpath, sizeof(jpath));
+    uint8_t *file = NULL;
+    if (wire == NULL) {
+        if (read_small(bpath, MAX_MODEL_BODY, &file, &wire_len) != 0) {
+            logf_("staged upload of round %u is unreadable; dropping it", round);
+            unlink(jpath);
+            return STRATA_OK;
+        }
+        wire = file;
+    }
+    snprintf(url, sizeof(url), "/v1/rounds/%u/updates", round);
+    strata_http_response r;
+    strata_diag d = {{0}};
+    int rc = strata_http_request_retry(h, "POST", url, "application/octet-stream", wire, wire_len,
+                                       NULL, 0, MAX_JSON_BODY, 0, 30.0, &r, &d);
+    free(file);
+    if (rc < 0) {
+        logf_("round %u: upload failed: %s (kept for the next start)", round,
+              strata_diag_msg(&d, rc));
+        return rc;
+    }
+    if (r.status == 200) {
+        json_t *j = json_loadb((const char *)r.body, r.len, 0, NULL);
+        const char *receipt = json_string_value(json_object_get(j, "receipt"));
+        record_receipt(o, round, receipt ? receipt : "?");
+        if (rename(ppath, rpath) != 0 && errno != ENOENT)
+            logf_("round %u: cannot install the new residuals: %s", round, strerror(errno));
+        logf_("round %u: receipt %s%s", round, receipt ? receipt : "?",
+              json_is_true(json_object_get(j, "duplicate")) ? " (already held)" : "");
+        json_decref(j);
+    } else {
+        logf_("round %u: update refused (HTTP %ld): %s", round, r.status, (char *)r.body);
+        if (r.status != 409 && r.status != 403) {
+            strata_http_response_cleanup(&r);
+            return STRATA_EPROTO;
+        }
+        unlink(ppath);
+    }
+    strata_http_response_cleanup(&r);
+    unlink(jpath);
+    unlink(bpath);
+    return STRATA_OK;
+}
+
+/* At start-up: settles an upload staged by a previous run. */
+static int settle_pending(const options *o, strata_http *h)
+{
+    char jpath[4096];
+    state_path(o, "pending.json", jpath, sizeof(jpath));
+    uint8_t *buf;
+    size_t len;
+    if (read_small(jpath, 4096, &buf, &len) != 0)
+        return STRATA_OK;
+    json_t *j = json_loadb((const char *)buf, len, 0, NULL);
+    free(buf);
+    json_t *r = json_object_get(j, "round");
+    int rc = STRATA_OK;
+    if (json_is_integer(r)) {
+        uint32_t round = (uint32_t)json_integer_value(r);
+        logf_("re-sending the staged update of round %u", round);
+        rc = upload_pending(o, h, round, NULL, 0);
+    } else {
+        unlink(jpath);
+    }
+    json_decref(j);
+    return rc;
 }
 
 /* Trains, compresses and uploads one task. Returns 0 on success (or a
@@ -577,43 +688,30 @@ static int run_task(const options *o, strata_http *h, const identity *id, const 
         logf_("round %u: encoding failed: %s", t->round, strata_diag_msg(&d, rc));
         goto out;
     }
-    char url[64];
-    snprintf(url, sizeof(url), "/v1/rounds/%u/updates", t->round);
-    strata_http_response r;
-    rc = strata_http_request_retry(h, "POST", url, "application/octet-stream", wire, wire_len, NULL,
-                                   0, MAX_JSON_BODY, 0, 30.0, &r, &d);
-    if (rc < 0) {
-        logf_("round %u: upload failed: %s", t->round, strata_diag_msg(&d, rc));
+    /* Stage the upload: the new residual and the payload are saved as
+     * "pending" first (pending.json, written last, marks the stage complete),
+     * then uploaded. A client killed at any point re-sends the pending payload
+     * at its next start, so an update the coordinator acknowledged is never
+     * lost and its residual never applied twice. */
+    char ppath[4096], bpath[4096], jpath[4096], pj[64];
+    state_path(o, "residual.pending.safetensors", ppath, sizeof(ppath));
+    state_path(o, "pending.bin", bpath, sizeof(bpath));
+    state_path(o, "pending.json", jpath, sizeof(jpath));
+    int pjlen = snprintf(pj, sizeof(pj), "{\"round\":%u}", t->round);
+    if ((rc = strata_ef_save(ef, ppath, &d)) < 0 ||
+        write_atomic(bpath, wire, wire_len, 0600) != 0 ||
+        write_atomic(jpath, pj, (size_t)pjlen, 0600) != 0) {
+        logf_("round %u: cannot stage the upload in %s: %s", t->round, o->state_dir,
+              rc < 0 ? strata_diag_msg(&d, rc) : strerror(errno));
+        rc = rc < 0 ? rc : STRATA_EIO;
         goto out;
     }
+    rc = upload_pending(o, h, t->round, wire, wire_len);
     clock_gettime(CLOCK_MONOTONIC, &t1);
     double secs = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
-    if (r.status == 200) {
-        json_t *j = json_loadb((const char *)r.body, r.len, 0, NULL);
-        const char *receipt = json_string_value(json_object_get(j, "receipt"));
-        /* The residual is saved only once the coordinator holds the update:
-         * a crash before this point replays the same round identically. */
-        if ((rc = strata_ef_save(ef, rpath, &d)) < 0)
-            logf_("round %u: cannot save residuals: %s", t->round, strata_diag_msg(&d, rc));
-        char lpath[4096], line[256];
-        state_path(o, "receipts.log", lpath, sizeof(lpath));
-        int fd = open(lpath, O_WRONLY | O_CREAT | O_APPEND, 0644);
-        if (fd >= 0) {
-            int n = snprintf(line, sizeof(line), "%u %s\n", t->round, receipt ? receipt : "?");
-            if (write(fd, line, (size_t)n) != n || fsync(fd) != 0)
-                logf_("warning: cannot record the receipt");
-            close(fd);
-        }
-        logf_("round %u: %zu samples, loss %.4f, uploaded %zu bytes (model %zu bytes), receipt %s "
-              "(%.1f s)",
-              t->round, nmine, loss, wire_len, downloaded, receipt ? receipt : "?", secs);
-        json_decref(j);
-        rc = STRATA_OK;
-    } else {
-        logf_("round %u: update refused (HTTP %ld): %s", t->round, r.status, (char *)r.body);
-        rc = (r.status == 409 || r.status == 403) ? STRATA_OK : STRATA_EPROTO;
-    }
-    strata_http_response_cleanup(&r);
+    if (rc == STRATA_OK)
+        logf_("round %u: %zu samples, loss %.4f, uploaded %zu bytes (model %zu bytes) in %.1f s",
+              t->round, nmine, loss, wire_len, downloaded, secs);
 out:
     free(meta);
     free(wire);
@@ -676,6 +774,8 @@ int main(int argc, char **argv)
         goto out;
     }
     strata_http_set_token(h, id.token);
+    if (settle_pending(&o, h) < 0)
+        goto out;
     logf_("%zu training samples (share %ld of %ld, partition %s)", nmine, o.client_index,
           o.num_clients, o.partition);
     long uploaded = 0;

@@ -90,8 +90,8 @@ int strata_train_epoch(strata_model *m, strata_sgd *opt, const strata_dataset *d
         hits += correct;
         done += count;
         st->steps++;
-        if (progress)
-            progress(ctx, done, n);
+        if (progress && progress(ctx, done, n) != 0)
+            break;
     }
     st->samples = done;
     st->loss = done ? loss_sum / (double)done : 0.0;

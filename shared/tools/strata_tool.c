@@ -101,14 +101,14 @@ int tool_check_writable(const char *path)
     return fd >= 0 ? 0 : tool_fail(1, "cannot write %s: %s", path, strerror(e));
 }
 
-void tool_progress(void *ctx, size_t done, size_t total)
+int tool_progress(void *ctx, size_t done, size_t total)
 {
     const char *label = ctx;
     static int tty = -1;
     if (tty < 0)
         tty = isatty(STDERR_FILENO);
     if (!tty || total == 0)
-        return;
+        return 0;
     const int width = 30;
     int filled = (int)((double)done / (double)total * width);
     char bar[64];
@@ -120,6 +120,7 @@ void tool_progress(void *ctx, size_t done, size_t total)
     if (done >= total)
         fputs("\r\033[K", stderr);
     fflush(stderr);
+    return 0;
 }
 
 int main(int argc, char **argv)

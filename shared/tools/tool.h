@@ -34,6 +34,6 @@ int tool_parse_double(const char *s, double min, double max, double *out);
 int tool_check_writable(const char *path);
 
 /* A one-line progress bar on stderr when it is a terminal. */
-void tool_progress(void *ctx, size_t done, size_t total);
+int tool_progress(void *ctx, size_t done, size_t total);
 
 #endif

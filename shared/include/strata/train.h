@@ -14,8 +14,10 @@ typedef struct strata_train_stats {
     double seconds; /* wall-clock time of the pass */
 } strata_train_stats;
 
-/* Called after each batch with the samples done so far and the total. */
-typedef void (*strata_progress_fn)(void *ctx, size_t done, size_t total);
+/* Called after each batch with the samples done so far and the total. A
+ * non-zero return stops the epoch after that batch (the stats then cover the
+ * batches done). */
+typedef int (*strata_progress_fn)(void *ctx, size_t done, size_t total);
 
 /* One epoch of SGD over the samples indices[0..n) of d (indices may be NULL:
  * all n = d->n samples), visited in an order shuffled with rng, in batches of
