@@ -7,6 +7,7 @@
 #include "transport.h"
 
 #include "strata/checkpoint.h"
+#include "strata/parse.h"
 #include "strata/compress.h"
 #include "strata/data.h"
 #include "strata/ef.h"
@@ -79,17 +80,6 @@ static const char USAGE[] =
     "  --ef-max-staleness N   drop the residual after N missed rounds (default 0: never)\n"
     "Exits 0 when the federation has finished, 130 when interrupted.\n";
 
-static int parse_long(const char *s, long min, long max, long *out)
-{
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno || end == s || *end || v < min || v > max)
-        return -1;
-    *out = v;
-    return 0;
-}
-
 static int parse_options(int argc, char **argv, options *o)
 {
     static const struct option opts[] = {
@@ -143,32 +133,32 @@ static int parse_options(int argc, char **argv, options *o)
             o->ca_cert = optarg;
             break;
         case 'n':
-            if (parse_long(optarg, 1, 1000000, &o->num_clients))
+            if (strata_parse_long(optarg, 1, 1000000, &o->num_clients))
                 goto bad;
             break;
         case 'i':
-            if (parse_long(optarg, 0, 999999, &o->client_index))
+            if (strata_parse_long(optarg, 0, 999999, &o->client_index))
                 goto bad;
             break;
         case 's':
-            if (parse_long(optarg, 0, __LONG_MAX__, &v))
+            if (strata_parse_long(optarg, 0, __LONG_MAX__, &v))
                 goto bad;
             o->seed = (unsigned long long)v;
             break;
         case 't':
-            if (parse_long(optarg, 1, 1024, &o->threads))
+            if (strata_parse_long(optarg, 1, 1024, &o->threads))
                 goto bad;
             break;
         case 'r':
-            if (parse_long(optarg, 0, 1000000000, &o->max_rounds))
+            if (strata_parse_long(optarg, 0, 1000000000, &o->max_rounds))
                 goto bad;
             break;
         case 'w':
-            if (parse_long(optarg, 0, 30, &o->poll_wait))
+            if (strata_parse_long(optarg, 0, 30, &o->poll_wait))
                 goto bad;
             break;
         case 'm':
-            if (parse_long(optarg, 0, 1000000000, &o->ef_max_staleness))
+            if (strata_parse_long(optarg, 0, 1000000000, &o->ef_max_staleness))
                 goto bad;
             break;
         case 'b': {

@@ -4,6 +4,8 @@
  * coordinator's round records. */
 #include "store.h"
 
+#include "strata/parse.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <getopt.h>
@@ -44,17 +46,6 @@ static const char USAGE[] =
     "thread each), shows progress, and writes report.csv and report.md in --out\n"
     "(default out/sim). --policy none runs dense FedAvg. With --json the last line of\n"
     "output is a JSON summary.\n";
-
-static int parse_long(const char *s, long min, long max, long *out)
-{
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno || end == s || *end || v < min || v > max)
-        return -1;
-    *out = v;
-    return 0;
-}
 
 static int parse(int argc, char **argv, sim_opts *o)
 {
@@ -97,22 +88,22 @@ static int parse(int argc, char **argv, sim_opts *o)
         int bad = 0;
         switch (c) {
         case 'c':
-            bad = parse_long(optarg, 1, 1000, &o->clients);
+            bad = strata_parse_long(optarg, 1, 1000, &o->clients);
             break;
         case 'r':
-            bad = parse_long(optarg, 1, 100000, &o->rounds);
+            bad = strata_parse_long(optarg, 1, 100000, &o->rounds);
             break;
         case 'e':
-            bad = parse_long(optarg, 1, 1000, &o->local_epochs);
+            bad = strata_parse_long(optarg, 1, 1000, &o->local_epochs);
             break;
         case 'b':
-            bad = parse_long(optarg, 1, 65536, &o->batch);
+            bad = strata_parse_long(optarg, 1, 65536, &o->batch);
             break;
         case 't':
-            bad = parse_long(optarg, 1, 86400, &o->deadline);
+            bad = strata_parse_long(optarg, 1, 86400, &o->deadline);
             break;
         case 's':
-            bad = parse_long(optarg, 0, __LONG_MAX__, &o->seed);
+            bad = strata_parse_long(optarg, 0, __LONG_MAX__, &o->seed);
             break;
         case 'm':
             o->model = optarg;

@@ -48,28 +48,6 @@ int tool_fail(int code, const char *fmt, ...)
     return code;
 }
 
-int tool_parse_long(const char *s, long min, long max, long *out)
-{
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno != 0 || end == s || *end != '\0' || v < min || v > max)
-        return -1;
-    *out = v;
-    return 0;
-}
-
-int tool_parse_double(const char *s, double min, double max, double *out)
-{
-    char *end;
-    errno = 0;
-    double v = strtod(s, &end);
-    if (errno != 0 || end == s || *end != '\0' || !(v >= min && v <= max))
-        return -1;
-    *out = v;
-    return 0;
-}
-
 int tool_load_model(const char *spec, strata_model **out)
 {
     strata_diag d = {{0}};

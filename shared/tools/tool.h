@@ -3,6 +3,7 @@
 #define STRATA_TOOL_H
 
 #include "strata/model.h"
+#include "strata/parse.h"
 
 #include <stdio.h>
 
@@ -23,10 +24,6 @@ int tool_fail(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3
 /* Loads a model from a built-in name, an architecture JSON file or a
  * .safetensors checkpoint. */
 int tool_load_model(const char *spec, strata_model **out);
-
-/* Strict number parsing; return 0 on success. */
-int tool_parse_long(const char *s, long min, long max, long *out);
-int tool_parse_double(const char *s, double min, double max, double *out);
 
 /* Checks that a file can be created at path (its directory exists and is
  * writable) without leaving anything behind; prints an error and returns

@@ -94,7 +94,7 @@ static int parse_compressor_spec(const char *spec, strata_budget *b)
     long v = 0;
     if (id == STRATA_COMP_QSGD || id == STRATA_COMP_POWERSGD) {
         if (colon == NULL ||
-            tool_parse_long(colon + 1, 1, id == STRATA_COMP_QSGD ? 127 : 65535, &v) != 0)
+            strata_parse_long(colon + 1, 1, id == STRATA_COMP_QSGD ? 127 : 65535, &v) != 0)
             return -1;
         if (id == STRATA_COMP_QSGD)
             b->levels = (uint32_t)v;
@@ -217,7 +217,7 @@ int tool_compress(int argc, char **argv)
             residual = optarg;
             break;
         case 'd':
-            if (tool_parse_double(optarg, 1e-12, 1.0, &density))
+            if (strata_parse_double(optarg, 1e-12, 1.0, &density))
                 return tool_fail(2, "--density: expected a number in (0, 1], got '%s'", optarg);
             break;
         case 'v':
@@ -225,26 +225,26 @@ int tool_compress(int argc, char **argv)
                 return tool_fail(2, "--values: expected fp32, fp16 or bf16, got '%s'", optarg);
             break;
         case 'R':
-            if (tool_parse_long(optarg, 0, UINT32_MAX - 1, &round))
+            if (strata_parse_long(optarg, 0, UINT32_MAX - 1, &round))
                 return tool_fail(2, "--round: expected an integer >= 0, got '%s'", optarg);
             break;
         case 'T':
-            if (tool_parse_long(optarg, 1, UINT32_MAX, &rounds))
+            if (strata_parse_long(optarg, 1, UINT32_MAX, &rounds))
                 return tool_fail(2, "--rounds: expected an integer >= 1, got '%s'", optarg);
             break;
         case 's':
-            if (tool_parse_long(optarg, 0, __LONG_MAX__, &seed))
+            if (strata_parse_long(optarg, 0, __LONG_MAX__, &seed))
                 return tool_fail(2, "--seed: expected a non-negative integer, got '%s'", optarg);
             break;
         case 'l':
-            if (tool_parse_long(optarg, 1, 19, &level))
+            if (strata_parse_long(optarg, 1, 19, &level))
                 return tool_fail(2, "--level: expected a zstd level in [1, 19], got '%s'", optarg);
             break;
         case 'C':
         case 'M':
         case 'N': {
             long *dst = c == 'C' ? &client_id : c == 'M' ? &model_version : &samples;
-            if (tool_parse_long(optarg, 0, __LONG_MAX__, dst))
+            if (strata_parse_long(optarg, 0, __LONG_MAX__, dst))
                 return tool_fail(2, "--%s: expected a non-negative integer, got '%s'",
                                  c == 'C'   ? "client-id"
                                  : c == 'M' ? "model-version"
@@ -615,10 +615,10 @@ int tool_policy(int argc, char **argv)
         else if (c == 'j')
             json = 1;
         else if (c == 'd') {
-            if (tool_parse_double(optarg, 1e-12, 1.0, &density))
+            if (strata_parse_double(optarg, 1e-12, 1.0, &density))
                 return tool_fail(2, "--density: expected a number in (0, 1], got '%s'", optarg);
         } else if (c == 'T') {
-            if (tool_parse_long(optarg, 1, 1000000, &rounds))
+            if (strata_parse_long(optarg, 1, 1000000, &rounds))
                 return tool_fail(2, "--rounds: expected an integer >= 1, got '%s'", optarg);
         } else if (c == 'h') {
             puts("usage: strata-tool policy --model NAME|ARCH.json --policy SPEC --density D "

@@ -160,37 +160,37 @@ static int parse_train(int argc, char **argv, train_args *a)
             a->schedule = optarg;
             break;
         case 'e':
-            if (tool_parse_long(optarg, 1, 100000, &a->epochs))
+            if (strata_parse_long(optarg, 1, 100000, &a->epochs))
                 return tool_fail(2, "--epochs: expected an integer >= 1, got '%s'", optarg);
             break;
         case 't':
-            if (tool_parse_long(optarg, 1, 1024, &a->threads))
+            if (strata_parse_long(optarg, 1, 1024, &a->threads))
                 return tool_fail(2, "--threads: expected an integer in [1, 1024], got '%s'",
                                  optarg);
             break;
         case 's':
-            if (tool_parse_long(optarg, 0, __LONG_MAX__, &v))
+            if (strata_parse_long(optarg, 0, __LONG_MAX__, &v))
                 return tool_fail(2, "--seed: expected a non-negative integer, got '%s'", optarg);
             a->seed = (unsigned long long)v;
             break;
         case 'b':
-            if (tool_parse_long(optarg, 1, 65536, &a->batch))
+            if (strata_parse_long(optarg, 1, 65536, &a->batch))
                 return tool_fail(2, "--batch: expected an integer in [1, 65536], got '%s'", optarg);
             break;
         case 'L':
-            if (tool_parse_long(optarg, 1, __LONG_MAX__, &a->limit))
+            if (strata_parse_long(optarg, 1, __LONG_MAX__, &a->limit))
                 return tool_fail(2, "--limit: expected an integer >= 1, got '%s'", optarg);
             break;
         case 'l':
-            if (tool_parse_double(optarg, 1e-12, 1e6, &a->lr))
+            if (strata_parse_double(optarg, 1e-12, 1e6, &a->lr))
                 return tool_fail(2, "--lr: expected a positive number, got '%s'", optarg);
             break;
         case 'M':
-            if (tool_parse_double(optarg, 0.0, 0.999999, &a->momentum))
+            if (strata_parse_double(optarg, 0.0, 0.999999, &a->momentum))
                 return tool_fail(2, "--momentum: expected a number in [0, 1), got '%s'", optarg);
             break;
         case 'w':
-            if (tool_parse_double(optarg, 0.0, 1e6, &a->weight_decay))
+            if (strata_parse_double(optarg, 0.0, 1e6, &a->weight_decay))
                 return tool_fail(2, "--weight-decay: expected a number >= 0, got '%s'", optarg);
             break;
         case 'n':
@@ -369,7 +369,7 @@ int tool_eval(int argc, char **argv)
         else if (c == 'j')
             json = 1;
         else if (c == 't') {
-            if (tool_parse_long(optarg, 1, 1024, &threads))
+            if (strata_parse_long(optarg, 1, 1024, &threads))
                 return tool_fail(2, "--threads: expected an integer in [1, 1024]");
         } else if (c == 'h') {
             puts("usage: strata-tool eval --model CKPT.safetensors --data DIR [--threads T] "
@@ -436,10 +436,10 @@ int tool_partition(int argc, char **argv)
         else if (c == 'p')
             spec = optarg;
         else if (c == 'c') {
-            if (tool_parse_long(optarg, 1, 1000000, &clients))
+            if (strata_parse_long(optarg, 1, 1000000, &clients))
                 return tool_fail(2, "--clients: expected an integer >= 1, got '%s'", optarg);
         } else if (c == 's') {
-            if (tool_parse_long(optarg, 0, __LONG_MAX__, &seed))
+            if (strata_parse_long(optarg, 0, __LONG_MAX__, &seed))
                 return tool_fail(2, "--seed: expected a non-negative integer, got '%s'", optarg);
         } else if (c == 'h') {
             puts("usage: strata-tool partition --data DIR [--clients N] "

@@ -1,4 +1,5 @@
 #include "strata/error.h"
+#include "strata/parse.h"
 #include "strata/rng.h"
 #include "strata/tensor.h"
 #include "test_util.h"
@@ -68,11 +69,36 @@ static void test_rng_reproducible_and_moments(void)
     CU_ASSERT(fabs(gsum / n - 0.5) < 0.01);
 }
 
+static void test_parse_numbers(void)
+{
+    static const struct {
+        const char *text;
+        int ok;
+        long value;
+    } longs[] = {{"0", 1, 0},    {"42", 1, 42}, {"-3", 0, 0}, {"101", 0, 0},
+                 {"", 0, 0},     {"7x", 0, 0},  {" 7", 1, 7}, {"99999999999999999999", 0, 0},
+                 {"100", 1, 100}};
+    for (size_t i = 0; i < sizeof(longs) / sizeof(longs[0]); i++) {
+        long v = -1;
+        int rc = strata_parse_long(longs[i].text, 0, 100, &v);
+        CU_ASSERT_EQUAL(rc == STRATA_OK, longs[i].ok);
+        CU_ASSERT_EQUAL(v, longs[i].ok ? longs[i].value : -1);
+    }
+    double d = -1;
+    CU_ASSERT_EQUAL(strata_parse_double("0.25", 0, 1, &d), STRATA_OK);
+    CU_ASSERT_EQUAL(d, 0.25);
+    static const char *const bad[] = {"", "1.5", "-0.1", "nan", "inf", "0.5x", "1e999"};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
+        CU_ASSERT_EQUAL(strata_parse_double(bad[i], 0, 1, &d), STRATA_EINVAL);
+    CU_ASSERT_EQUAL(d, 0.25);
+}
+
 int main(void)
 {
     CU_TestInfo tensor_tests[] = {
         {"list add/find/copy", test_list_add_find},
         {"shape overflow", test_shape_overflow},
+        {"strict number parsing", test_parse_numbers},
         CU_TEST_INFO_NULL,
     };
     CU_TestInfo rng_tests[] = {
