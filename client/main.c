@@ -225,6 +225,7 @@ static int write_atomic(const char *path, const void *data, size_t len, mode_t m
     return 0;
 }
 
+/* Reads a whole regular file of at most max bytes (allocating its size). */
 static int read_small(const char *path, size_t max, uint8_t **out, size_t *len)
 {
     *out = NULL;
@@ -232,10 +233,16 @@ static int read_small(const char *path, size_t max, uint8_t **out, size_t *len)
     FILE *f = fopen(path, "rb");
     if (f == NULL)
         return -1;
-    uint8_t *buf = malloc(max + 1);
-    size_t n = buf ? fread(buf, 1, max + 1, f) : 0;
+    struct stat st;
+    if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode) || (uint64_t)st.st_size > max) {
+        fclose(f);
+        return -1;
+    }
+    size_t size = (size_t)st.st_size;
+    uint8_t *buf = malloc(size + 1);
+    size_t n = buf ? fread(buf, 1, size + 1, f) : 0;
     fclose(f);
-    if (buf == NULL || n > max) {
+    if (buf == NULL || n != size) {
         free(buf);
         return -1;
     }
@@ -243,6 +250,23 @@ static int read_small(const char *path, size_t max, uint8_t **out, size_t *len)
     *out = buf;
     *len = n;
     return 0;
+}
+
+/* Removes the files of the state directory that belong to one federation
+ * (all but the identity): used when the coordinator no longer knows us. */
+static void forget_federation(const options *o)
+{
+    static const char *const names[] = {"residual.safetensors", "residual.pending.safetensors",
+                                        "pending.bin",          "pending.json",
+                                        "model.safetensors",    "model.etag"};
+    char path[4096], old[4200];
+    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
+        snprintf(path, sizeof(path), "%s/%s", o->state_dir, names[i]);
+        unlink(path);
+    }
+    snprintf(path, sizeof(path), "%s/receipts.log", o->state_dir);
+    snprintf(old, sizeof(old), "%s.old", path);
+    rename(path, old);
 }
 
 typedef struct identity {
@@ -494,9 +518,10 @@ static void record_receipt(const options *o, uint32_t round, const char *receipt
 
 /* Uploads the staged payload of `round` (wire, or pending.bin when wire is
  * NULL) and settles the stage: on 200 the receipt is recorded and the
- * pending residual becomes current; on a refusal that ends the round for
- * this client (403, 409) the stage is dropped and the previous residual
- * stays. Returns STRATA_OK in both cases. */
+ * pending residual becomes current (returns 0); on a refusal (any status
+ * left after the retries of transient ones) the stage is dropped and the
+ * previous residual stays (returns 1). A transport failure keeps the stage
+ * for the next start (returns < 0). */
 static int upload_pending(const options *o, strata_http *h, uint32_t round, const uint8_t *wire,
                           size_t wire_len)
 {
@@ -510,7 +535,9 @@ static int upload_pending(const options *o, strata_http *h, uint32_t round, cons
         if (read_small(bpath, MAX_MODEL_BODY, &file, &wire_len) != 0) {
             logf_("staged upload of round %u is unreadable; dropping it", round);
             unlink(jpath);
-            return STRATA_OK;
+            unlink(bpath);
+            unlink(ppath);
+            return 1;
         }
         wire = file;
     }
@@ -535,17 +562,17 @@ static int upload_pending(const options *o, strata_http *h, uint32_t round, cons
               json_is_true(json_object_get(j, "duplicate")) ? " (already held)" : "");
         json_decref(j);
     } else {
-        logf_("round %u: update refused (HTTP %ld): %s", round, r.status, (char *)r.body);
-        if (r.status != 409 && r.status != 403) {
-            strata_http_response_cleanup(&r);
-            return STRATA_EPROTO;
-        }
+        /* A refusal (transient statuses were retried above) is final for this
+         * update: drop the stage and keep the previous residuals. */
+        logf_("round %u: update refused (HTTP %ld): %s; dropping it", round, r.status,
+              (char *)r.body);
         unlink(ppath);
+        rc = 1;
     }
     strata_http_response_cleanup(&r);
     unlink(jpath);
     unlink(bpath);
-    return STRATA_OK;
+    return rc;
 }
 
 /* At start-up: settles an upload staged by a previous run. */
@@ -572,8 +599,9 @@ static int settle_pending(const options *o, strata_http *h)
     return rc;
 }
 
-/* Trains, compresses and uploads one task. Returns 0 on success (or a
- * refusal that ends the round for this client), <0 on a failure. */
+/* Trains, compresses and uploads one task. Returns 0 when the coordinator
+ * acknowledged the update, 1 when it refused it (the update is dropped), <0
+ * on a failure. */
 static int run_task(const options *o, strata_http *h, const identity *id, const task *t,
                     const strata_dataset *ds, const size_t *mine, size_t nmine)
 {
@@ -647,11 +675,15 @@ static int run_task(const options *o, strata_http *h, const identity *id, const 
     }
     uint32_t last;
     if (strata_ef_last_round(ef, &last) == STRATA_OK && last >= t->round) {
-        /* A restart after the residual of this round was saved: the update
-         * was acknowledged already (the server will say so). */
-        logf_("round %u: already uploaded before a restart", t->round);
-        rc = STRATA_OK;
-        goto out;
+        /* Residuals are installed only after an acknowledged upload, so a
+         * coordinator asking again for a round we already hold belongs to
+         * another run: those residuals mean nothing to it. */
+        logf_("round %u: the residuals are from round %u of another run; starting afresh", t->round,
+              last);
+        strata_ef_free(ef);
+        ef = NULL;
+        if ((rc = strata_ef_new(&delta, o->ef_beta, (uint32_t)o->ef_max_staleness, &ef)) < 0)
+            goto out;
     }
     if ((rc = strata_ef_step(ef, &delta, t->budgets, t->vf, t->round,
                              t->seed ^ (uint64_t)id->client_id, &layers, &d)) < 0) {
@@ -699,7 +731,7 @@ static int run_task(const options *o, strata_http *h, const identity *id, const 
     rc = upload_pending(o, h, t->round, wire, wire_len);
     clock_gettime(CLOCK_MONOTONIC, &t1);
     double secs = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
-    if (rc == STRATA_OK)
+    if (rc == 0)
         logf_("round %u: %zu samples, loss %.4f, uploaded %zu bytes (model %zu bytes) in %.1f s",
               t->round, nmine, loss, wire_len, downloaded, secs);
 out:
@@ -796,9 +828,11 @@ int main(int argc, char **argv)
         if (r.status == 401 && !reregistered) {
             /* The coordinator does not know this token (its state was reset):
              * register again, once. */
-            logf_("the coordinator refused the saved token; registering again");
+            logf_("the coordinator refused the saved token (its state was reset?); registering "
+                  "again and starting afresh");
             strata_http_response_cleanup(&r);
             strata_http_set_token(h, NULL);
+            forget_federation(&o);
             if (register_client(&o, h, &id) != 0)
                 goto out;
             strata_http_set_token(h, id.token);
@@ -822,7 +856,8 @@ int main(int argc, char **argv)
         free(t.budgets);
         if (rc < 0 && !g_stop)
             goto out;
-        uploaded++;
+        if (rc == 0)
+            uploaded++; /* acknowledged; 1 means refused and dropped */
     }
     code = 0;
 out:

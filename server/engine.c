@@ -544,8 +544,13 @@ static void close_round(srv_engine *e)
         rc = strata_server_opt_step(e->opt, params, &delta, &d);
     strata_tensor_list_cleanup(&delta);
     if (rc < 0) {
-        fprintf(stderr, "strata-server: round %u: aggregation failed: %s\n", r,
+        /* Retrying cannot help (the same updates give the same failure):
+         * stop serving rounds, loudly, instead of looping. */
+        fprintf(stderr, "strata-server: round %u: aggregation failed: %s; no further rounds\n", r,
                 strata_diag_msg(&d, rc));
+        e->open = 0;
+        e->finished = 1;
+        wake_all(e);
         return;
     }
     double agg_s = mono_s() - t0;

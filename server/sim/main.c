@@ -430,7 +430,25 @@ stop:
         code = 1;
     } else {
         fprintf(fc, "round,participants,accuracy,loss,uplink_bytes,downlink_bytes,"
-                    "dense_uplink_bytes,compression_ratio\n");
+                    "dense_uplink_bytes,compression_ratio");
+        /* One density column per layer, named after the first summary. */
+        for (size_t i = 0; i < nr; i++) {
+            json_t *sj = list[i].summary_json ? json_loads(list[i].summary_json, 0, NULL) : NULL;
+            json_t *dj = json_object_get(sj, "densities");
+            if (json_is_object(dj)) {
+                const char *k;
+                json_t *v;
+                json_object_foreach(dj, k, v)
+                {
+                    (void)v;
+                    fprintf(fc, ",density:%s", k);
+                }
+                json_decref(sj);
+                break;
+            }
+            json_decref(sj);
+        }
+        fputc('\n', fc);
         fprintf(fm,
                 "# strata-sim report\n\n%ld clients, %ld rounds, model %s, partition %s, policy "
                 "%s, density %s, values %s, seed %ld\n\n"
@@ -454,8 +472,15 @@ stop:
         down += dn;
         dense += de;
         long parts = (long)json_integer_value(json_object_get(sj, "participants"));
-        fprintf(fc, "%u,%ld,%.6f,%.6f,%.0f,%.0f,%.0f,%.2f\n", list[i].round, parts, acc,
+        fprintf(fc, "%u,%ld,%.6f,%.6f,%.0f,%.0f,%.0f,%.2f", list[i].round, parts, acc,
                 num(sj, "loss"), u, dn, de, u > 0 ? de / u : 0.0);
+        const char *lk;
+        json_t *lv;
+        json_object_foreach(json_object_get(sj, "densities"), lk, lv)
+        {
+            fprintf(fc, ",%.6f", json_number_value(lv));
+        }
+        fputc('\n', fc);
         fprintf(fm, "| %u | %ld | %.4f | %.4f | %.0f | %.0f | %.1fx |\n", list[i].round, parts, acc,
                 num(sj, "loss"), u, dn, u > 0 ? de / u : 0.0);
         json_decref(last_densities);
@@ -463,8 +488,8 @@ stop:
         json_array_append_new(rounds, sj);
     }
     if (fm != NULL && last_densities != NULL && json_is_object(last_densities)) {
-        fprintf(fm,
-                "\nPer-layer densities of the last round:\n\n| tensor | density |\n|---|---|\n");
+        fprintf(fm, "\nPer-layer densities of the last round (every round's are in "
+                    "report.csv):\n\n| tensor | density |\n|---|---|\n");
         const char *k;
         json_t *v;
         json_object_foreach(last_densities, k, v)

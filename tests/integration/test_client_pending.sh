@@ -68,3 +68,27 @@ done
 m=$(curl -sf --max-time 5 "$URL/metrics")
 printf '%s\n' "$m" | grep -q '^strata_updates_accepted_total 2$' || fail "accepted counter: $(printf '%s\n' "$m" | grep accepted)"
 echo "PASS: staged upload survives a client kill"
+
+# A coordinator whose state was reset no longer knows the client's token: the
+# client registers again, drops that run's residuals and receipts, and takes
+# part in the new run.
+PORT=${URL##*:}
+kill -TERM "$SPID"
+wait "$SPID" 2>/dev/null || true
+SPID=""
+"$BUILD/strata-server" --state-dir "$WORK/state2" --model mlp --data "$DATA" --port "$PORT" \
+    --rounds 1 --min-clients 1 --clients-per-round 1 --policy uniform --density 0.05 \
+    >"$WORK/server2.out" 2>"$WORK/server2.err" &
+SPID=$!
+wait_for 60 grep -q "listening on" "$WORK/server2.out" || fail "second coordinator did not start"
+: >"$WORK/client.log"
+start_client
+wait_for 120 grep -q "the federation has finished" "$WORK/client.log" ||
+    { cat "$WORK/client.log" >&2; fail "the client did not join the new run"; }
+wait "$CPID" || fail "client exit status in the new run"
+CPID=""
+grep -q "registering again" "$WORK/client.log" || fail "no re-registration"
+[ "$(cut -d' ' -f1 "$WORK/client/receipts.log" | tr '\n' ' ')" = "0 " ] ||
+    fail "receipts of the new run: $(cat "$WORK/client/receipts.log")"
+[ -s "$WORK/client/receipts.log.old" ] || fail "the old run's receipts were not kept aside"
+echo "PASS: a client rejoins a coordinator whose state was reset"

@@ -18,6 +18,7 @@ assert_gt "$dense" "$(awk -v u="$up" 'BEGIN { print u * 5 }')" "dense uplink vs 
 for f in report.csv report.md; do [ -s "$WORK/sim/$f" ] || fail "$f missing"; done
 [ "$(wc -l <"$WORK/sim/report.csv")" -eq 4 ] || fail "report.csv should have a header and 3 rounds"
 grep -q "fc1.weight" "$WORK/sim/report.md" || fail "report.md lacks per-layer densities"
+head -n 1 "$WORK/sim/report.csv" | grep -q "density:fc1.weight" || fail "report.csv lacks per-layer densities"
 # Every client kept its receipts and residuals.
 for i in 0 1 2; do
     [ "$(wc -l <"$WORK/sim/clients/$i/receipts.log")" -eq 3 ] || fail "client $i receipts"
