@@ -162,6 +162,13 @@ expect 409 "round never opened"
 echo "$BODY" | grep -q round_not_open || fail "409 body: $BODY"
 req GET /v1/models/1 "${A[@]}"
 expect 200 "model version 1"
+# Round 1 opens for the one client registered so far.
+for _ in $(seq 1 100); do
+    req GET /v1/rounds/1
+    [ "$(json_field "$BODY" state)" = open ] && break
+    sleep 0.1
+done
+[ "$(json_field "$BODY" state)" = open ] || fail "round 1 did not open: $BODY"
 
 # A second client registered now is not selected for round 1 (1 per round)
 # unless sampled; a different client's upload for round 0 is round_closed.
@@ -174,6 +181,12 @@ C2=$(json_field "$BODY" client_id)
 req POST /v1/rounds/0/updates -H "Authorization: Bearer $T2" --data-binary @"$WORK/late.bin"
 expect 409 "upload for a closed round"
 echo "$BODY" | grep -q round_closed || fail "409 body: $BODY"
+# ... and it was registered after round 1 opened, so it is not selected: 403.
+"$TOOL" compress --in "$WORK/model.safetensors" --policy uniform --density 0.05 --round 1 \
+    --rounds 2 --out "$WORK/late1.bin" --client-id "$C2" --model-version 1 --samples 10 >/dev/null
+req POST /v1/rounds/1/updates -H "Authorization: Bearer $T2" --data-binary @"$WORK/late1.bin"
+expect 403 "client not selected"
+echo "$BODY" | grep -q not_selected || fail "403 body: $BODY"
 
 # Oversize body: 413 before the body is read.
 req POST /v1/clients "${J[@]}" --data-binary @<(head -c 70000 /dev/zero | tr '\0' ' ')
@@ -189,6 +202,21 @@ for m in strata_rounds_completed_total strata_updates_accepted_total \
 done
 echo "$BODY" | grep -q '^strata_rounds_completed_total 1$' || fail "rounds counter: $BODY"
 echo "$BODY" | grep -q '^strata_updates_accepted_total 1$' || fail "accepted counter: $BODY"
+
+# The last round (1 of 0..1) completes; then tasks answer 410 finished.
+"$TOOL" compress --in "$WORK/model.safetensors" --policy uniform --density 0.05 --round 1 \
+    --rounds 2 --out "$WORK/up1.bin" --client-id "$CID" --model-version 1 --samples 10 >/dev/null
+req POST /v1/rounds/1/updates "${A[@]}" --data-binary @"$WORK/up1.bin"
+expect 200 "round 1 upload"
+for _ in $(seq 1 100); do
+    req GET /v1/status
+    [ "$(json_field "$BODY" state)" = finished ] && break
+    sleep 0.2
+done
+[ "$(json_field "$BODY" state)" = finished ] || fail "not finished: $BODY"
+req GET /v1/tasks/next "${A[@]}"
+expect 410 "tasks after the last round"
+echo "$BODY" | grep -q finished || fail "410 body: $BODY"
 
 # Clean stop on SIGTERM, then a restart resumes from the state directory.
 kill -TERM "$SPID"
@@ -206,7 +234,7 @@ for _ in $(seq 1 200); do
 done
 URL=$(head -n 1 "$WORK/server2.out" | sed -n 's/^strata-server: listening on //p')
 req GET /v1/status
-[ "$(json_field "$BODY" model_version)" = 1 ] || fail "restart: $BODY"
+[ "$(json_field "$BODY" model_version)" = 2 ] || fail "restart: $BODY"
 [ "$(json_field "$BODY" registered_clients)" = 2 ] || fail "restart: $BODY"
 # A client's long-poll is pending while the server stops: it still exits 0.
 "${C[@]}" -o /dev/null "${A[@]}" "$URL/v1/tasks/next?wait=5" &
