@@ -10,6 +10,7 @@
 #include "strata/parse.h"
 #include "strata/compress.h"
 #include "strata/data.h"
+#include "strata/fileio.h"
 #include "strata/ef.h"
 #include "strata/partition.h"
 #include "strata/payload.h"
@@ -198,31 +199,10 @@ static void state_path(const options *o, const char *name, char *buf, size_t len
     snprintf(buf, len, "%s/%s", o->state_dir, name);
 }
 
-/* Writes a small file atomically (temp, fsync, rename). */
+/* Writes a file of the state directory atomically; 0 on success. */
 static int write_atomic(const char *path, const void *data, size_t len, mode_t mode)
 {
-    char tmp[4096];
-    snprintf(tmp, sizeof(tmp), "%s.tmp.XXXXXX", path);
-    int fd = mkstemp(tmp);
-    if (fd < 0)
-        return -1;
-    const uint8_t *p = data;
-    size_t done = 0;
-    while (done < len) {
-        ssize_t w = write(fd, p + done, len - done);
-        if (w < 0 && errno == EINTR)
-            continue;
-        if (w <= 0)
-            break;
-        done += (size_t)w;
-    }
-    int ok = done == len && fchmod(fd, mode) == 0 && fsync(fd) == 0;
-    ok &= close(fd) == 0;
-    if (!ok || rename(tmp, path) != 0) {
-        unlink(tmp);
-        return -1;
-    }
-    return 0;
+    return strata_file_write_atomic(path, data, len, (unsigned)mode, NULL) == STRATA_OK ? 0 : -1;
 }
 
 /* Reads a whole regular file of at most max bytes (allocating its size). */

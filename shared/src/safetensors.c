@@ -4,6 +4,8 @@
 
 #include "strata/safetensors.h"
 
+#include "strata/fileio.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <jansson.h>
@@ -790,114 +792,20 @@ out:
 /* Files                                                                    */
 /* ------------------------------------------------------------------------ */
 
-static int write_all(int fd, const uint8_t *p, size_t n)
-{
-    while (n > 0) {
-        ssize_t w = write(fd, p, n);
-        if (w < 0) {
-            if (errno == EINTR)
-                continue;
-            return -1;
-        }
-        p += w;
-        n -= (size_t)w;
-    }
-    return 0;
-}
-
-/* Returns a malloc'ed copy of the directory part of path ("." when none). */
-static char *dir_of(const char *path)
-{
-    const char *slash = strrchr(path, '/');
-    if (slash == NULL)
-        return dup_str(".");
-    if (slash == path)
-        return dup_str("/");
-    size_t n = (size_t)(slash - path);
-    char *d = malloc(n + 1);
-    if (d != NULL) {
-        memcpy(d, path, n);
-        d[n] = '\0';
-    }
-    return d;
-}
-
 int strata_safetensors_write(const char *path, const strata_tensor_list *t,
                              const strata_metadata *meta, strata_diag *diag)
 {
-    int rc, fd = -1, dfd = -1, created = 0;
     uint8_t *buf = NULL;
     size_t len = 0;
-    char *tmp = NULL, *dir = NULL;
     if (diag != NULL)
         diag->msg[0] = '\0';
     if (path == NULL || path[0] == '\0' || t == NULL)
         return strata_diag_set(diag, STRATA_EINVAL, "write: NULL or empty argument");
-
-    rc = strata_safetensors_encode(t, meta, &buf, &len);
-    if (rc < 0) {
-        strata_diag_set(diag, rc, "%s: cannot encode tensors: %s", path, strata_strerror(rc));
-        goto out;
-    }
-    size_t plen = strlen(path);
-    tmp = malloc(plen + sizeof(".tmp.XXXXXX"));
-    dir = dir_of(path);
-    if (tmp == NULL || dir == NULL) {
-        rc = strata_diag_set(diag, STRATA_ENOMEM, "out of memory");
-        goto out;
-    }
-    memcpy(tmp, path, plen);
-    memcpy(tmp + plen, ".tmp.XXXXXX", sizeof(".tmp.XXXXXX"));
-
-    fd = mkostemp(tmp, O_CLOEXEC);
-    if (fd < 0) {
-        rc = strata_diag_set(diag, STRATA_EIO, "open %s: %s", tmp, strerror(errno));
-        goto out;
-    }
-    created = 1;
-    /* mkostemp creates the file 0600; a checkpoint is as readable as any
-     * file the user creates. */
-    mode_t mask = umask(0);
-    umask(mask);
-    if (fchmod(fd, 0666 & ~mask) < 0 || write_all(fd, buf, len) < 0) {
-        rc = strata_diag_set(diag, STRATA_EIO, "write %s: %s", tmp, strerror(errno));
-        goto out;
-    }
-    if (fsync(fd) < 0) {
-        rc = strata_diag_set(diag, STRATA_EIO, "fsync %s: %s", tmp, strerror(errno));
-        goto out;
-    }
-    int crc = close(fd);
-    fd = -1;
-    if (crc < 0) {
-        rc = strata_diag_set(diag, STRATA_EIO, "close %s: %s", tmp, strerror(errno));
-        goto out;
-    }
-    if (rename(tmp, path) < 0) {
-        rc = strata_diag_set(diag, STRATA_EIO, "rename %s to %s: %s", tmp, path, strerror(errno));
-        goto out;
-    }
-    created = 0;
-    dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (dfd < 0) {
-        rc = strata_diag_set(diag, STRATA_EIO, "open directory %s: %s", dir, strerror(errno));
-        goto out;
-    }
-    /* Some file systems cannot fsync a directory and say EINVAL. */
-    if (fsync(dfd) < 0 && errno != EINVAL) {
-        rc = strata_diag_set(diag, STRATA_EIO, "fsync directory %s: %s", dir, strerror(errno));
-        goto out;
-    }
-    rc = STRATA_OK;
-out:
-    if (fd >= 0)
-        close(fd);
-    if (dfd >= 0)
-        close(dfd);
-    if (created)
-        unlink(tmp);
-    free(tmp);
-    free(dir);
+    int rc = strata_safetensors_encode(t, meta, &buf, &len);
+    if (rc < 0)
+        rc = strata_diag_set(diag, rc, "%s: cannot encode tensors: %s", path, strata_strerror(rc));
+    else
+        rc = strata_file_write_atomic(path, buf, len, 0666, diag);
     free(buf);
     return rc;
 }

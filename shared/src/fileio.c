@@ -1,0 +1,107 @@
+#include "strata/fileio.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+static int write_all(int fd, const uint8_t *p, size_t n)
+{
+    while (n > 0) {
+        ssize_t w = write(fd, p, n);
+        if (w < 0) {
+            if (errno == EINTR)
+                continue;
+            return -1;
+        }
+        p += w;
+        n -= (size_t)w;
+    }
+    return 0;
+}
+
+/* Returns a malloc'ed copy of the directory part of path ("." when none). */
+static char *dir_of(const char *path)
+{
+    const char *slash = strrchr(path, '/');
+    if (slash == NULL)
+        return strdup(".");
+    if (slash == path)
+        return strdup("/");
+    size_t n = (size_t)(slash - path);
+    char *d = malloc(n + 1);
+    if (d != NULL) {
+        memcpy(d, path, n);
+        d[n] = '\0';
+    }
+    return d;
+}
+
+int strata_file_write_atomic(const char *path, const void *data, size_t len, unsigned mode,
+                             strata_diag *diag)
+{
+    if (path == NULL || path[0] == '\0' || (data == NULL && len > 0))
+        return strata_diag_set(diag, STRATA_EINVAL, "write: NULL or empty argument");
+    int rc, fd = -1, dfd = -1, created = 0;
+    size_t plen = strlen(path);
+    char *tmp = malloc(plen + sizeof(".tmp.XXXXXX")), *dir = dir_of(path);
+    if (tmp == NULL || dir == NULL) {
+        rc = strata_diag_set(diag, STRATA_ENOMEM, "out of memory");
+        goto out;
+    }
+    memcpy(tmp, path, plen);
+    memcpy(tmp + plen, ".tmp.XXXXXX", sizeof(".tmp.XXXXXX"));
+    fd = mkostemp(tmp, O_CLOEXEC);
+    if (fd < 0) {
+        rc = strata_diag_set(diag, STRATA_EIO, "open %s: %s", tmp, strerror(errno));
+        goto out;
+    }
+    created = 1;
+    /* mkostemp creates the file 0600; apply the requested mode less the umask. */
+    mode_t mask = umask(0);
+    umask(mask);
+    if (fchmod(fd, (mode_t)mode & ~mask) < 0 || write_all(fd, data, len) < 0) {
+        rc = strata_diag_set(diag, STRATA_EIO, "write %s: %s", tmp, strerror(errno));
+        goto out;
+    }
+    if (fsync(fd) < 0) {
+        rc = strata_diag_set(diag, STRATA_EIO, "fsync %s: %s", tmp, strerror(errno));
+        goto out;
+    }
+    int crc = close(fd);
+    fd = -1;
+    if (crc < 0) {
+        rc = strata_diag_set(diag, STRATA_EIO, "close %s: %s", tmp, strerror(errno));
+        goto out;
+    }
+    if (rename(tmp, path) < 0) {
+        rc = strata_diag_set(diag, STRATA_EIO, "rename %s to %s: %s", tmp, path, strerror(errno));
+        goto out;
+    }
+    created = 0;
+    dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd < 0) {
+        rc = strata_diag_set(diag, STRATA_EIO, "open directory %s: %s", dir, strerror(errno));
+        goto out;
+    }
+    /* Some file systems cannot fsync a directory and say EINVAL. */
+    if (fsync(dfd) < 0 && errno != EINVAL) {
+        rc = strata_diag_set(diag, STRATA_EIO, "fsync directory %s: %s", dir, strerror(errno));
+        goto out;
+    }
+    rc = STRATA_OK;
+out:
+    if (fd >= 0)
+        close(fd);
+    if (dfd >= 0)
+        close(dfd);
+    if (created)
+        unlink(tmp);
+    free(tmp);
+    free(dir);
+    return rc;
+}
