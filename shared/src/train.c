@@ -61,10 +61,13 @@ static void gather(batcher *b, const strata_dataset *d, size_t start, size_t cou
     }
 }
 
-int strata_train_epoch(strata_model *m, strata_sgd *opt, const strata_dataset *d,
-                       const size_t *indices, size_t n, size_t batch, size_t max_steps,
-                       strata_rng *rng, strata_progress_fn progress, void *ctx,
-                       strata_train_stats *st)
+/* One pass over the samples in batches. With opt, a training pass: order
+ * shuffled with rng, dropout on, backward and an optimiser step per batch,
+ * at most max_steps batches (0: all), progress may stop it. Without opt, an
+ * evaluation pass in the given order. */
+static int run_pass(strata_model *m, strata_sgd *opt, const strata_dataset *d,
+                    const size_t *indices, size_t n, size_t batch, size_t max_steps,
+                    strata_rng *rng, strata_progress_fn progress, void *ctx, strata_train_stats *st)
 {
     memset(st, 0, sizeof(*st));
     if (indices == NULL)
@@ -75,16 +78,22 @@ int strata_train_epoch(strata_model *m, strata_sgd *opt, const strata_dataset *d
         return rc;
     double t0 = now_seconds(), loss_sum = 0.0;
     size_t hits = 0, done = 0;
-    strata_rng_shuffle(rng, b.order, n);
+    if (opt != NULL)
+        strata_rng_shuffle(rng, b.order, n);
     while (done < n && (max_steps == 0 || st->steps < max_steps)) {
         size_t count = n - done < batch ? n - done : batch;
         gather(&b, d, done, count);
         const float *logits;
         double loss;
         size_t correct;
-        if ((rc = strata_model_forward(m, b.x, count, 1, rng, &logits)) < 0 ||
-            (rc = strata_model_backward(m, b.y, &loss, &correct)) < 0 ||
-            (rc = strata_sgd_step(opt, strata_model_params(m), strata_model_grads(m))) < 0)
+        if ((rc = strata_model_forward(m, b.x, count, opt != NULL, rng, &logits)) < 0)
+            goto out;
+        if (opt != NULL)
+            rc = strata_model_backward(m, b.y, &loss, &correct);
+        else
+            rc = strata_model_loss(m, b.y, &loss, &correct);
+        if (rc < 0 || (opt != NULL && (rc = strata_sgd_step(opt, strata_model_params(m),
+                                                            strata_model_grads(m))) < 0))
             goto out;
         loss_sum += loss * (double)count;
         hits += correct;
@@ -102,36 +111,20 @@ out:
     return rc;
 }
 
+int strata_train_epoch(strata_model *m, strata_sgd *opt, const strata_dataset *d,
+                       const size_t *indices, size_t n, size_t batch, size_t max_steps,
+                       strata_rng *rng, strata_progress_fn progress, void *ctx,
+                       strata_train_stats *st)
+{
+    if (opt == NULL || rng == NULL) {
+        memset(st, 0, sizeof(*st));
+        return STRATA_EINVAL;
+    }
+    return run_pass(m, opt, d, indices, n, batch, max_steps, rng, progress, ctx, st);
+}
+
 int strata_evaluate(strata_model *m, const strata_dataset *d, const size_t *indices, size_t n,
                     size_t batch, strata_train_stats *st)
 {
-    memset(st, 0, sizeof(*st));
-    if (indices == NULL)
-        n = d->n;
-    batcher b;
-    int rc = batcher_init(&b, m, d, indices, n, batch);
-    if (rc < 0)
-        return rc;
-    double t0 = now_seconds(), loss_sum = 0.0;
-    size_t hits = 0;
-    for (size_t done = 0; done < n;) {
-        size_t count = n - done < batch ? n - done : batch;
-        gather(&b, d, done, count);
-        const float *logits;
-        double loss;
-        size_t correct;
-        if ((rc = strata_model_forward(m, b.x, count, 0, NULL, &logits)) < 0 ||
-            (rc = strata_model_loss(m, b.y, &loss, &correct)) < 0)
-            goto out;
-        loss_sum += loss * (double)count;
-        hits += correct;
-        done += count;
-    }
-    st->samples = n;
-    st->loss = loss_sum / (double)n;
-    st->accuracy = (double)hits / (double)n;
-    st->seconds = now_seconds() - t0;
-out:
-    batcher_cleanup(&b);
-    return rc;
+    return run_pass(m, NULL, d, indices, n, batch, 0, NULL, NULL, NULL, st);
 }

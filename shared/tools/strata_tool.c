@@ -48,12 +48,17 @@ int tool_fail(int code, const char *fmt, ...)
     return code;
 }
 
+int tool_is_safetensors(const char *path)
+{
+    size_t len = strlen(path);
+    return len > 12 && strcmp(path + len - 12, ".safetensors") == 0;
+}
+
 int tool_load_model(const char *spec, strata_model **out)
 {
     strata_diag d = {{0}};
-    size_t len = strlen(spec);
     int rc;
-    if (len > 12 && strcmp(spec + len - 12, ".safetensors") == 0)
+    if (tool_is_safetensors(spec))
         rc = strata_checkpoint_load(spec, out, &d);
     else
         rc = strata_model_new(spec, out, &d);

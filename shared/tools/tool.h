@@ -21,6 +21,9 @@ int tool_policy(int argc, char **argv);
 /* Prints "strata-tool: <msg>" to stderr; returns 1 (or 2 for usage). */
 int tool_fail(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
+/* Non-zero when path names a .safetensors file. */
+int tool_is_safetensors(const char *path);
+
 /* Loads a model from a built-in name, an architecture JSON file or a
  * .safetensors checkpoint. */
 int tool_load_model(const char *spec, strata_model **out);

@@ -42,8 +42,7 @@ int tool_info(int argc, char **argv)
     strata_tensor_list file;
     strata_tensor_list_init(&file);
     strata_tensor_list *p = &file;
-    size_t len = strlen(spec);
-    if (len > 12 && strcmp(spec + len - 12, ".safetensors") == 0) {
+    if (tool_is_safetensors(spec)) {
         strata_diag d = {{0}};
         int rc = strata_safetensors_read(spec, 0, &file, NULL, &d);
         if (rc < 0)
@@ -380,8 +379,7 @@ int tool_eval(int argc, char **argv)
     }
     if (spec == NULL || data == NULL || optind != argc)
         return tool_fail(2, "eval: --model and --data are required");
-    size_t slen = strlen(spec);
-    if (slen <= 12 || strcmp(spec + slen - 12, ".safetensors") != 0)
+    if (!tool_is_safetensors(spec))
         return tool_fail(2,
                          "eval: --model must be a checkpoint (.safetensors); '%s' has no "
                          "trained weights",

@@ -10,7 +10,7 @@ typedef struct strata_train_stats {
     double loss;     /* mean loss over the samples */
     double accuracy; /* fraction of correct arg-max predictions */
     size_t samples;
-    size_t steps;   /* optimiser steps (batches) */
+    size_t steps;   /* batches processed (optimiser steps when training) */
     double seconds; /* wall-clock time of the pass */
 } strata_train_stats;
 
