@@ -43,7 +43,8 @@ static void on_signal(int sig)
 }
 
 typedef struct options {
-    const char *server, *state_dir, *data, *partition, *name, *secret, *ca_cert;
+    const char *server, *state_dir, *data, *partition, *name, *secret, *secret_file, *ca_cert;
+    char secret_buf[257];
     long num_clients, client_index, threads, max_rounds, poll_wait;
     unsigned long long seed;
     double ef_beta;
@@ -73,7 +74,8 @@ static const char USAGE[] =
     "  --seed S               partition seed, the same for every client (default 1)\n"
     "  --threads T            training threads (default 1)\n"
     "  --name NAME            name sent at registration\n"
-    "  --enrolment-secret S   the federation's enrolment secret, when it has one\n"
+    "  --enrolment-secret S   the federation's enrolment secret (needed to register)\n"
+    "  --enrolment-secret-file F  or: read it from the first line of file F\n"
     "  --ca-cert FILE         CA certificate (PEM) to trust for https\n"
     "  --max-rounds N         stop after N uploaded updates (default: until finished)\n"
     "  --poll-wait S          long-poll wait for tasks in seconds (default 10)\n"
@@ -94,6 +96,7 @@ static int parse_options(int argc, char **argv, options *o)
         {"threads", required_argument, NULL, 't'},
         {"name", required_argument, NULL, 'N'},
         {"enrolment-secret", required_argument, NULL, 'e'},
+        {"enrolment-secret-file", required_argument, NULL, 'E'},
         {"ca-cert", required_argument, NULL, 'c'},
         {"max-rounds", required_argument, NULL, 'r'},
         {"poll-wait", required_argument, NULL, 'w'},
@@ -129,6 +132,9 @@ static int parse_options(int argc, char **argv, options *o)
             break;
         case 'e':
             o->secret = optarg;
+            break;
+        case 'E':
+            o->secret_file = optarg;
             break;
         case 'c':
             o->ca_cert = optarg;
@@ -185,6 +191,22 @@ static int parse_options(int argc, char **argv, options *o)
     if (o->client_index >= o->num_clients) {
         fprintf(stderr, "strata-client: --client-index must be below --num-clients\n");
         return 2;
+    }
+    if (o->secret_file != NULL) {
+        FILE *f = fopen(o->secret_file, "r");
+        size_t n = f ? fread(o->secret_buf, 1, sizeof(o->secret_buf) - 1, f) : 0;
+        if (f != NULL)
+            fclose(f);
+        o->secret_buf[n] = '\0';
+        o->secret_buf[strcspn(o->secret_buf, "\r\n")] = '\0';
+        if (o->secret != NULL || o->secret_buf[0] == '\0') {
+            fprintf(stderr, "strata-client: --enrolment-secret-file %s: %s\n", o->secret_file,
+                    o->secret   ? "give either it or --enrolment-secret"
+                    : f == NULL ? strerror(errno)
+                                : "no secret on its first line");
+            return 2;
+        }
+        o->secret = o->secret_buf;
     }
     return 0;
 bad:

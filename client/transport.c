@@ -244,6 +244,11 @@ int strata_http_request(strata_http *h, const char *method, const char *path,
                                  method, path, max_body);
         else if (h->stop != NULL && *h->stop)
             rc = STRATA_ESTATE;
+        else if (cc == CURLE_PEER_FAILED_VERIFICATION || cc == CURLE_SSL_CACERT_BADFILE ||
+                 cc == CURLE_SSL_CERTPROBLEM || cc == CURLE_SSL_ISSUER_ERROR)
+            /* Not transient: retrying cannot make an untrusted peer trusted. */
+            rc = strata_diag_set(diag, STRATA_EINVAL, "%s %s: %s (is --ca-cert the server's CA?)",
+                                 method, url, curl_easy_strerror(cc));
         else
             rc =
                 strata_diag_set(diag, STRATA_EIO, "%s %s: %s", method, url, curl_easy_strerror(cc));

@@ -10,7 +10,7 @@ PACKAGES=(
   libopenblas0-openmp libopenblas-openmp-dev
   libsqlite3-dev sqlite3 zlib1g-dev libcunit1-dev
   dataset-fashion-mnist
-  curl libyaml-libyaml-perl
+  curl libyaml-libyaml-perl openssl
 )
 
 missing=()

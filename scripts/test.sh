@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs every Strata test on a fresh Debian machine: installs what is missing,
 # builds in Release and runs all ctest entries (unit, integration), then an
-# ASan+UBSan build of the unit tests, the fuzz targets for a bounded time
+# ASan+UBSan build of the unit tests, a ThreadSanitizer build of the
+# coordinator's concurrency tests, the fuzz targets for a bounded time
 # (when clang's libFuzzer runtime is present) and the clang-format check.
 # Exits non-zero on any failure.
 set -euo pipefail
@@ -24,6 +25,13 @@ cmake --build build-asan -j"$jobs"
 (cd build-asan && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
     UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
     ctest --output-on-failure -L unit --timeout 900)
+
+echo "== ThreadSanitizer build of the coordinator's concurrency tests"
+cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=Debug -DSTRATA_TSAN=ON >/dev/null
+cmake --build build-tsan -j"$jobs"
+(cd build-tsan && OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 \
+    TSAN_OPTIONS="halt_on_error=1 exitcode=66 second_deadlock_stack=1" \
+    ctest --output-on-failure -L concurrency --timeout 900)
 
 fuzz_lib=$(clang -print-file-name=libclang_rt.fuzzer-x86_64.a 2>/dev/null || true)
 if command -v clang >/dev/null && [ -n "$fuzz_lib" ] && [ -f "$fuzz_lib" ] &&

@@ -2,6 +2,7 @@
 #include "config.h"
 
 #include "aggregate.h"
+#include "robust.h"
 
 #include <errno.h>
 #include <jansson.h>
@@ -48,8 +49,28 @@ const char srv_config_usage[] =
     "  --server-lr X             server learning rate (1)\n"
     "  --seed S                  seed of the initial model, sampling and task seeds (1)\n"
     "  --threads N               threads for evaluation (1)\n"
-    "  --enrolment-secret S      secret required to register (none)\n"
+    "  --aggregator NAME         fedavg, trimmed-mean or median (fedavg); the last two\n"
+    "                            are coordinate-wise and ignore sample counts\n"
+    "  --trim-fraction F         trimmed-mean: fraction cut at each end, [0, 0.5) (0.1)\n"
+    "  --clip-norm C             scale every update to an L2 norm of at most C; 0 = off (0)\n"
+    "\n"
+    "Security (schemas/api.md, docs/operations.md):\n"
+    "  --enrolment-secret S      secret a client must present to register; required\n"
+    "  --enrolment-secret-file F or: read it from file F (first line)\n"
+    "  --admin-token-file F      admin bearer token file; created with a random token\n"
+    "                            when missing (default STATE_DIR/admin.token)\n"
+    "  --tls-cert FILE           serve HTTPS with this PEM certificate (chain)\n"
+    "  --tls-key FILE            and this PEM private key\n"
+    "\n"
+    "Limits (each refusal is a JSON error counted in /metrics):\n"
     "  --max-body-bytes N        largest update upload (default: from the model size)\n"
+    "  --max-json-bytes N        largest JSON request body (65536)\n"
+    "  --max-json-depth N        deepest JSON nesting (16)\n"
+    "  --max-connections N       concurrent connections (1024)\n"
+    "  --connection-timeout S    idle seconds before a connection is closed (30)\n"
+    "  --request-timeout S       seconds to receive one whole request (120)\n"
+    "  --max-clients N           registered clients (100000)\n"
+    "  --upload-rate N           uploads per client per minute (30)\n"
     "  --help                    this text\n";
 
 typedef enum { K_STR, K_INT, K_DBL } kind;
@@ -88,8 +109,22 @@ static const opt_desc OPTS[] = {
     {"server_lr", K_DBL, OFF(server_lr), 1e-12, 1e6},
     {"seed", K_INT, OFF(seed), 0, 9007199254740991.0},
     {"threads", K_INT, OFF(threads), 1, 1024},
+    {"aggregator", K_STR, OFF(aggregator), 0, 0},
+    {"trim_fraction", K_DBL, OFF(trim_fraction), 0, 0.499999},
+    {"clip_norm", K_DBL, OFF(clip_norm), 0, 1e30},
     {"enrolment_secret", K_STR, OFF(enrolment_secret), 0, 0},
+    {"enrolment_secret_file", K_STR, OFF(enrolment_secret_file), 0, 0},
+    {"admin_token_file", K_STR, OFF(admin_token_file), 0, 0},
+    {"tls_cert", K_STR, OFF(tls_cert), 0, 0},
+    {"tls_key", K_STR, OFF(tls_key), 0, 0},
     {"max_body_bytes", K_INT, OFF(max_body_bytes), 1024, (double)(1L << 40)},
+    {"max_json_bytes", K_INT, OFF(max_json_bytes), 256, 1 << 24},
+    {"max_json_depth", K_INT, OFF(max_json_depth), 2, 1000},
+    {"max_connections", K_INT, OFF(max_connections), 4, 65536},
+    {"connection_timeout", K_INT, OFF(connection_timeout), 1, 86400},
+    {"request_timeout", K_INT, OFF(request_timeout), 1, 86400},
+    {"max_clients", K_INT, OFF(max_clients), 1, 1000000},
+    {"upload_rate", K_INT, OFF(upload_rate), 1, 1000000},
 };
 #define NOPTS (sizeof(OPTS) / sizeof(OPTS[0]))
 
@@ -111,6 +146,15 @@ void srv_config_init(srv_config *cfg)
     cfg->server_lr = 1;
     cfg->seed = 1;
     cfg->threads = 1;
+    cfg->aggregator = strdup("fedavg");
+    cfg->trim_fraction = 0.1;
+    cfg->max_json_bytes = 65536;
+    cfg->max_json_depth = 16;
+    cfg->max_connections = 1024;
+    cfg->connection_timeout = 30;
+    cfg->request_timeout = 120;
+    cfg->max_clients = 100000;
+    cfg->upload_rate = 30;
 }
 
 void srv_config_cleanup(srv_config *cfg)
@@ -227,6 +271,37 @@ static const opt_desc *arg_opt(const char *arg, char *key, size_t keylen)
     return find_opt(key);
 }
 
+/* Reads the first line of path (at most 256 bytes of printable ASCII) as
+ * the enrolment secret. */
+static int read_secret_file(srv_config *cfg, strata_diag *d)
+{
+    FILE *f = fopen(cfg->enrolment_secret_file, "r");
+    if (f == NULL)
+        return strata_diag_set(d, STRATA_EIO, "enrolment_secret_file: %s: %s",
+                               cfg->enrolment_secret_file, strerror(errno));
+    char line[SRV_SECRET_MAX + 2];
+    size_t n = fread(line, 1, sizeof(line) - 1, f);
+    fclose(f);
+    line[n] = '\0';
+    n = strcspn(line, "\r\n");
+    int ok = n > 0 && n <= SRV_SECRET_MAX;
+    for (size_t i = 0; ok && i < n; i++)
+        ok = line[i] >= 0x20 && line[i] < 0x7f;
+    if (!ok)
+        return strata_diag_set(
+            d, STRATA_EINVAL,
+            "enrolment_secret_file: %s: the first line must be 1 to %d printable "
+            "ASCII characters",
+            cfg->enrolment_secret_file, SRV_SECRET_MAX);
+    line[n] = '\0';
+    char *s = strdup(line);
+    if (s == NULL)
+        return STRATA_ENOMEM;
+    free(cfg->enrolment_secret);
+    cfg->enrolment_secret = s;
+    return 0;
+}
+
 static int check(srv_config *cfg, strata_diag *d)
 {
     if (cfg->state_dir == NULL || cfg->model == NULL || cfg->data == NULL)
@@ -251,6 +326,32 @@ static int check(srv_config *cfg, strata_diag *d)
         return strata_diag_set(d, STRATA_EINVAL,
                                "server_opt: expected plain, fedavgm, fedadam or fedyogi, got '%s'",
                                cfg->server_opt);
+    strata_robust_method method;
+    if (strata_robust_parse(cfg->aggregator, &method, NULL) < 0)
+        return strata_diag_set(d, STRATA_EINVAL,
+                               "aggregator: expected fedavg, trimmed-mean or median, got '%s'",
+                               cfg->aggregator);
+    if ((cfg->tls_cert == NULL) != (cfg->tls_key == NULL))
+        return strata_diag_set(d, STRATA_EINVAL, "%s: required with %s",
+                               cfg->tls_cert ? "tls_key" : "tls_cert",
+                               cfg->tls_cert ? "tls_cert" : "tls_key");
+    if (cfg->enrolment_secret != NULL && cfg->enrolment_secret_file != NULL)
+        return strata_diag_set(d, STRATA_EINVAL,
+                               "enrolment_secret: give either enrolment_secret or "
+                               "enrolment_secret_file");
+    if (cfg->enrolment_secret_file != NULL) {
+        int rc = read_secret_file(cfg, d);
+        if (rc < 0)
+            return rc;
+    }
+    if (cfg->enrolment_secret == NULL)
+        return strata_diag_set(d, STRATA_EINVAL,
+                               "enrolment_secret: required (or enrolment_secret_file): clients "
+                               "present it to register");
+    size_t n = strlen(cfg->enrolment_secret);
+    if (n == 0 || n > SRV_SECRET_MAX)
+        return strata_diag_set(d, STRATA_EINVAL, "enrolment_secret: 1 to %d characters",
+                               SRV_SECRET_MAX);
     return 0;
 }
 
@@ -300,7 +401,18 @@ int srv_config_parse(srv_config *cfg, int argc, char **argv, strata_diag *d)
     return check(cfg, d);
 }
 
-char *srv_config_json(const srv_config *cfg)
+/* Keys left out of the public view: where files are, and credentials. */
+static int is_private(const char *key)
+{
+    static const char *const keys[] = {"state_dir",        "data",     "enrolment_secret_file",
+                                       "admin_token_file", "tls_cert", "tls_key"};
+    for (size_t i = 0; i < sizeof(keys) / sizeof(keys[0]); i++)
+        if (strcmp(key, keys[i]) == 0)
+            return 1;
+    return 0;
+}
+
+char *srv_config_json(const srv_config *cfg, int full)
 {
     json_t *o = json_object();
     if (o == NULL)
@@ -309,6 +421,8 @@ char *srv_config_json(const srv_config *cfg)
         const opt_desc *od = &OPTS[i];
         const char *p = (const char *)cfg + od->off;
         json_t *v;
+        if (!full && is_private(od->key))
+            continue;
         if (strcmp(od->key, "enrolment_secret") == 0)
             v = json_boolean(cfg->enrolment_secret != NULL);
         else if (od->k == K_STR)

@@ -4,6 +4,7 @@
 #ifndef STRATA_SERVER_CONFIG_H
 #define STRATA_SERVER_CONFIG_H
 
+#include "request.h"
 #include "strata/compress.h"
 #include "strata/error.h"
 
@@ -11,10 +12,15 @@
 #include <stdint.h>
 
 typedef struct srv_config {
-    char *state_dir, *model, *data, *host, *policy, *server_opt, *enrolment_secret, *values;
+    char *state_dir, *model, *data, *host, *policy, *server_opt, *values, *aggregator;
+    char *enrolment_secret, *enrolment_secret_file, *admin_token_file, *tls_cert, *tls_key;
     long port, rounds, min_clients, clients_per_round, min_updates, local_epochs, batch, max_steps,
-        threads, seed, max_body_bytes;
-    double fraction, round_deadline, density, lr, momentum, weight_decay, prox_mu, server_lr;
+        threads, seed;
+    /* Limits. */
+    long max_body_bytes, max_json_bytes, max_json_depth, max_connections, connection_timeout,
+        request_timeout, max_clients, upload_rate;
+    double fraction, round_deadline, density, lr, momentum, weight_decay, prox_mu, server_lr,
+        trim_fraction, clip_norm;
     strata_values_format values_format;
 } srv_config;
 
@@ -30,9 +36,11 @@ void srv_config_cleanup(srv_config *cfg);
  * or invalid key or value, or a missing required key. */
 int srv_config_parse(srv_config *cfg, int argc, char **argv, strata_diag *diag);
 
-/* The configuration as a new JSON object text (free()), without the
- * enrolment secret; NULL when out of memory. */
-char *srv_config_json(const srv_config *cfg);
+/* The configuration as a new JSON object text (free()); NULL when out of
+ * memory. The enrolment secret is never shown (true: one is set). full = 0
+ * also leaves out file paths and TLS settings (the public /v1/status view);
+ * full = 1 is the admin view. */
+char *srv_config_json(const srv_config *cfg, int full);
 
 /* The --help text. */
 extern const char srv_config_usage[];

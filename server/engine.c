@@ -17,10 +17,13 @@
 #include "engine.h"
 
 #include "aggregate.h"
+#include "request.h"
+#include "robust.h"
 #include "store.h"
 
 #include "strata/checkpoint.h"
 #include "strata/data.h"
+#include "strata/fileio.h"
 #include "strata/model.h"
 #include "strata/payload.h"
 #include "strata/policy.h"
@@ -40,10 +43,29 @@
 #include <time.h>
 #include <zstd.h>
 
-#define MAX_CLIENTS 1000000
-#define JSON_BODY_MAX 4096
-#define NAME_MAX_CHARS 64
 #define TICK_MS 100
+
+/* Error codes of refused requests, each counted in
+ * strata_requests_rejected_total{reason="..."}. */
+#define REQ_CODES(X)                                                                               \
+    X(bad_request)                                                                                 \
+    X(bad_payload)                                                                                 \
+    X(too_large)                                                                                   \
+    X(unauthorized)                                                                                \
+    X(bad_secret)                                                                                  \
+    X(forbidden)                                                                                   \
+    X(not_found)                                                                                   \
+    X(method_not_allowed)                                                                          \
+    X(unsupported_media_type)                                                                      \
+    X(invalid_update)                                                                              \
+    X(not_selected)                                                                                \
+    X(round_closed)                                                                                \
+    X(round_not_open)                                                                              \
+    X(rate_limited)                                                                                \
+    X(too_many_clients)                                                                            \
+    X(finished)                                                                                    \
+    X(request_timeout)                                                                             \
+    X(other)
 
 enum {
     C_ROUNDS,
@@ -57,21 +79,35 @@ enum {
     C_REJ_ROUND_CLOSED,
     C_REJ_ROUND_NOT_OPEN,
     C_REJ_UNAUTHORIZED,
-    C_N
+    C_REJ_FORBIDDEN,
+    C_REJ_RATE_LIMITED,
+#define X(c) C_REQ_##c,
+    REQ_CODES(X)
+#undef X
+        C_N
 };
-static const char *const CTR_NAMES[C_N] = {
-    "rounds_completed_total",
-    "updates_accepted_total",
-    "bytes_received_total",
-    "bytes_sent_total",
-    "updates_rejected_total{reason=\"bad_payload\"}",
-    "updates_rejected_total{reason=\"too_large\"}",
-    "updates_rejected_total{reason=\"invalid_update\"}",
-    "updates_rejected_total{reason=\"not_selected\"}",
-    "updates_rejected_total{reason=\"round_closed\"}",
-    "updates_rejected_total{reason=\"round_not_open\"}",
-    "updates_rejected_total{reason=\"unauthorized\"}",
+#define C_REQ_FIRST C_REQ_bad_request
+static const char *const CTR_NAMES[C_N] = {"rounds_completed_total",
+                                           "updates_accepted_total",
+                                           "bytes_received_total",
+                                           "bytes_sent_total",
+                                           "updates_rejected_total{reason=\"bad_payload\"}",
+                                           "updates_rejected_total{reason=\"too_large\"}",
+                                           "updates_rejected_total{reason=\"invalid_update\"}",
+                                           "updates_rejected_total{reason=\"not_selected\"}",
+                                           "updates_rejected_total{reason=\"round_closed\"}",
+                                           "updates_rejected_total{reason=\"round_not_open\"}",
+                                           "updates_rejected_total{reason=\"unauthorized\"}",
+                                           "updates_rejected_total{reason=\"forbidden\"}",
+                                           "updates_rejected_total{reason=\"rate_limited\"}",
+#define X(c) "requests_rejected_total{reason=\"" #c "\"}",
+                                           REQ_CODES(X)
+#undef X
 };
+
+/* Persistent federation controls (admin pause and stop), kept as counters. */
+#define CONTROL_PAUSED "control_paused"
+#define CONTROL_STOPPED "control_stopped"
 
 typedef struct waiter {
     void *conn;
@@ -96,10 +132,19 @@ struct srv_engine {
     size_t *numel;
     char **names;
     strata_payload_limits limits;
+    srv_json_limits jlim;
+    strata_robust_method method;
 
-    /* Registered clients, ascending ids. */
+    /* Registered clients, ascending ids, with each one's upload-rate bucket
+     * (tokens, refilled at upload_rate per minute up to upload_rate). */
     uint64_t *clients;
+    double *tokens;
+    int64_t *refilled_ms;
     size_t nclients, capclients;
+
+    /* Admin controls (persisted) and the admin token's hash. */
+    int paused, stopped;
+    uint8_t admin_hash[STRATA_STORE_HASH_LEN];
 
     /* Round state. */
     uint32_t next_round; /* the open round, or the next to open */
@@ -157,6 +202,7 @@ static void resp_json(srv_resp *r, unsigned status, json_t *j)
     r->len = 0;
     r->status = status;
     r->ctype = "application/json";
+    r->code = NULL;
     char *s = j ? json_dumps(j, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
     json_decref(j);
     if (s == NULL) {
@@ -175,6 +221,7 @@ void srv_resp_error(srv_resp *r, unsigned status, const char *code, const char *
     vsnprintf(msg, sizeof(msg), fmt, ap);
     va_end(ap);
     resp_json(r, status, json_pack("{s:{s:s,s:s}}", "error", "code", code, "message", msg));
+    r->code = code;
 }
 
 static void resp_text(srv_resp *r, unsigned status, const char *ctype, char *text)
@@ -225,11 +272,23 @@ void srv_engine_count_bytes(srv_engine *e, uint64_t in, uint64_t out)
 
 void srv_engine_count_reject(srv_engine *e, const char *reason)
 {
-    for (int c = C_REJ_BAD_PAYLOAD; c < C_N; c++)
+    for (int c = C_REJ_BAD_PAYLOAD; c < C_REQ_FIRST; c++)
         if (strstr(CTR_NAMES[c], reason) != NULL) {
             ctr_add(e, c, 1);
             return;
         }
+}
+
+void srv_engine_count_error(srv_engine *e, const char *code)
+{
+    char want[64];
+    snprintf(want, sizeof(want), "{reason=\"%s\"}", code ? code : "other");
+    for (int c = C_REQ_FIRST; c < C_N; c++)
+        if (strstr(CTR_NAMES[c], want) != NULL) {
+            ctr_add(e, c, 1);
+            return;
+        }
+    ctr_add(e, C_REQ_other, 1);
 }
 
 /* ---- helpers -------------------------------------------------------------- */
@@ -251,11 +310,20 @@ static int add_client(srv_engine *e, uint64_t id)
     if (e->nclients == e->capclients) {
         size_t cap = e->capclients ? e->capclients * 2 : 64;
         uint64_t *p = realloc(e->clients, cap * sizeof(*p));
-        if (p == NULL)
+        if (p != NULL)
+            e->clients = p;
+        double *t = realloc(e->tokens, cap * sizeof(*t));
+        if (t != NULL)
+            e->tokens = t;
+        int64_t *m = realloc(e->refilled_ms, cap * sizeof(*m));
+        if (m != NULL)
+            e->refilled_ms = m;
+        if (p == NULL || t == NULL || m == NULL)
             return STRATA_ENOMEM;
-        e->clients = p;
         e->capclients = cap;
     }
+    e->tokens[e->nclients] = (double)e->cfg->upload_rate;
+    e->refilled_ms[e->nclients] = srv_now_ms();
     e->clients[e->nclients++] = id; /* ids grow, the array stays sorted */
     return 0;
 }
@@ -528,6 +596,40 @@ static char *summary_text(const srv_engine *e, uint32_t r, uint64_t version, con
 /* Closes the open round: aggregate, server step, checkpoint, evaluation,
  * store. Called by the round thread with the lock held; drops it while
  * saving and evaluating (uploads for the round get 409 meanwhile). */
+/* The round's coordinate-wise robust aggregate (trimmed mean or median) of
+ * its accepted updates, read back from the store, into delta. Lock held. */
+static int robust_mean(srv_engine *e, strata_tensor_list *delta, strata_diag *d)
+{
+    strata_store_update *ups = NULL;
+    size_t n = 0;
+    int rc = strata_store_update_list(e->store, e->next_round, &ups, &n, d);
+    strata_payload **ps = rc == 0 ? calloc(n ? n : 1, sizeof(*ps)) : NULL;
+    strata_robust_update *ru = rc == 0 ? calloc(n ? n : 1, sizeof(*ru)) : NULL;
+    if (rc == 0 && (ps == NULL || ru == NULL))
+        rc = STRATA_ENOMEM;
+    for (size_t i = 0; rc == 0 && i < n; i++) {
+        uint8_t *buf = NULL;
+        size_t len = 0;
+        rc = strata_store_update_read(e->store, e->next_round, ups[i].client_id, &buf, &len, d);
+        if (rc == 0)
+            rc = strata_payload_decode(buf, len, &e->limits, &ps[i], d);
+        free(buf);
+        if (rc == 0) {
+            ru[i].layers = ps[i]->layers;
+            ru[i].n_layers = ps[i]->num_layers;
+        }
+    }
+    if (rc == 0)
+        rc = strata_robust_aggregate(strata_model_params(e->model), ru, n, e->method,
+                                     e->cfg->trim_fraction, e->cfg->clip_norm, delta, d);
+    for (size_t i = 0; ps != NULL && i < n; i++)
+        strata_payload_free(ps[i]);
+    free(ps);
+    free(ru);
+    strata_store_update_list_free(ups, n);
+    return rc;
+}
+
 static void close_round(srv_engine *e)
 {
     strata_diag d = {{0}};
@@ -539,7 +641,8 @@ static void close_round(srv_engine *e)
     double t0 = mono_s();
     int rc = strata_tensor_list_zeros_like(&delta, params);
     if (rc == 0)
-        rc = strata_agg_mean(e->agg, &delta, &d);
+        rc = e->method == STRATA_ROBUST_FEDAVG ? strata_agg_mean(e->agg, &delta, &d)
+                                               : robust_mean(e, &delta, &d);
     if (rc == 0)
         rc = strata_server_opt_step(e->opt, params, &delta, &d);
     strata_tensor_list_cleanup(&delta);
@@ -632,7 +735,7 @@ static void *round_thread(void *arg)
     pthread_mutex_lock(&e->mu);
     while (!e->stopping) {
         int64_t now = srv_now_ms();
-        if (!e->finished && !e->open && e->nclients >= (size_t)e->cfg->min_clients) {
+        if (!e->finished && !e->paused && !e->open && e->nclients >= (size_t)e->cfg->min_clients) {
             strata_diag d = {{0}};
             int rc = open_round(e, &d);
             if (rc < 0)
@@ -656,6 +759,68 @@ static void *round_thread(void *arg)
     }
     pthread_mutex_unlock(&e->mu);
     return NULL;
+}
+
+/* Closes the open round without aggregating it (admin stop). Lock held. */
+static int abandon_round(srv_engine *e, strata_diag *d)
+{
+    if (!e->open)
+        return 0;
+    json_t *j =
+        json_pack("{s:I,s:s,s:I,s:I,s:I,s:b}", "round", (json_int_t)e->next_round, "state",
+                  "closed", "model_version", (json_int_t)e->version, "selected",
+                  (json_int_t)e->nselected, "participants", (json_int_t)e->nreported, "stopped", 1);
+    char *t = j ? json_dumps(j, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
+    json_decref(j);
+    int rc = t ? strata_store_round_close(e->store, e->next_round, t, d) : STRATA_ENOMEM;
+    free(t);
+    if (rc == 0) {
+        reset_round(e);
+        e->next_round++;
+    }
+    return rc;
+}
+
+/* ---- tokens ------------------------------------------------------------- */
+
+#define TOKEN_MAX 256
+
+/* The federation's state for /v1/status. Lock held. */
+static const char *state_name(const srv_engine *e)
+{
+    return e->stopped    ? "stopped"
+           : e->finished ? "finished"
+           : e->paused   ? "paused"
+           : e->open     ? "running"
+                         : "waiting";
+}
+
+/* 1 when tok is 1 to TOKEN_MAX printable characters without spaces. */
+static int bearer_token_ok(const char *tok)
+{
+    size_t n = strlen(tok);
+    if (n == 0 || n > TOKEN_MAX)
+        return 0;
+    for (size_t i = 0; i < n; i++)
+        if (tok[i] <= 0x20 || tok[i] >= 0x7f)
+            return 0;
+    return 1;
+}
+
+/* The token of an "Authorization: Bearer TOKEN" value, or NULL. */
+static const char *bearer(const char *h)
+{
+    if (h == NULL || strncmp(h, "Bearer ", 7) != 0)
+        return NULL;
+    return bearer_token_ok(h + 7) ? h + 7 : NULL;
+}
+
+static int hash_equal(const uint8_t *a, const uint8_t *b)
+{
+    unsigned diff = 0;
+    for (int i = 0; i < STRATA_STORE_HASH_LEN; i++)
+        diff |= (unsigned)(a[i] ^ b[i]);
+    return diff == 0;
 }
 
 /* ---- start-up ------------------------------------------------------------- */
@@ -691,8 +856,8 @@ static int replay_updates(srv_engine *e, strata_diag *d)
         if (rc == 0)
             rc = strata_payload_decode(buf, len, &e->limits, &p, d);
         if (rc == 0)
-            rc =
-                strata_agg_add(e->agg, p->layers, p->num_layers, (double)ups[i].receipt.samples, d);
+            rc = strata_agg_add_clipped(e->agg, p->layers, p->num_layers,
+                                        (double)ups[i].receipt.samples, e->cfg->clip_norm, NULL, d);
         ptrdiff_t k = find_u64(e->selected, e->nselected, ups[i].client_id);
         if (rc == 0 && k >= 0 && !e->reported[k]) {
             e->reported[k] = 1;
@@ -754,6 +919,47 @@ static int resume_state(srv_engine *e, strata_diag *d)
     return rc;
 }
 
+/* Reads the admin token file (cfg admin_token_file, default
+ * STATE_DIR/admin.token), creating it with a random token (mode 0600) when
+ * it does not exist, and keeps the token's hash. */
+static int load_admin_token(srv_engine *e, strata_diag *d)
+{
+    char path[4200];
+    if (e->cfg->admin_token_file != NULL)
+        snprintf(path, sizeof(path), "%s", e->cfg->admin_token_file);
+    else
+        snprintf(path, sizeof(path), "%s/admin.token", strata_store_dir(e->store));
+    char tok[TOKEN_MAX + 2];
+    FILE *f = fopen(path, "r");
+    if (f == NULL && errno == ENOENT) {
+        uint8_t rnd[32];
+        if (getrandom(rnd, sizeof(rnd), 0) != (ssize_t)sizeof(rnd))
+            return strata_diag_set(d, STRATA_EIO, "no randomness: %s", strerror(errno));
+        for (int i = 0; i < 32; i++)
+            snprintf(tok + 2 * i, 3, "%02x", rnd[i]);
+        tok[64] = '\n';
+        int rc = strata_file_write_atomic(path, tok, 65, 0600, d);
+        if (rc < 0)
+            return rc;
+        fprintf(stderr, "strata-server: new admin token in %s\n", path);
+        f = fopen(path, "r");
+    }
+    if (f == NULL)
+        return strata_diag_set(d, STRATA_EIO, "admin_token_file: %s: %s", path, strerror(errno));
+    size_t n = fread(tok, 1, sizeof(tok) - 1, f);
+    fclose(f);
+    tok[n] = '\0';
+    n = strcspn(tok, "\r\n");
+    tok[n] = '\0';
+    if (n < 16 || bearer_token_ok(tok) == 0)
+        return strata_diag_set(d, STRATA_EINVAL,
+                               "admin_token_file: %s: the first line must be a token of 16 to %d "
+                               "printable characters without spaces",
+                               path, TOKEN_MAX);
+    strata_store_sha256(tok, n, e->admin_hash);
+    return 0;
+}
+
 int srv_engine_open(const srv_config *cfg, srv_engine **out, strata_diag *d)
 {
     *out = NULL;
@@ -761,6 +967,8 @@ int srv_engine_open(const srv_config *cfg, srv_engine **out, strata_diag *d)
     if (e == NULL)
         return STRATA_ENOMEM;
     e->cfg = cfg;
+    e->jlim.max_bytes = (size_t)cfg->max_json_bytes;
+    e->jlim.max_depth = (size_t)cfg->max_json_depth;
     pthread_mutex_init(&e->mu, NULL);
     pthread_cond_init(&e->cv, NULL);
     strata_dataset_init(&e->test);
@@ -768,6 +976,9 @@ int srv_engine_open(const srv_config *cfg, srv_engine **out, strata_diag *d)
     strata_set_threads((int)cfg->threads);
     if (strcmp(cfg->policy, "none") != 0 &&
         (rc = strata_policy_parse(cfg->policy, &e->policy, d)) < 0)
+        goto fail;
+    if ((rc = strata_robust_parse(cfg->aggregator, &e->method, d)) < 0 ||
+        (rc = strata_robust_check(e->method, cfg->trim_fraction, cfg->clip_norm, d)) < 0)
         goto fail;
     if ((rc = strata_store_open(cfg->state_dir, &e->store, d)) < 0)
         goto fail;
@@ -863,7 +1074,16 @@ int srv_engine_open(const srv_config *cfg, srv_engine **out, strata_diag *d)
         goto fail;
     if ((rc = build_cache(e, &e->raw, &e->raw_len, &e->zst, &e->zst_len)) < 0)
         goto fail;
-    e->finished = !e->open && e->next_round >= (uint32_t)cfg->rounds;
+    int64_t paused = 0, stopped = 0;
+    if ((rc = strata_store_counter_get(e->store, CONTROL_PAUSED, &paused, d)) < 0 ||
+        (rc = strata_store_counter_get(e->store, CONTROL_STOPPED, &stopped, d)) < 0 ||
+        (rc = load_admin_token(e, d)) < 0)
+        goto fail;
+    e->paused = paused != 0;
+    e->stopped = stopped != 0;
+    if (e->stopped && (rc = abandon_round(e, d)) < 0)
+        goto fail;
+    e->finished = e->stopped || (!e->open && e->next_round >= (uint32_t)cfg->rounds);
     *out = e;
     return 0;
 fail:
@@ -913,6 +1133,8 @@ void srv_engine_free(srv_engine *e)
     free(e->numel);
     free(e->names);
     free(e->clients);
+    free(e->tokens);
+    free(e->refilled_ms);
     free(e->raw);
     free(e->zst);
     free(e->waiters);
@@ -928,30 +1150,12 @@ size_t srv_engine_max_body(const srv_engine *e)
 
 /* ---- requests ------------------------------------------------------------- */
 
-static int hexval(int c)
+/* Looks a bearer token up among the clients: 1 and the id when found, 0
+ * when not, < 0 on a store error (r filled). */
+static int client_of_token(srv_engine *e, const char *tok, uint64_t *client_id, srv_resp *r)
 {
-    return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
-}
-
-int srv_engine_auth(srv_engine *e, const char *h, uint64_t *client_id, srv_resp *r)
-{
-    *client_id = 0;
-    const char *tok = NULL;
-    if (h != NULL && strncmp(h, "Bearer ", 7) == 0) {
-        tok = h + 7;
-        size_t n = strlen(tok);
-        for (size_t i = 0; i < n && tok; i++)
-            if (hexval(tok[i]) < 0)
-                tok = NULL;
-        if (n != 64)
-            tok = NULL;
-    }
-    if (tok == NULL) {
-        srv_resp_error(r, 401, "unauthorized", "missing or malformed bearer token");
-        return -1;
-    }
     uint8_t hash[STRATA_STORE_HASH_LEN];
-    strata_store_sha256(tok, 64, hash);
+    strata_store_sha256(tok, strlen(tok), hash);
     strata_store_client cl;
     int found = 0;
     strata_diag d = {{0}};
@@ -960,74 +1164,181 @@ int srv_engine_auth(srv_engine *e, const char *h, uint64_t *client_id, srv_resp 
     pthread_mutex_unlock(&e->mu);
     if (rc < 0) {
         srv_resp_error(r, 500, "internal", "%s", strata_diag_msg(&d, rc));
+        return rc;
+    }
+    *client_id = found ? cl.id : 0;
+    return found;
+}
+
+int srv_engine_auth(srv_engine *e, const char *h, uint64_t *client_id, srv_resp *r)
+{
+    *client_id = 0;
+    const char *tok = bearer(h);
+    if (tok == NULL) {
+        srv_resp_error(r, 401, "unauthorized", "missing or malformed bearer token");
         return -1;
     }
+    int found = client_of_token(e, tok, client_id, r);
+    if (found < 0)
+        return -1;
     if (!found) {
         srv_resp_error(r, 401, "unauthorized", "unknown token");
         return -1;
     }
-    *client_id = cl.id;
     return 0;
+}
+
+int srv_engine_admin_auth(srv_engine *e, const char *h, srv_resp *r)
+{
+    const char *tok = bearer(h);
+    if (tok == NULL) {
+        srv_resp_error(r, 401, "unauthorized", "missing or malformed admin bearer token");
+        return -1;
+    }
+    uint8_t hash[STRATA_STORE_HASH_LEN];
+    strata_store_sha256(tok, strlen(tok), hash);
+    if (hash_equal(hash, e->admin_hash))
+        return 0;
+    uint64_t id = 0;
+    int found = client_of_token(e, tok, &id, r);
+    if (found < 0)
+        return -1;
+    if (found)
+        srv_resp_error(r, 403, "forbidden", "client %llu's token cannot use admin endpoints",
+                       (unsigned long long)id);
+    else
+        srv_resp_error(r, 401, "unauthorized", "unknown admin token");
+    return -1;
+}
+
+int srv_engine_rate_take(srv_engine *e, uint64_t client_id, srv_resp *r)
+{
+    double per_ms = (double)e->cfg->upload_rate / 60000.0, cap = (double)e->cfg->upload_rate;
+    pthread_mutex_lock(&e->mu);
+    ptrdiff_t k = find_u64(e->clients, e->nclients, client_id);
+    int ok = 1;
+    double wait_ms = 0;
+    if (k >= 0) {
+        int64_t now = srv_now_ms();
+        double t = e->tokens[k] + (double)(now - e->refilled_ms[k]) * per_ms;
+        t = t > cap ? cap : t;
+        e->refilled_ms[k] = now;
+        ok = t >= 1.0;
+        e->tokens[k] = ok ? t - 1.0 : t;
+        wait_ms = ok ? 0 : (1.0 - t) / per_ms;
+    }
+    pthread_mutex_unlock(&e->mu);
+    if (ok)
+        return 0;
+    ctr_add(e, C_REJ_RATE_LIMITED, 1);
+    srv_resp_error(r, 429, "rate_limited", "more than %ld uploads in a minute from this client",
+                   e->cfg->upload_rate);
+    r->retry_after = (int)ceil(wait_ms / 1000.0);
+    if (r->retry_after < 1)
+        r->retry_after = 1;
+    return -1;
+}
+
+/* Sets a persistent control counter to value. Lock held. */
+static int control_set(srv_engine *e, const char *name, int *field, int value, strata_diag *d)
+{
+    if (*field == value)
+        return 0;
+    int rc = strata_store_counter_add(e->store, name, value - *field, d);
+    if (rc == 0)
+        *field = value;
+    return rc;
+}
+
+void srv_engine_admin(srv_engine *e, const char *action, const uint8_t *body, size_t len,
+                      srv_resp *r)
+{
+    strata_diag d = {{0}};
+    srv_admin_req rq;
+    int rc = srv_request_admin(body, len, &e->jlim, &rq, &d);
+    if (rc < 0) {
+        if (rc == STRATA_ETOOBIG)
+            srv_resp_error(r, 413, "too_large", "%s", strata_diag_msg(&d, rc));
+        else
+            srv_resp_error(r, 400, "bad_request", "%s", strata_diag_msg(&d, rc));
+        return;
+    }
+    const char *reason = rq.has_reason ? rq.reason : NULL;
+    pthread_mutex_lock(&e->mu);
+    if (strcmp(action, "pause") == 0) {
+        rc = control_set(e, CONTROL_PAUSED, &e->paused, 1, &d);
+    } else if (strcmp(action, "resume") == 0) {
+        rc = control_set(e, CONTROL_PAUSED, &e->paused, 0, &d);
+    } else if (strcmp(action, "stop") == 0) {
+        if (!e->stopped && e->closing) {
+            pthread_mutex_unlock(&e->mu);
+            srv_resp_error(r, 409, "round_closing", "a round is being aggregated; try again");
+            r->retry_after = 1;
+            return;
+        }
+        rc = control_set(e, CONTROL_STOPPED, &e->stopped, 1, &d);
+        if (rc == 0)
+            rc = abandon_round(e, &d);
+        if (rc == 0)
+            e->finished = 1;
+    } else {
+        pthread_mutex_unlock(&e->mu);
+        srv_resp_error(r, 404, "not_found", "no admin action '%s'", action);
+        return;
+    }
+    if (rc == 0) {
+        fprintf(stderr, "strata-server: admin %s%s%s\n", action, reason ? ": " : "",
+                reason ? reason : "");
+        pthread_cond_broadcast(&e->cv);
+        wake_all(e);
+    }
+    const char *state = state_name(e);
+    pthread_mutex_unlock(&e->mu);
+    if (rc < 0)
+        srv_resp_error(r, 500, "internal", "%s", strata_diag_msg(&d, rc));
+    else
+        resp_json(r, 200, json_pack("{s:s}", "state", state));
+}
+
+void srv_engine_admin_config(srv_engine *e, srv_resp *r)
+{
+    char *cj = srv_config_json(e->cfg, 1);
+    json_t *cfg = cj ? json_loads(cj, 0, NULL) : NULL;
+    free(cj);
+    if (cfg == NULL) {
+        srv_resp_error(r, 500, "internal", "out of memory");
+        return;
+    }
+    resp_json(r, 200, json_pack("{s:o}", "config", cfg));
+}
+
+size_t srv_engine_max_json(const srv_engine *e)
+{
+    return (size_t)e->cfg->max_json_bytes;
 }
 
 void srv_engine_register(srv_engine *e, const uint8_t *body, size_t len, srv_resp *r)
 {
-    const char *name = NULL;
-    json_t *root = NULL;
-    if (len > JSON_BODY_MAX) {
-        srv_resp_error(r, 413, "too_large", "request body above %d bytes", JSON_BODY_MAX);
+    srv_register_req rq;
+    strata_diag pd = {{0}};
+    int prc = srv_request_register(body, len, &e->jlim, &rq, &pd);
+    if (prc == STRATA_ETOOBIG) {
+        srv_resp_error(r, 413, "too_large", "%s", strata_diag_msg(&pd, prc));
         return;
     }
-    if (len > 0) {
-        json_error_t je;
-        root = json_loadb((const char *)body, len, JSON_REJECT_DUPLICATES, &je);
-        if (root == NULL || !json_is_object(root)) {
-            srv_resp_error(r, 400, "bad_request", "body: %s",
-                           root ? "expected a JSON object" : je.text);
-            goto out;
-        }
-        const char *key;
-        json_t *v;
-        json_object_foreach(root, key, v)
-        {
-            if (strcmp(key, "name") != 0 && strcmp(key, "enrolment_secret") != 0) {
-                srv_resp_error(r, 400, "bad_request", "unknown key \"%s\"", key);
-                goto out;
-            }
-            if (!json_is_string(v)) {
-                srv_resp_error(r, 400, "bad_request", "%s: expected a string", key);
-                goto out;
-            }
-        }
-        name = json_string_value(json_object_get(root, "name"));
-        if (name != NULL) {
-            size_t n = strlen(name);
-            int ok = n <= NAME_MAX_CHARS && n == json_string_length(json_object_get(root, "name"));
-            for (size_t i = 0; ok && i < n; i++)
-                ok = name[i] >= 0x20 && name[i] < 0x7f;
-            if (!ok) {
-                srv_resp_error(r, 400, "bad_request", "name: at most %d printable ASCII characters",
-                               NAME_MAX_CHARS);
-                goto out;
-            }
-        }
+    if (prc < 0) {
+        srv_resp_error(r, 400, "bad_request", "%s", strata_diag_msg(&pd, prc));
+        return;
     }
-    if (e->cfg->enrolment_secret != NULL) {
-        const char *s = json_string_value(json_object_get(root, "enrolment_secret"));
-        const char *want = e->cfg->enrolment_secret;
-        size_t n = strlen(want);
-        unsigned diff = s == NULL || strlen(s) != n;
-        for (size_t i = 0; s != NULL && i < n && s[i]; i++)
-            diff |= (unsigned)(s[i] ^ want[i]);
-        if (diff) {
-            srv_resp_error(r, 403, "bad_secret", "missing or wrong enrolment_secret");
-            goto out;
-        }
+    if (!srv_secret_equal(rq.secret, e->cfg->enrolment_secret)) {
+        srv_resp_error(r, 401, "bad_secret", "wrong enrolment_secret");
+        return;
     }
+    const char *name = rq.has_name ? rq.name : NULL;
     uint8_t rnd[32], hash[STRATA_STORE_HASH_LEN];
     if (getrandom(rnd, sizeof(rnd), 0) != (ssize_t)sizeof(rnd)) {
         srv_resp_error(r, 500, "internal", "no randomness: %s", strerror(errno));
-        goto out;
+        return;
     }
     char tok[65];
     for (int i = 0; i < 32; i++)
@@ -1037,10 +1348,11 @@ void srv_engine_register(srv_engine *e, const uint8_t *body, size_t len, srv_res
     strata_diag d = {{0}};
     pthread_mutex_lock(&e->mu);
     int rc = 0;
-    if (e->nclients >= MAX_CLIENTS) {
+    if (e->nclients >= (size_t)e->cfg->max_clients) {
         pthread_mutex_unlock(&e->mu);
-        srv_resp_error(r, 429, "too_many_clients", "the coordinator has %d clients", MAX_CLIENTS);
-        goto out;
+        srv_resp_error(r, 429, "too_many_clients", "the federation is full (%ld clients)",
+                       e->cfg->max_clients);
+        return;
     }
     rc = strata_store_client_add(e->store, hash, name, &id, &d);
     if (rc == 0)
@@ -1051,17 +1363,19 @@ void srv_engine_register(srv_engine *e, const uint8_t *body, size_t len, srv_res
         srv_resp_error(r, 500, "internal", "%s", strata_diag_msg(&d, rc));
     else
         resp_json(r, 201, json_pack("{s:I,s:s}", "client_id", (json_int_t)id, "token", tok));
-out:
-    json_decref(root);
 }
 
 int srv_engine_task(srv_engine *e, uint64_t client_id, int64_t deadline_ms, void *conn, srv_resp *r)
 {
     pthread_mutex_lock(&e->mu);
     if (e->finished) {
+        int stopped = e->stopped;
         pthread_mutex_unlock(&e->mu);
-        srv_resp_error(r, 410, "finished", "the federation has completed all %ld rounds",
-                       e->cfg->rounds);
+        if (stopped)
+            srv_resp_error(r, 410, "finished", "the federation was stopped by its operator");
+        else
+            srv_resp_error(r, 410, "finished", "the federation has completed all %ld rounds",
+                           e->cfg->rounds);
         return 0;
     }
     ptrdiff_t k = e->open && !e->closing ? find_u64(e->selected, e->nselected, client_id) : -1;
@@ -1174,8 +1488,8 @@ void srv_engine_model(srv_engine *e, uint64_t version, int want_zstd, const char
 }
 
 /* Checks a decoded update against the open round's task. Lock held. */
-static int validate(const srv_engine *e, const strata_payload *p, uint32_t round, uint64_t cid,
-                    char *msg, size_t mlen)
+static int validate(const srv_engine *e, const strata_payload *p, uint32_t round, char *msg,
+                    size_t mlen)
 {
     if (p->round != round) {
         snprintf(msg, mlen, "header round %u does not match the URL's round %u", p->round, round);
@@ -1184,11 +1498,6 @@ static int validate(const srv_engine *e, const strata_payload *p, uint32_t round
     if (p->model_version != e->version) {
         snprintf(msg, mlen, "header model_version %llu, the round's model is version %llu",
                  (unsigned long long)p->model_version, (unsigned long long)e->version);
-        return -1;
-    }
-    if (p->client_id != cid) {
-        snprintf(msg, mlen, "header client_id %llu, the token belongs to client %llu",
-                 (unsigned long long)p->client_id, (unsigned long long)cid);
         return -1;
     }
     if (p->sample_count == 0 || (double)p->sample_count > STRATA_AGG_MAX_WEIGHT) {
@@ -1279,13 +1588,21 @@ void srv_engine_upload(srv_engine *e, uint64_t cid, uint32_t round, const uint8_
                        len == 0 ? "empty body" : strata_diag_msg(&d, rc));
         return;
     }
+    if (p->client_id != cid) {
+        ctr_add(e, C_REJ_FORBIDDEN, 1);
+        srv_resp_error(r, 403, "forbidden",
+                       "the payload is for client %llu; this token belongs to client %llu",
+                       (unsigned long long)p->client_id, (unsigned long long)cid);
+        strata_payload_free(p);
+        return;
+    }
     pthread_mutex_lock(&e->mu);
     ptrdiff_t k = e->open && round == e->next_round ? find_u64(e->selected, e->nselected, cid) : -1;
     if (e->open && round == e->next_round && !e->closing && (k < 0 || !e->reported[k])) {
         char msg[512];
         if (k < 0) {
             verdict_resp(e, r, round, STRATA_STORE_REJECT_NOT_SELECTED);
-        } else if (validate(e, p, round, cid, msg, sizeof(msg)) < 0) {
+        } else if (validate(e, p, round, msg, sizeof(msg)) < 0) {
             ctr_add(e, C_REJ_INVALID, 1);
             srv_resp_error(r, 422, "invalid_update", "%s", msg);
         } else if ((rc = strata_store_update_put(e->store, round, cid, body, len, p->sample_count,
@@ -1296,7 +1613,8 @@ void srv_engine_upload(srv_engine *e, uint64_t cid, uint32_t round, const uint8_
                 srv_resp_error(r, 500, "internal", "%s", strata_diag_msg(&d, rc));
         } else {
             if (!rec.duplicate) {
-                rc = strata_agg_add(e->agg, p->layers, p->num_layers, (double)p->sample_count, &d);
+                rc = strata_agg_add_clipped(e->agg, p->layers, p->num_layers,
+                                            (double)p->sample_count, e->cfg->clip_norm, NULL, &d);
                 if (rc < 0) /* validate() and the decoder make this unreachable */
                     fprintf(stderr, "strata-server: round %u: stored update not aggregated: %s\n",
                             round, strata_diag_msg(&d, rc));
@@ -1393,11 +1711,11 @@ void srv_engine_round(srv_engine *e, uint32_t round, srv_resp *r)
 
 void srv_engine_status(srv_engine *e, srv_resp *r)
 {
-    char *cj = srv_config_json(e->cfg);
+    char *cj = srv_config_json(e->cfg, 0);
     json_t *cfg = cj ? json_loads(cj, 0, NULL) : NULL;
     free(cj);
     pthread_mutex_lock(&e->mu);
-    const char *state = e->finished ? "finished" : e->open ? "running" : "waiting";
+    const char *state = state_name(e);
     json_t *j = json_pack("{s:s,s:I,s:I,s:I,s:I,s:o}", "state", state, "round",
                           (json_int_t)e->next_round, "total_rounds", (json_int_t)e->cfg->rounds,
                           "model_version", (json_int_t)e->version, "registered_clients",
@@ -1408,7 +1726,7 @@ void srv_engine_status(srv_engine *e, srv_resp *r)
 
 void srv_engine_metrics(srv_engine *e, srv_resp *r)
 {
-    size_t cap = 4096, n = 0;
+    size_t cap = 16384, n = 0;
     char *b = malloc(cap);
     if (b == NULL) {
         srv_resp_error(r, 500, "internal", "out of memory");
@@ -1416,18 +1734,31 @@ void srv_engine_metrics(srv_engine *e, srv_resp *r)
     }
     pthread_mutex_lock(&e->mu);
 #define OUT(...) n += (size_t)snprintf(b + n, n < cap ? cap - n : 0, __VA_ARGS__)
-    static const char *const help[C_N] = {
-        "Rounds closed.", "Updates accepted.", "Request body bytes received.",
-        "Response body bytes sent.", "Updates refused, by reason."};
+    static const char *const help[][2] = {
+        {"rounds_completed_total", "Rounds closed."},
+        {"updates_accepted_total", "Updates accepted."},
+        {"bytes_received_total", "Request body bytes received."},
+        {"bytes_sent_total", "Response body bytes sent."},
+        {"updates_rejected_total", "Updates refused, by reason."},
+        {"requests_rejected_total", "Requests answered with an error, by error code."}};
+    char prev[64] = "";
     for (int c = 0; c < C_N; c++) {
-        int first = c <= C_REJ_BAD_PAYLOAD;
         char base[64];
         snprintf(base, sizeof(base), "%s", CTR_NAMES[c]);
         base[strcspn(base, "{")] = '\0';
-        if (first)
-            OUT("# HELP strata_%s %s\n# TYPE strata_%s counter\n", base, help[c], base);
+        if (strcmp(base, prev) != 0) {
+            const char *h = "";
+            for (size_t i = 0; i < sizeof(help) / sizeof(help[0]); i++)
+                if (strcmp(help[i][0], base) == 0)
+                    h = help[i][1];
+            OUT("# HELP strata_%s %s\n# TYPE strata_%s counter\n", base, h, base);
+            snprintf(prev, sizeof(prev), "%s", base);
+        }
         OUT("strata_%s %lld\n", CTR_NAMES[c], (long long)atomic_load(&e->ctr[c]));
     }
+    OUT("# HELP strata_paused 1 while an operator has paused the federation.\n"
+        "# TYPE strata_paused gauge\nstrata_paused %d\n",
+        e->paused);
     OUT("# HELP strata_aggregation_seconds Server aggregation time of the last round.\n"
         "# TYPE strata_aggregation_seconds gauge\nstrata_aggregation_seconds %.6f\n",
         e->last_agg_s);

@@ -20,6 +20,7 @@ typedef struct srv_resp {
     char etag[32];     /* "" for none */
     int zstd;          /* 1: Content-Encoding: zstd */
     int retry_after;   /* seconds; 0: no Retry-After */
+    const char *code;  /* static error code of an error response, else NULL */
 } srv_resp;
 
 /* Frees the body and zeroes r. */
@@ -78,6 +79,31 @@ void srv_engine_upload(srv_engine *e, uint64_t client_id, uint32_t round, const 
                        size_t len, srv_resp *r);
 /* Counts a refused upload by reason (for /metrics). */
 void srv_engine_count_reject(srv_engine *e, const char *reason);
+
+/* Counts a refused request by its error code (strata_requests_rejected_total). */
+void srv_engine_count_error(srv_engine *e, const char *code);
+
+/* Takes one upload from the client's rate bucket. Returns 0, or fills r
+ * with 429 (and Retry-After) and returns -1. */
+int srv_engine_rate_take(srv_engine *e, uint64_t client_id, srv_resp *r);
+
+/* Checks an admin request's Authorization header: 0 when it carries the
+ * admin token; otherwise fills r with 401 (missing or unknown token) or 403
+ * (a client's token) and returns -1. */
+int srv_engine_admin_auth(srv_engine *e, const char *authorization, srv_resp *r);
+
+/* Admin actions: "pause" (no new round opens; the open one runs on),
+ * "resume", "stop" (ends the federation now; the open round is closed
+ * without aggregation). Persistent across restarts. body: empty or
+ * {"reason": "..."}, logged. */
+void srv_engine_admin(srv_engine *e, const char *action, const uint8_t *body, size_t len,
+                      srv_resp *r);
+
+/* The full configuration (admin view). */
+void srv_engine_admin_config(srv_engine *e, srv_resp *r);
+
+/* Limits of JSON request bodies. */
+size_t srv_engine_max_json(const srv_engine *e);
 void srv_engine_rounds(srv_engine *e, uint32_t from, size_t limit, srv_resp *r);
 void srv_engine_round(srv_engine *e, uint32_t round, srv_resp *r);
 void srv_engine_status(srv_engine *e, srv_resp *r);

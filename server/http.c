@@ -6,23 +6,51 @@
  * first call (the body is never read); a chunked body that grows past the
  * cap is discarded and answered with 413 at the end. Long-polls suspend the
  * connection (MHD_suspend_connection) instead of blocking a pool thread; the
- * engine resumes it when a round opens or closes, or when its wait ends. */
+ * engine resumes it when a round opens or closes, or when its wait ends.
+ *
+ * Limits: MHD closes a connection idle for connection_timeout seconds and
+ * refuses connections above max_connections. A request must arrive whole
+ * (headers and body) within request_timeout seconds of the connection's
+ * start or of its previous response: a watchdog thread shuts down the
+ * socket of a connection that overruns (a client trickling bytes keeps the
+ * idle timer alive but not this one). The socket is shut down, never closed,
+ * here, under the lock that MHD's close notification also takes, so the
+ * descriptor cannot have been reused. */
 #include "http.h"
 
 #include <arpa/inet.h>
+#include <errno.h>
 #include <microhttpd.h>
 #include <netinet/in.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/socket.h>
+#include <time.h>
 
-#define JSON_CAP 65536
 #define MAX_WAIT_S 30
+#define WATCHDOG_MS 200
+#define PEM_MAX (1 << 20)
+
+/* One open connection, for the request deadline. */
+typedef struct conn {
+    int fd;
+    int64_t deadline_ms; /* 0: none (the request is in; or parked) */
+    struct conn *prev, *next;
+} conn;
 
 struct srv_http {
     srv_engine *e;
+    const srv_config *cfg;
     struct MHD_Daemon *d;
+    char *cert, *key;
+    pthread_mutex_t mu; /* the connection list and deadlines */
+    pthread_cond_t cv;
+    conn *conns;
+    int stopping, watching;
+    pthread_t watchdog;
 };
 
 typedef enum {
@@ -35,15 +63,21 @@ typedef enum {
     R_MODEL,
     R_ROUNDS,
     R_ROUND,
-    R_UPDATES
+    R_UPDATES,
+    R_ADMIN_ACTION,
+    R_ADMIN_CONFIG
 } route;
+
+/* Who may call a route. */
+typedef enum { A_PUBLIC, A_CLIENT, A_ADMIN } who;
 
 typedef struct req {
     route rt;
     unsigned long long arg; /* version or round from the path */
-    int client;             /* route needs a bearer token */
-    int answered;           /* a response was queued on the first call */
-    int waited;             /* parked at least once */
+    const char *action;     /* admin action from the path */
+    who acc;
+    int answered; /* a response was queued on the first call */
+    int waited;   /* parked at least once */
     uint64_t client_id;
     uint8_t *body;
     size_t len, cap, max;
@@ -86,6 +120,13 @@ static route match(const char *url, unsigned long long *arg, const char **method
     if (strcmp(url, "/v1/clients") == 0) {
         *method = "POST";
         return R_CLIENTS;
+    }
+    if (strcmp(url, "/v1/admin/config") == 0)
+        return R_ADMIN_CONFIG;
+    if (strcmp(url, "/v1/admin/pause") == 0 || strcmp(url, "/v1/admin/resume") == 0 ||
+        strcmp(url, "/v1/admin/stop") == 0) {
+        *method = "POST";
+        return R_ADMIN_ACTION;
     }
     if (strncmp(url, "/v1/models/", 11) == 0) {
         const char *s = url + 11;
@@ -135,6 +176,10 @@ static enum MHD_Result send_resp(srv_http *h, struct MHD_Connection *c, srv_resp
     }
     if (allow != NULL)
         MHD_add_response_header(resp, MHD_HTTP_HEADER_ALLOW, allow);
+    if (r->status == 401)
+        MHD_add_response_header(resp, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer");
+    if (r->status >= 400 && r->status < 500)
+        srv_engine_count_error(h->e, r->code);
     enum MHD_Result ok = MHD_queue_response(c, r->status, resp);
     MHD_destroy_response(resp);
     srv_engine_count_bytes(h->e, 0, len);
@@ -221,10 +266,99 @@ static void dispatch(srv_http *h, struct MHD_Connection *c, req *q, srv_resp *r,
     case R_UPDATES:
         srv_engine_upload(e, q->client_id, (uint32_t)q->arg, q->body, q->len, r);
         break;
+    case R_ADMIN_CONFIG:
+        srv_engine_admin_config(e, r);
+        break;
+    case R_ADMIN_ACTION:
+        srv_engine_admin(e, q->action, q->body, q->len, r);
+        break;
     case R_NONE:
         srv_resp_error(r, 404, "not_found", "no such endpoint");
         break;
     }
+}
+
+/* 1 when the request's Content-Type is want (parameters after ';' allowed). */
+static int ctype_is(struct MHD_Connection *c, const char *want)
+{
+    const char *ct = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_TYPE);
+    size_t n = strlen(want);
+    return ct != NULL && strncasecmp(ct, want, n) == 0 &&
+           (ct[n] == '\0' || ct[n] == ';' || ct[n] == ' ');
+}
+
+/* The connection record of c (set in on_connection). */
+static conn *conn_of(struct MHD_Connection *c)
+{
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    return ci != NULL ? ci->socket_context : NULL;
+}
+
+/* Sets the connection's request deadline: 0 clears it; otherwise
+ * request_timeout seconds from now. */
+static void set_deadline(srv_http *h, struct MHD_Connection *c, int arm)
+{
+    conn *k = conn_of(c);
+    if (k == NULL)
+        return;
+    pthread_mutex_lock(&h->mu);
+    k->deadline_ms = arm ? srv_now_ms() + (int64_t)h->cfg->request_timeout * 1000 : 0;
+    pthread_mutex_unlock(&h->mu);
+}
+
+/* Checks what can be checked from the headers alone (first call): method,
+ * credentials, content type, declared size, upload rate. Returns 0 to read
+ * the body, or -1 with r filled (and *allow for a 405). */
+static int check_headers(srv_http *h, struct MHD_Connection *c, req *q, const char *url,
+                         const char *method, srv_resp *r, const char **allow)
+{
+    const char *allowed;
+    q->rt = match(url, &q->arg, &allowed);
+    q->acc = q->rt == R_TASKS || q->rt == R_MODEL || q->rt == R_UPDATES ? A_CLIENT
+             : q->rt == R_ADMIN_ACTION || q->rt == R_ADMIN_CONFIG       ? A_ADMIN
+                                                                        : A_PUBLIC;
+    q->action = q->rt == R_ADMIN_ACTION ? url + strlen("/v1/admin/") : NULL;
+    q->max = q->rt == R_UPDATES ? srv_engine_max_body(h->e) : srv_engine_max_json(h->e);
+    if (q->rt != R_NONE && strcmp(method, allowed) != 0) {
+        *allow = allowed;
+        srv_resp_error(r, 405, "method_not_allowed", "%s %s: use %s", method, url, allowed);
+        return -1;
+    }
+    const char *auth =
+        MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
+    if (q->acc == A_CLIENT && srv_engine_auth(h->e, auth, &q->client_id, r) < 0) {
+        if (q->rt == R_UPDATES)
+            srv_engine_count_reject(h->e, "unauthorized");
+        return -1;
+    }
+    if (q->acc == A_ADMIN && srv_engine_admin_auth(h->e, auth, r) < 0)
+        return -1;
+    const char *cl =
+        MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
+    const char *ct = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_TYPE);
+    if (q->rt == R_UPDATES && !ctype_is(c, "application/octet-stream")) {
+        srv_engine_count_reject(h->e, "bad_payload");
+        srv_resp_error(r, 415, "unsupported_media_type",
+                       "Content-Type: expected application/octet-stream, got %s", ct ? ct : "none");
+        return -1;
+    }
+    if ((q->rt == R_CLIENTS || q->rt == R_ADMIN_ACTION) && ct != NULL &&
+        !ctype_is(c, "application/json")) {
+        srv_resp_error(r, 415, "unsupported_media_type",
+                       "Content-Type: expected application/json, got %s", ct);
+        return -1;
+    }
+    if (cl != NULL && strtoull(cl, NULL, 10) > q->max) {
+        if (q->rt == R_UPDATES)
+            srv_engine_count_reject(h->e, "too_large");
+        srv_resp_error(r, 413, "too_large", "body of %s bytes is above the limit of %zu", cl,
+                       q->max);
+        return -1;
+    }
+    if (q->rt == R_UPDATES && srv_engine_rate_take(h->e, q->client_id, r) < 0)
+        return -1;
+    return 0;
 }
 
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url,
@@ -241,34 +375,11 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         if (q == NULL)
             return MHD_NO;
         *con_cls = q;
-        const char *allowed;
-        q->rt = match(url, &q->arg, &allowed);
-        q->client = q->rt == R_TASKS || q->rt == R_MODEL || q->rt == R_UPDATES;
-        q->max = q->rt == R_UPDATES ? srv_engine_max_body(h->e) : JSON_CAP;
-        if (q->rt != R_NONE && strcmp(method, allowed) != 0) {
+        const char *allow = NULL;
+        if (check_headers(h, c, q, url, method, &r, &allow) < 0) {
             q->answered = 1;
-            srv_resp_error(&r, 405, "method_not_allowed", "%s %s: use %s", method, url, allowed);
-            return send_resp(h, c, &r, allowed);
-        }
-        if (q->client) {
-            const char *auth =
-                MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
-            if (srv_engine_auth(h->e, auth, &q->client_id, &r) < 0) {
-                q->answered = 1;
-                if (q->rt == R_UPDATES)
-                    srv_engine_count_reject(h->e, "unauthorized");
-                return send_resp(h, c, &r, NULL);
-            }
-        }
-        const char *cl =
-            MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
-        if (cl != NULL && strtoull(cl, NULL, 10) > q->max) {
-            q->answered = 1;
-            if (q->rt == R_UPDATES)
-                srv_engine_count_reject(h->e, "too_large");
-            srv_resp_error(&r, 413, "too_large", "body of %s bytes is above the limit of %zu", cl,
-                           q->max);
-            return send_resp(h, c, &r, NULL);
+            set_deadline(h, c, 0);
+            return send_resp(h, c, &r, allow);
         }
         return MHD_YES;
     }
@@ -299,6 +410,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         q->len += n;
         return MHD_YES;
     }
+    set_deadline(h, c, 0); /* the whole request is in */
     if (q->answered)
         return MHD_YES;
     if (q->too_big) {
@@ -317,7 +429,6 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
 static void on_done(void *cls, struct MHD_Connection *c, void **con_cls,
                     enum MHD_RequestTerminationCode toe)
 {
-    (void)c;
     (void)toe;
     srv_http *h = cls;
     req *q = *con_cls;
@@ -328,6 +439,69 @@ static void on_done(void *cls, struct MHD_Connection *c, void **con_cls,
     free(q->body);
     free(q);
     *con_cls = NULL;
+    set_deadline(h, c, 1); /* the next request on this connection */
+}
+
+static void on_connection(void *cls, struct MHD_Connection *c, void **socket_context,
+                          enum MHD_ConnectionNotificationCode code)
+{
+    srv_http *h = cls;
+    if (code == MHD_CONNECTION_NOTIFY_STARTED) {
+        const union MHD_ConnectionInfo *ci =
+            MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+        conn *k = calloc(1, sizeof(*k));
+        if (k == NULL || ci == NULL) {
+            free(k);
+            return; /* no deadline for this one; the idle timeout still applies */
+        }
+        k->fd = ci->connect_fd;
+        pthread_mutex_lock(&h->mu);
+        k->deadline_ms = srv_now_ms() + (int64_t)h->cfg->request_timeout * 1000;
+        k->next = h->conns;
+        if (h->conns != NULL)
+            h->conns->prev = k;
+        h->conns = k;
+        pthread_mutex_unlock(&h->mu);
+        *socket_context = k;
+    } else if (code == MHD_CONNECTION_NOTIFY_CLOSED && *socket_context != NULL) {
+        conn *k = *socket_context;
+        pthread_mutex_lock(&h->mu);
+        if (k->prev != NULL)
+            k->prev->next = k->next;
+        else
+            h->conns = k->next;
+        if (k->next != NULL)
+            k->next->prev = k->prev;
+        pthread_mutex_unlock(&h->mu);
+        free(k);
+        *socket_context = NULL;
+    }
+}
+
+/* Shuts down the sockets of connections past their request deadline. */
+static void *watchdog(void *arg)
+{
+    srv_http *h = arg;
+    pthread_mutex_lock(&h->mu);
+    while (!h->stopping) {
+        int64_t now = srv_now_ms();
+        for (conn *k = h->conns; k != NULL; k = k->next)
+            if (k->deadline_ms != 0 && now > k->deadline_ms) {
+                k->deadline_ms = 0;
+                shutdown(k->fd, SHUT_RDWR);
+                srv_engine_count_error(h->e, "request_timeout");
+            }
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += WATCHDOG_MS * 1000000L;
+        if (ts.tv_nsec >= 1000000000L) {
+            ts.tv_sec++;
+            ts.tv_nsec -= 1000000000L;
+        }
+        pthread_cond_timedwait(&h->cv, &h->mu, &ts);
+    }
+    pthread_mutex_unlock(&h->mu);
+    return NULL;
 }
 
 static void suspend_conn(void *conn)
@@ -340,7 +514,46 @@ static void resume_conn(void *conn)
     MHD_resume_connection(conn);
 }
 
-int srv_http_start(srv_engine *e, const char *host, unsigned port, unsigned threads, srv_http **out,
+/* Reads a whole PEM file (MHD takes the contents, not a path). */
+static int read_pem(const char *what, const char *path, char **out, strata_diag *diag)
+{
+    FILE *f = fopen(path, "rb");
+    if (f == NULL)
+        return strata_diag_set(diag, STRATA_EIO, "%s: %s: %s", what, path, strerror(errno));
+    char *buf = malloc(PEM_MAX + 1);
+    size_t n = buf ? fread(buf, 1, PEM_MAX + 1, f) : 0;
+    int err = ferror(f);
+    fclose(f);
+    if (buf == NULL)
+        return STRATA_ENOMEM;
+    if (err || n == 0 || n > PEM_MAX || strstr((buf[n] = '\0', buf), "-----BEGIN ") == NULL) {
+        free(buf);
+        return strata_diag_set(diag, STRATA_EINVAL, "%s: %s: not a PEM file of at most %d bytes",
+                               what, path, PEM_MAX);
+    }
+    *out = buf;
+    return 0;
+}
+
+static void http_free(srv_http *h)
+{
+    if (h->watching) {
+        pthread_mutex_lock(&h->mu);
+        h->stopping = 1;
+        pthread_cond_broadcast(&h->cv);
+        pthread_mutex_unlock(&h->mu);
+        pthread_join(h->watchdog, NULL);
+    }
+    if (h->d != NULL)
+        MHD_stop_daemon(h->d);
+    pthread_mutex_destroy(&h->mu);
+    pthread_cond_destroy(&h->cv);
+    free(h->cert);
+    free(h->key);
+    free(h);
+}
+
+int srv_http_start(srv_engine *e, const srv_config *cfg, unsigned threads, srv_http **out,
                    unsigned *bound_port, strata_diag *diag)
 {
     *out = NULL;
@@ -348,35 +561,65 @@ int srv_http_start(srv_engine *e, const char *host, unsigned port, unsigned thre
     struct sockaddr_in sa;
     memset(&sa, 0, sizeof(sa));
     sa.sin_family = AF_INET;
-    sa.sin_port = htons((uint16_t)port);
-    const char *addr = strcmp(host, "localhost") == 0 ? "127.0.0.1" : host;
+    sa.sin_port = htons((uint16_t)cfg->port);
+    const char *addr = strcmp(cfg->host, "localhost") == 0 ? "127.0.0.1" : cfg->host;
     if (inet_pton(AF_INET, addr, &sa.sin_addr) != 1)
-        return strata_diag_set(diag, STRATA_EINVAL, "host: '%s' is not an IPv4 address", host);
+        return strata_diag_set(diag, STRATA_EINVAL, "host: '%s' is not an IPv4 address", cfg->host);
     srv_http *h = calloc(1, sizeof(*h));
     if (h == NULL)
         return STRATA_ENOMEM;
     h->e = e;
-    srv_engine_set_waiters(e, suspend_conn, resume_conn);
-    h->d = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_USE_ERROR_LOG |
-                                MHD_ALLOW_SUSPEND_RESUME,
-                            (uint16_t)port, NULL, NULL, on_request, h, MHD_OPTION_SOCK_ADDR,
-                            (struct sockaddr *)&sa, MHD_OPTION_THREAD_POOL_SIZE, threads,
-                            MHD_OPTION_CONNECTION_TIMEOUT, 60u, MHD_OPTION_CONNECTION_LIMIT, 1024u,
-                            MHD_OPTION_NOTIFY_COMPLETED, on_done, h, MHD_OPTION_END);
-    if (h->d == NULL) {
-        free(h);
-        return strata_diag_set(diag, STRATA_EIO, "cannot listen on %s:%u", host, port);
+    h->cfg = cfg;
+    pthread_mutex_init(&h->mu, NULL);
+    pthread_cond_init(&h->cv, NULL);
+    int rc = 0;
+    unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_USE_ERROR_LOG |
+                     MHD_ALLOW_SUSPEND_RESUME;
+    if (cfg->tls_cert != NULL) {
+        if (MHD_is_feature_supported(MHD_FEATURE_TLS) != MHD_YES) {
+            rc = strata_diag_set(diag, STRATA_EINVAL, "tls_cert: libmicrohttpd lacks TLS");
+            goto fail;
+        }
+        if ((rc = read_pem("tls_cert", cfg->tls_cert, &h->cert, diag)) < 0 ||
+            (rc = read_pem("tls_key", cfg->tls_key, &h->key, diag)) < 0)
+            goto fail;
+        flags |= MHD_USE_TLS;
     }
+    srv_engine_set_waiters(e, suspend_conn, resume_conn);
+    struct MHD_OptionItem tls[] = {
+        {MHD_OPTION_HTTPS_MEM_CERT, 0, h->cert},
+        {MHD_OPTION_HTTPS_MEM_KEY, 0, h->key},
+        {MHD_OPTION_END, 0, NULL},
+    };
+    if (h->cert == NULL)
+        tls[0].option = MHD_OPTION_END;
+    h->d = MHD_start_daemon(
+        flags, (uint16_t)cfg->port, NULL, NULL, on_request, h, MHD_OPTION_SOCK_ADDR,
+        (struct sockaddr *)&sa, MHD_OPTION_THREAD_POOL_SIZE, threads, MHD_OPTION_CONNECTION_TIMEOUT,
+        (unsigned)cfg->connection_timeout, MHD_OPTION_CONNECTION_LIMIT,
+        (unsigned)cfg->max_connections, MHD_OPTION_NOTIFY_COMPLETED, on_done, h,
+        MHD_OPTION_NOTIFY_CONNECTION, on_connection, h, MHD_OPTION_ARRAY, tls, MHD_OPTION_END);
+    if (h->d == NULL) {
+        rc = strata_diag_set(diag, STRATA_EIO, "cannot listen on %s:%ld%s", cfg->host, cfg->port,
+                             h->cert ? " (or the TLS certificate and key do not match)" : "");
+        goto fail;
+    }
+    if (pthread_create(&h->watchdog, NULL, watchdog, h) != 0) {
+        rc = STRATA_ENOMEM;
+        goto fail;
+    }
+    h->watching = 1;
     const union MHD_DaemonInfo *info = MHD_get_daemon_info(h->d, MHD_DAEMON_INFO_BIND_PORT);
-    *bound_port = info ? info->port : port;
+    *bound_port = info ? info->port : (unsigned)cfg->port;
     *out = h;
     return 0;
+fail:
+    http_free(h);
+    return rc;
 }
 
 void srv_http_stop(srv_http *h)
 {
-    if (h == NULL)
-        return;
-    MHD_stop_daemon(h->d);
-    free(h);
+    if (h != NULL)
+        http_free(h);
 }

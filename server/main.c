@@ -56,7 +56,7 @@ int main(int argc, char **argv)
         goto out;
     }
     unsigned pool = cfg.threads > 4 ? (unsigned)cfg.threads : 4;
-    if ((rc = srv_http_start(e, cfg.host, (unsigned)cfg.port, pool, &h, &port, &d)) < 0) {
+    if ((rc = srv_http_start(e, &cfg, pool, &h, &port, &d)) < 0) {
         fprintf(stderr, "strata-server: %s\n", strata_diag_msg(&d, rc));
         goto out;
     }
@@ -64,7 +64,8 @@ int main(int argc, char **argv)
         fprintf(stderr, "strata-server: cannot start the round thread\n");
         goto out;
     }
-    printf("strata-server: listening on http://%s:%u\n", cfg.host, port);
+    printf("strata-server: listening on %s://%s:%u\n", cfg.tls_cert ? "https" : "http", cfg.host,
+           port);
     fflush(stdout);
     pthread_sigmask(SIG_UNBLOCK, &set, NULL);
     while (!g_stop)

@@ -169,19 +169,16 @@ static int check_sparse_values(const strata_clayer *c, float *dst, strata_diag *
     return strata_clayer_decode(&view, dst, diag);
 }
 
-/* Validates layer c against layout entry e and prepares it in slot (e->numel
- * float-sized cells): dense compressors are decoded into it, RANDK indices
- * are regenerated into it, TOPK leaves it unused. */
-static int agg_prepare(const layout_entry *e, size_t i, const strata_clayer *c, void *slot,
-                       strata_diag *diag)
+int strata__agg_layer_prepare(size_t i, const char *name, size_t numel, const strata_clayer *c,
+                              void *slot, strata_diag *diag)
 {
     if (c->layer_index != i)
         return strata_diag_set(diag, STRATA_EPROTO, "layer %zu carries layer_index %" PRIu32, i,
                                c->layer_index);
-    if (c->numel != (uint64_t)e->numel)
+    if (c->numel != (uint64_t)numel)
         return strata_diag_set(diag, STRATA_EPROTO,
-                               "layer %zu (%s): %" PRIu64 " elements, the model has %zu", i,
-                               e->name, c->numel, e->numel);
+                               "layer %zu (%s): %" PRIu64 " elements, the model has %zu", i, name,
+                               c->numel, numel);
     strata_diag sub = {{0}};
     int rc = STRATA_OK;
     switch (c->comp) {
@@ -230,19 +227,56 @@ static int agg_prepare(const layout_entry *e, size_t i, const strata_clayer *c, 
         break;
     }
     if (rc < 0)
-        return strata_diag_set(diag, rc, "layer %zu (%s): %s", i, e->name,
-                               strata_diag_msg(&sub, rc));
+        return strata_diag_set(diag, rc, "layer %zu (%s): %s", i, name, strata_diag_msg(&sub, rc));
     return STRATA_OK;
+}
+
+double strata__agg_layer_sqnorm(const strata_clayer *c, const void *slot, size_t numel)
+{
+    double sq = 0.0;
+    if (c->comp == STRATA_COMP_TOPK || c->comp == STRATA_COMP_RANDK) {
+        for (size_t j = 0; j < c->count; j++)
+            sq += (double)c->values[j] * (double)c->values[j];
+    } else {
+        const float *v = slot;
+        for (size_t j = 0; j < numel; j++)
+            sq += (double)v[j] * (double)v[j];
+    }
+    return sq;
+}
+
+int strata__agg_clip_check(double max_norm, strata_diag *diag)
+{
+    if (!(max_norm >= 0.0))
+        return strata_diag_set(diag, STRATA_EINVAL,
+                               "clipping: max norm %g is not >= 0 (0 disables clipping)", max_norm);
+    return STRATA_OK;
+}
+
+double strata__agg_clip_scale(double norm, double max_norm)
+{
+    return max_norm > 0.0 && norm > max_norm ? max_norm / norm : 1.0;
 }
 
 int strata_agg_add(strata_agg *agg, const strata_clayer *layers, size_t n, double weight,
                    strata_diag *diag)
 {
+    return strata_agg_add_clipped(agg, layers, n, weight, 0.0, NULL, diag);
+}
+
+int strata_agg_add_clipped(strata_agg *agg, const strata_clayer *layers, size_t n, double weight,
+                           double max_norm, double *norm_out, strata_diag *diag)
+{
+    if (norm_out != NULL)
+        *norm_out = 0.0;
     if (agg == NULL || (layers == NULL && n > 0))
         return strata_diag_set(diag, STRATA_EINVAL, "aggregate: NULL argument");
     if (!(weight > 0.0 && weight <= STRATA_AGG_MAX_WEIGHT))
         return strata_diag_set(diag, STRATA_EINVAL, "aggregate: weight %g is not in (0, %g]",
                                weight, STRATA_AGG_MAX_WEIGHT);
+    int rc = strata__agg_clip_check(max_norm, diag);
+    if (rc < 0)
+        return rc;
     if (n != agg->lay.count)
         return strata_diag_set(diag, STRATA_EPROTO, "update has %zu layers, the model has %zu", n,
                                agg->lay.count);
@@ -250,11 +284,25 @@ int strata_agg_add(strata_agg *agg, const strata_clayer *layers, size_t n, doubl
     float *scratch = agg->scratch;
     for (size_t i = 0; i < n; i++) {
         const layout_entry *e = &agg->lay.items[i];
-        int rc = agg_prepare(e, i, &layers[i], scratch + e->offset, diag);
+        rc = strata__agg_layer_prepare(i, e->name, e->numel, &layers[i], scratch + e->offset, diag);
         if (rc < 0)
             return rc;
     }
+    /* The update's L2 norm over all layers, only when someone needs it. */
+    double scale = 1.0;
+    if (max_norm > 0.0 || norm_out != NULL) {
+        double sq = 0.0;
+        for (size_t i = 0; i < n; i++) {
+            const layout_entry *e = &agg->lay.items[i];
+            sq += strata__agg_layer_sqnorm(&layers[i], scratch + e->offset, e->numel);
+        }
+        const double norm = sqrt(sq);
+        scale = strata__agg_clip_scale(norm, max_norm);
+        if (norm_out != NULL)
+            *norm_out = norm;
+    }
     /* Pass 2: accumulate; cannot fail. */
+    const double ws = weight * scale;
     for (size_t i = 0; i < n; i++) {
         const layout_entry *e = &agg->lay.items[i];
         const strata_clayer *c = &layers[i];
@@ -264,11 +312,11 @@ int strata_agg_add(strata_agg *agg, const strata_clayer *layers, size_t n, doubl
             const uint32_t *idx =
                 c->comp == STRATA_COMP_TOPK ? c->indices : (const uint32_t *)(scratch + e->offset);
             for (size_t j = 0; j < k; j++)
-                acc[idx[j]] += weight * (double)c->values[j];
+                acc[idx[j]] += ws * (double)c->values[j];
         } else {
             const float *v = scratch + e->offset;
             for (size_t j = 0; j < e->numel; j++)
-                acc[j] += weight * (double)v[j];
+                acc[j] += ws * (double)v[j];
         }
     }
     agg->count++;

@@ -10,6 +10,11 @@
  * optimisers of Reddi et al., "Adaptive Federated Optimization" (ICLR 2021):
  * plain (server learning rate), FedAvgM, FedAdam and FedYogi.
  *
+ * strata_agg_add_clipped bounds the influence of one update by clipping its
+ * L2 norm before it is accumulated. The coordinate-wise robust statistics
+ * (trimmed mean, median), which need every update of a round at once, live
+ * in robust.h.
+ *
  * Neither object is thread-safe: the coordinator serialises calls on one
  * object (for example under the round's lock). Distinct objects may be used
  * from distinct threads. */
@@ -67,6 +72,25 @@ void strata_agg_free(strata_agg *agg);
 int strata_agg_add(strata_agg *agg, const strata_clayer *layers, size_t n, double weight,
                    strata_diag *diag);
 
+/* Adds one client update as strata_agg_add does (same checks, same errors,
+ * all-or-nothing), with update-norm clipping: after the update has been
+ * checked, its L2 norm over all layers, norm = sqrt(sum of the squares of
+ * the decoded delta's elements) in double precision, is computed, and when
+ * max_norm > 0 and norm > max_norm the update is scaled by max_norm / norm
+ * before it is accumulated (an update at or below the bound is added
+ * unchanged). Clipping scales the delta, not the weight: the update still
+ * counts with its full weight in the mean. max_norm == 0 disables clipping
+ * (strata_agg_add is this call with max_norm 0); +infinity is accepted and
+ * never clips. Sparse (TOPK, RANDK) layers contribute the squares of their
+ * kept values, so they stay O(count). norm_out (may be NULL) is zeroed on
+ * entry and receives the norm before clipping once the update is accepted;
+ * the coordinator can log it or derive the next round's bound from it.
+ * When neither clipping nor norm_out asks for the norm, it is not computed.
+ * Errors: those of strata_agg_add, and STRATA_EINVAL for a NaN or negative
+ * max_norm. */
+int strata_agg_add_clipped(strata_agg *agg, const strata_clayer *layers, size_t n, double weight,
+                           double max_norm, double *norm_out, strata_diag *diag);
+
 /* Number of updates accepted since creation or the last reset. */
 uint64_t strata_agg_count(const strata_agg *agg);
 
@@ -90,6 +114,31 @@ void strata_agg_reset(strata_agg *agg);
  * scratch). Constant from strata_agg_new to strata_agg_free: it does not grow
  * with the number of updates added. For the coordinator's memory report. */
 size_t strata_agg_memory_bytes(const strata_agg *agg);
+
+/* ---- Internal to server/core (shared with robust.c) ---- */
+
+/* Checks compressed layer c against position i of a model layout whose
+ * tensor there is called name and has numel elements, by the rules
+ * strata_agg_add documents, and prepares it in slot (numel float-sized
+ * cells, caller-owned): dense compressors are decoded into it; a RANDK
+ * layer's regenerated indices (uint32) are written to its first count cells;
+ * a TOPK layer only uses it as scratch for checking its values. Errors:
+ * STRATA_EPROTO naming the layer, STRATA_ENOMEM. Thread-safe for distinct
+ * slots. */
+int strata__agg_layer_prepare(size_t i, const char *name, size_t numel, const strata_clayer *c,
+                              void *slot, strata_diag *diag);
+
+/* The squared L2 norm, in double, of a layer prepared by
+ * strata__agg_layer_prepare into slot: O(count) for TOPK and RANDK (the
+ * squares of the kept values), O(numel) otherwise. */
+double strata__agg_layer_sqnorm(const strata_clayer *c, const void *slot, size_t numel);
+
+/* Checks a clipping bound: STRATA_EINVAL (with diag) unless max_norm >= 0. */
+int strata__agg_clip_check(double max_norm, strata_diag *diag);
+
+/* The factor that clips an update of L2 norm `norm` to max_norm: max_norm /
+ * norm when max_norm > 0 and norm > max_norm, else 1. */
+double strata__agg_clip_scale(double norm, double max_norm);
 
 /* ---- Server optimisers ---- */
 

@@ -322,6 +322,8 @@ static int set_sync(strata_store *s, int full, strata_diag *diag)
 {
     if (s->sync_full == full)
         return STRATA_OK;
+    /* Not a reusable prepared statement: SQLite applies a PRAGMA's setting
+     * when the statement is compiled, so stepping it again need not. */
     char *err = NULL;
     if (sqlite3_exec(s->db, full ? "PRAGMA synchronous = FULL" : "PRAGMA synchronous = NORMAL",
                      NULL, NULL, &err) != SQLITE_OK) {
@@ -1383,6 +1385,289 @@ static int write_temp(const char *final, const uint8_t *p, size_t n, char *tmp, 
     return STRATA_OK;
 }
 
+struct strata_store_pending {
+    uint32_t round;
+    uint64_t client_id;
+    strata_store_receipt r; /* id, sha256, bytes, samples; received_unix_ms at commit */
+    char *final;            /* updates/<round>/<client>.bin */
+    char *tmp;              /* the temporary file; NULL once published */
+    size_t dir_len;         /* final[0, dir_len) is the round directory */
+    int published;          /* renamed to final, row not yet committed */
+};
+
+void strata_store_pending_free(strata_store_pending *p)
+{
+    if (p == NULL)
+        return;
+    if (p->tmp != NULL)
+        unlink(p->tmp);
+    free(p->tmp);
+    free(p->final);
+    free(p);
+}
+
+/* The argument checks shared by put and prepare (client ids are checked by
+ * the callers, which answer differently). */
+static int check_update_args(const void *s, const uint8_t *payload, size_t len, uint64_t samples,
+                             const void *out, strata_diag *diag)
+{
+    if (s == NULL || payload == NULL || out == NULL)
+        return strata_diag_set(diag, STRATA_EINVAL, "update put: NULL argument");
+    if (len == 0)
+        return strata_diag_set(diag, STRATA_EINVAL, "update put: empty payload");
+    if (samples == 0 || !FITS_I64(samples) || !FITS_I64(len))
+        return strata_diag_set(diag, STRATA_EINVAL,
+                               "update put: sample count %" PRIu64 " out of range", samples);
+    return STRATA_OK;
+}
+
+/* The slow half of a put: directory, hash, receipt id, temporary file
+ * (written and fsync'ed). Uses only s->dir. */
+static int prepare_update(const strata_store *s, uint32_t round, uint64_t client_id,
+                          const uint8_t *payload, size_t len, uint64_t samples,
+                          strata_store_pending **out, strata_diag *diag)
+{
+    char final[4096], tmp[4200], dir[4096], parent[4096];
+    int created;
+    *out = NULL;
+    int rc = join(final, sizeof(final), diag, "%s/updates/%" PRIu32 "/%" PRIu64 ".bin", s->dir,
+                  round, client_id);
+    if (rc < 0)
+        return rc;
+    strata_store_pending *p = calloc(1, sizeof(*p));
+    if (p == NULL)
+        return strata_diag_set(diag, STRATA_ENOMEM, "out of memory");
+    p->round = round;
+    p->client_id = client_id;
+    p->dir_len = (size_t)(strrchr(final, '/') - final);
+    p->final = strdup(final);
+    if (p->final == NULL) {
+        rc = strata_diag_set(diag, STRATA_ENOMEM, "out of memory");
+        goto fail;
+    }
+    memcpy(dir, final, p->dir_len);
+    dir[p->dir_len] = '\0';
+    /* strata_store_round_open makes the directory; this covers a put for a
+     * round whose directory was lost. */
+    rc = make_dir(dir, &created, diag);
+    if (rc == STRATA_OK && created) {
+        snprintf(parent, sizeof(parent), "%s/updates", s->dir);
+        rc = fsync_dir(parent, diag);
+    }
+    if (rc < 0)
+        goto fail;
+    strata_store_sha256(payload, len, p->r.sha256);
+    p->r.bytes = len;
+    p->r.samples = samples;
+    rc = random_receipt(p->r.id, diag);
+    if (rc < 0)
+        goto fail;
+    rc = write_temp(final, payload, len, tmp, sizeof(tmp), diag);
+    if (rc < 0)
+        goto fail;
+    p->tmp = strdup(tmp);
+    if (p->tmp == NULL) {
+        unlink(tmp);
+        rc = strata_diag_set(diag, STRATA_ENOMEM, "out of memory");
+        goto fail;
+    }
+    *out = p;
+    return STRATA_OK;
+fail:
+    strata_store_pending_free(p);
+    return rc;
+}
+
+int strata_store_update_prepare(const strata_store *s, uint32_t round, uint64_t client_id,
+                                const uint8_t *payload, size_t len, uint64_t samples,
+                                strata_store_pending **out, strata_diag *diag)
+{
+    diag_clear(diag);
+    if (out != NULL)
+        *out = NULL;
+    int rc = check_update_args(s, payload, len, samples, out, diag);
+    if (rc < 0)
+        return rc;
+    if (!FITS_I64(client_id))
+        return strata_diag_set(diag, STRATA_EINVAL, "client id %" PRIu64 " is too large",
+                               client_id);
+    return prepare_update(s, round, client_id, payload, len, samples, out, diag);
+}
+
+/* Removes the published files of a failed batch that no committed row
+ * describes. Runs under the write lock (taken again after the rollback), so
+ * that no other connection can be between publishing the same path and
+ * committing its row; when the lock cannot be had, recovery removes the
+ * files at the next open. */
+static void unpublish(strata_store *s, strata_store_pending *const *p, size_t n)
+{
+    size_t any = 0;
+    for (size_t i = 0; i < n; i++)
+        any += p[i]->published;
+    if (any == 0 || tx_begin(s, NULL) < 0)
+        return;
+    for (size_t i = 0; i < n; i++) {
+        int found = 1;
+        if (p[i]->published &&
+            find_update(s, p[i]->round, p[i]->client_id, NULL, &found, NULL) == STRATA_OK && !found)
+            unlink(p[i]->final);
+        p[i]->published = 0;
+    }
+    tx_rollback(s);
+}
+
+/* Commits n prepared updates in one transaction (see
+ * strata_store_update_commit_many). item_diag, when not NULL, receives the
+ * reason of a refusal (used for a single update); diag the reason of a
+ * failure of the whole batch. Frees every p[i]. */
+static int commit_batch(strata_store *s, strata_store_pending *const *p, size_t n,
+                        strata_store_receipt *receipts, strata_store_verdict *verdicts,
+                        int *results, strata_diag *item_diag, strata_diag *diag)
+{
+    char path[4096];
+    int rc = STRATA_OK;
+    for (size_t i = 0; i < n; i++) {
+        memset(&receipts[i], 0, sizeof(receipts[i]));
+        verdicts[i] = STRATA_STORE_ACCEPTED;
+        results[i] = STRATA_OK;
+        if (p[i] == NULL) {
+            rc = strata_diag_set(diag, STRATA_EINVAL, "update commit: NULL item %zu", i);
+        } else if (strata_store_update_path(s, p[i]->round, p[i]->client_id, path, sizeof(path),
+                                            NULL) < 0 ||
+                   strcmp(path, p[i]->final) != 0) {
+            rc = strata_diag_set(diag, STRATA_EINVAL,
+                                 "update commit: item %zu was prepared for another state "
+                                 "directory",
+                                 i);
+        }
+    }
+    if (rc < 0)
+        goto out;
+    /* Under the write lock: decide (another connection may have stored an
+     * update or closed the round since the caller looked), publish each
+     * accepted file and insert its row; make the directories durable; then
+     * one synchronous commit for the lot. */
+    rc = tx_begin(s, diag);
+    if (rc < 0)
+        goto out;
+    int64_t received = now_ms();
+    for (size_t i = 0; i < n; i++) {
+        strata_store_pending *q = p[i];
+        strata_diag d;
+        d.msg[0] = '\0';
+        int c = check_put(s, q->round, q->client_id, &receipts[i], &verdicts[i], &d);
+        if (c == 1)
+            continue; /* a duplicate: the original receipt, STRATA_OK */
+        if (c == STRATA_ESTATE && verdicts[i] != STRATA_STORE_ACCEPTED) {
+            results[i] = STRATA_ESTATE;
+            if (item_diag != NULL)
+                *item_diag = d;
+            continue;
+        }
+        if (c < 0) {
+            rc = c;
+            if (diag != NULL)
+                *diag = d;
+            goto out;
+        }
+        if (rename(q->tmp, q->final) < 0) {
+            rc = strata_diag_set(diag, STRATA_EIO, "rename %s to %s: %s", q->tmp, q->final,
+                                 strerror(errno));
+            goto out;
+        }
+        free(q->tmp);
+        q->tmp = NULL;
+        q->published = 1;
+        sqlite3_stmt *st = stmt(s, S_UPDATE_INSERT);
+        sqlite3_bind_int64(st, 1, q->round);
+        sqlite3_bind_int64(st, 2, (int64_t)q->client_id);
+        sqlite3_bind_text(st, 3, q->r.id, -1, SQLITE_STATIC);
+        sqlite3_bind_blob(st, 4, q->r.sha256, STRATA_STORE_HASH_LEN, SQLITE_STATIC);
+        sqlite3_bind_int64(st, 5, (int64_t)q->r.bytes);
+        sqlite3_bind_int64(st, 6, (int64_t)q->r.samples);
+        sqlite3_bind_int64(st, 7, received);
+        rc = exec_stmt(s, S_UPDATE_INSERT, diag, "insert update");
+        if (rc < 0)
+            goto out;
+        receipts[i] = q->r;
+        receipts[i].received_unix_ms = received;
+    }
+    /* One fsync per directory that received a file (one per round). */
+    for (size_t i = 0; i < n; i++) {
+        if (!p[i]->published)
+            continue;
+        int seen = 0;
+        for (size_t j = 0; j < i && !seen; j++)
+            seen = p[j]->published && p[j]->dir_len == p[i]->dir_len &&
+                   memcmp(p[j]->final, p[i]->final, p[i]->dir_len) == 0;
+        if (seen)
+            continue;
+        memcpy(path, p[i]->final, p[i]->dir_len);
+        path[p[i]->dir_len] = '\0';
+        rc = fsync_dir(path, diag);
+        if (rc < 0)
+            goto out;
+    }
+    rc = tx_commit(s, diag);
+    if (rc == STRATA_OK)
+        for (size_t i = 0; i < n; i++)
+            p[i]->published = 0; /* the files belong to their committed rows */
+out:
+    if (rc < 0) {
+        tx_rollback(s);
+        int have_all = 1;
+        for (size_t i = 0; i < n; i++)
+            have_all &= p[i] != NULL;
+        if (have_all)
+            unpublish(s, p, n);
+        for (size_t i = 0; i < n; i++) {
+            memset(&receipts[i], 0, sizeof(receipts[i]));
+            verdicts[i] = STRATA_STORE_ACCEPTED;
+            results[i] = rc;
+        }
+    }
+    for (size_t i = 0; i < n; i++)
+        strata_store_pending_free(p[i]);
+    return rc;
+}
+
+int strata_store_update_commit(strata_store *s, strata_store_pending *p,
+                               strata_store_receipt *receipt, strata_store_verdict *verdict,
+                               strata_diag *diag)
+{
+    strata_store_verdict v_local;
+    diag_clear(diag);
+    if (verdict == NULL)
+        verdict = &v_local;
+    *verdict = STRATA_STORE_ACCEPTED;
+    if (receipt != NULL)
+        memset(receipt, 0, sizeof(*receipt));
+    if (s == NULL || p == NULL || receipt == NULL) {
+        strata_store_pending_free(p);
+        return strata_diag_set(diag, STRATA_EINVAL, "update commit: NULL argument");
+    }
+    int result;
+    int rc = commit_batch(s, &p, 1, receipt, verdict, &result, diag, diag);
+    return rc < 0 ? rc : result;
+}
+
+int strata_store_update_commit_many(strata_store *s, strata_store_pending *const *p, size_t n,
+                                    strata_store_receipt *receipts, strata_store_verdict *verdicts,
+                                    int *results, strata_diag *diag)
+{
+    diag_clear(diag);
+    if (n == 0)
+        return STRATA_OK;
+    if (s == NULL || p == NULL || receipts == NULL || verdicts == NULL || results == NULL) {
+        for (size_t i = 0; p != NULL && i < n; i++)
+            strata_store_pending_free(p[i]);
+        for (size_t i = 0; results != NULL && i < n; i++)
+            results[i] = STRATA_EINVAL;
+        return strata_diag_set(diag, STRATA_EINVAL, "update commit: NULL argument");
+    }
+    return commit_batch(s, p, n, receipts, verdicts, results, NULL, diag);
+}
+
 int strata_store_update_put(strata_store *s, uint32_t round, uint64_t client_id,
                             const uint8_t *payload, size_t len, uint64_t samples,
                             strata_store_receipt *receipt, strata_store_verdict *verdict,
@@ -1395,105 +1680,26 @@ int strata_store_update_put(strata_store *s, uint32_t round, uint64_t client_id,
     *verdict = STRATA_STORE_ACCEPTED;
     if (receipt != NULL)
         memset(receipt, 0, sizeof(*receipt));
-    if (s == NULL || payload == NULL || receipt == NULL)
-        return strata_diag_set(diag, STRATA_EINVAL, "update put: NULL argument");
-    if (len == 0)
-        return strata_diag_set(diag, STRATA_EINVAL, "update put: empty payload");
-    if (samples == 0 || !FITS_I64(samples) || !FITS_I64(len))
-        return strata_diag_set(diag, STRATA_EINVAL,
-                               "update put: sample count %" PRIu64 " out of range", samples);
+    int rc = check_update_args(s, payload, len, samples, receipt, diag);
+    if (rc < 0)
+        return rc;
     if (!FITS_I64(client_id)) {
         *verdict = STRATA_STORE_REJECT_NOT_SELECTED;
         return strata_diag_set(diag, STRATA_ESTATE,
                                "client %" PRIu64 " is not selected for round %" PRIu32, client_id,
                                round);
     }
-
     /* Cheap refusals and duplicates before any file is written. */
-    int rc = check_put(s, round, client_id, receipt, verdict, diag);
+    rc = check_put(s, round, client_id, receipt, verdict, diag);
     if (rc != 0)
         return rc < 0 ? rc : STRATA_OK;
-
-    char final[4096], tmp[4200], dir[4096];
-    int created, tmp_exists = 0, final_exists = 0;
-    rc = join(dir, sizeof(dir), diag, "%s/updates/%" PRIu32, s->dir, round);
-    if (rc == STRATA_OK)
-        rc = strata_store_update_path(s, round, client_id, final, sizeof(final), diag);
-    if (rc == STRATA_OK)
-        rc = make_dir(dir, &created, diag);
-    if (rc == STRATA_OK && created) {
-        char parent[4096];
-        snprintf(parent, sizeof(parent), "%s/updates", s->dir);
-        rc = fsync_dir(parent, diag);
-    }
+    strata_store_pending *p = NULL;
+    rc = prepare_update(s, round, client_id, payload, len, samples, &p, diag);
     if (rc < 0)
         return rc;
-
-    strata_store_receipt r = {0};
-    strata_store_sha256(payload, len, r.sha256);
-    r.bytes = len;
-    r.samples = samples;
-    rc = random_receipt(r.id, diag);
-    if (rc < 0)
-        return rc;
-    rc = write_temp(final, payload, len, tmp, sizeof(tmp), diag);
-    if (rc < 0)
-        return rc;
-    tmp_exists = 1;
-
-    /* Under the write lock: decide again (another connection may have
-     * stored this update or closed the round meanwhile), then publish the
-     * file and commit its row. */
-    rc = tx_begin(s, diag);
-    if (rc < 0)
-        goto out;
-    rc = check_put(s, round, client_id, receipt, verdict, diag);
-    if (rc != 0) {
-        rc = rc < 0 ? rc : STRATA_OK;
-        goto out;
-    }
-    if (rename(tmp, final) < 0) {
-        rc = strata_diag_set(diag, STRATA_EIO, "rename %s to %s: %s", tmp, final, strerror(errno));
-        goto out;
-    }
-    tmp_exists = 0;
-    final_exists = 1;
-    rc = fsync_dir(dir, diag);
-    if (rc < 0)
-        goto out;
-    r.received_unix_ms = now_ms();
-    sqlite3_stmt *st = stmt(s, S_UPDATE_INSERT);
-    sqlite3_bind_int64(st, 1, round);
-    sqlite3_bind_int64(st, 2, (int64_t)client_id);
-    sqlite3_bind_text(st, 3, r.id, -1, SQLITE_STATIC);
-    sqlite3_bind_blob(st, 4, r.sha256, STRATA_STORE_HASH_LEN, SQLITE_STATIC);
-    sqlite3_bind_int64(st, 5, (int64_t)len);
-    sqlite3_bind_int64(st, 6, (int64_t)samples);
-    sqlite3_bind_int64(st, 7, r.received_unix_ms);
-    rc = exec_stmt(s, S_UPDATE_INSERT, diag, "insert update");
-    if (rc < 0)
-        goto out;
-    rc = tx_commit(s, diag);
-    if (rc < 0)
-        goto out;
-    final_exists = 0;
-    *receipt = r;
-    *verdict = STRATA_STORE_ACCEPTED;
-out:
-    if (final_exists) {
-        /* The row was not committed. Remove the file while holding the write
-         * lock, so that no other connection can be between publishing the
-         * same path and committing its row; when the lock cannot be had,
-         * recovery removes the file at the next open. */
-        int found = 1;
-        if ((!sqlite3_get_autocommit(s->db) || tx_begin(s, NULL) == STRATA_OK) &&
-            find_update(s, round, client_id, NULL, &found, NULL) == STRATA_OK && !found)
-            unlink(final);
-    }
-    tx_rollback(s);
-    if (tmp_exists)
-        unlink(tmp);
-    return rc;
+    int result;
+    rc = commit_batch(s, &p, 1, receipt, verdict, &result, diag, diag);
+    return rc < 0 ? rc : result;
 }
 
 void strata_store_update_list_free(strata_store_update *updates, size_t n)

@@ -6,8 +6,9 @@
  *   checkpoints/model-<V>.safetensors   the global model of version V
  *   lock            held (flock) by the process that owns the directory
  *
- * Durability contract. strata_store_update_put returns STRATA_OK only after
- * the payload file is written, fsync'ed and renamed into place (and its
+ * Durability contract. strata_store_update_put (and the commit of a prepared
+ * update, strata_store_update_commit and _commit_many) returns STRATA_OK only
+ * after the payload file is written, fsync'ed and renamed into place (and its
  * directory fsync'ed) AND the row describing it is committed with
  * synchronous=FULL. A caller may acknowledge the update (HTTP 200) exactly
  * then: after a crash of the process or of the machine the update is listed by
@@ -213,6 +214,70 @@ int strata_store_update_put(strata_store *s, uint32_t round, uint64_t client_id,
                             const uint8_t *payload, size_t len, uint64_t samples,
                             strata_store_receipt *receipt, strata_store_verdict *verdict,
                             strata_diag *diag);
+
+/* ---- Updates in two steps: prepare, then commit (alone or in groups) -----
+ *
+ * strata_store_update_put is strata_store_update_prepare followed by
+ * strata_store_update_commit. A caller that serialises its store calls under
+ * a lock can run the slow half (writing and fsync'ing the payload file)
+ * before taking the lock, and commit several prepared updates in one
+ * transaction (one directory fsync and one synchronous commit for all). The
+ * durability contract is the same: an update may be acknowledged only once
+ * its commit says so. */
+
+/* An update whose payload is written and fsync'ed to a temporary file in
+ * updates/<round>/ but not yet published or recorded. Opaque. */
+typedef struct strata_store_pending strata_store_pending;
+
+/* Writes client_id's payload for `round` (borrowed, len > 0 bytes) to a new
+ * temporary file in the round's directory (created when missing) and fsyncs
+ * it, computes its SHA-256 and draws a receipt id. Touches no database
+ * connection: it reads only s's directory name, which never changes, so it
+ * may run in any thread at the same time as any other call on s or its
+ * secondaries (typically before the caller takes the lock that serialises
+ * its use of s). Nothing becomes visible to readers; the round, the
+ * selection and duplicates are checked by the commit. *out (pass it to a
+ * commit, or discard it with strata_store_pending_free) is NULL on error.
+ * Errors: STRATA_EINVAL for the argument checks of strata_store_update_put
+ * (len > 0, samples > 0, ids and sizes that fit int64_t), STRATA_EIO,
+ * STRATA_ENOMEM, STRATA_ETOOBIG (path too long). */
+int strata_store_update_prepare(const strata_store *s, uint32_t round, uint64_t client_id,
+                                const uint8_t *payload, size_t len, uint64_t samples,
+                                strata_store_pending **out, strata_diag *diag);
+
+/* Discards a prepared update: removes its temporary file and frees it.
+ * Accepts NULL. Thread-safe for distinct pendings. */
+void strata_store_pending_free(strata_store_pending *p);
+
+/* Commits a prepared update with exactly the outcomes, refusals and
+ * durability of strata_store_update_put (receipt, verdict, STRATA_ESTATE for
+ * a refusal, other errors must not be acknowledged). Takes ownership of p,
+ * which is freed in every case (its temporary file is published or
+ * removed). Like every call that uses s's connection: one thread at a time
+ * per s. STRATA_EINVAL when p or receipt is NULL. */
+int strata_store_update_commit(strata_store *s, strata_store_pending *p,
+                               strata_store_receipt *receipt, strata_store_verdict *verdict,
+                               strata_diag *diag);
+
+/* Group commit: commits the n prepared updates p[0..n-1] in one write
+ * transaction, with one directory fsync per distinct round directory and one
+ * synchronous (synchronous=FULL) commit for all of them. Item i gets
+ * results[i] = STRATA_OK (accepted, or a duplicate with the original
+ * receipt) or STRATA_ESTATE (refused: verdicts[i] says why), and receipts[i]
+ * and verdicts[i] as strata_store_update_put would set them. Items of one
+ * batch are decided in order, so a second item for the same (round, client)
+ * is a duplicate of the first.
+ *
+ * Returns STRATA_OK when the transaction committed: every item whose
+ * results[i] is STRATA_OK is then durable and may be acknowledged. Any other
+ * return (STRATA_EIO, STRATA_ENOMEM; STRATA_EINVAL for a NULL array or item)
+ * means nothing of the batch was committed: results[i] hold that error for
+ * every i and no item may be acknowledged. Takes ownership of every p[i]
+ * (freed in every case). receipts, verdicts and results have n entries each;
+ * n == 0 does nothing. */
+int strata_store_update_commit_many(strata_store *s, strata_store_pending *const *p, size_t n,
+                                    strata_store_receipt *receipts, strata_store_verdict *verdicts,
+                                    int *results, strata_diag *diag);
 
 typedef struct strata_store_update {
     uint32_t round;

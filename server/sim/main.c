@@ -4,6 +4,7 @@
  * coordinator's round records. */
 #include "store.h"
 
+#include "strata/fileio.h"
 #include "strata/parse.h"
 
 #include <errno.h>
@@ -17,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -233,6 +235,23 @@ int main(int argc, char **argv)
         fprintf(stderr, "strata-sim: cannot create %s: %s\n", o.out, strerror(errno));
         return 1;
     }
+    /* A fresh enrolment secret for this federation, in a file only this user
+     * can read (not on any command line). */
+    char secret_file[PATH_MAX], secret[65];
+    uint8_t rnd[32];
+    strata_diag sd = {{0}};
+    snprintf(secret_file, sizeof(secret_file), "%s/enrolment.secret", o.out);
+    if (getrandom(rnd, sizeof(rnd), 0) != (ssize_t)sizeof(rnd)) {
+        fprintf(stderr, "strata-sim: no randomness: %s\n", strerror(errno));
+        return 1;
+    }
+    for (int i = 0; i < 32; i++)
+        snprintf(secret + 2 * i, 3, "%02x", rnd[i]);
+    int src = strata_file_write_atomic(secret_file, secret, 64, 0600, &sd);
+    if (src < 0) {
+        fprintf(stderr, "strata-sim: %s\n", strata_diag_msg(&sd, src));
+        return 1;
+    }
 
     char s_clients[32], s_rounds[32], s_seed[32], s_epochs[32], s_batch[32], s_deadline[32];
     snprintf(s_clients, sizeof(s_clients), "%ld", o.clients);
@@ -278,6 +297,8 @@ int main(int argc, char **argv)
                      s_seed,
                      "--threads",
                      "1",
+                     "--enrolment-secret-file",
+                     secret_file,
                      NULL};
     int pfd[2];
     if (pipe(pfd) != 0)
@@ -342,6 +363,8 @@ int main(int argc, char **argv)
                                      s_seed,
                                      "--threads",
                                      "1",
+                                     "--enrolment-secret-file",
+                                     secret_file,
                                      NULL};
                     cpids[i] = spawn(cargv, clog, -1);
                 }

@@ -78,7 +78,7 @@ run() {
     mkdir -p "$dir"
     "$SERVER" --state-dir "$dir/state" --model mlp --data "$DATA" --port 0 --rounds 1 \
         --min-clients "$n" --clients-per-round "$n" --policy "$policy" --density "$density" \
-        --round-deadline 300 >"$dir/server.out" 2>"$dir/server.err" &
+        --round-deadline 300 --enrolment-secret mem-s3cret >"$dir/server.out" 2>"$dir/server.err" &
     SPID=$!
     for _ in $(seq 1 300); do
         grep -q "listening on" "$dir/server.out" 2>/dev/null && break
@@ -94,7 +94,7 @@ run() {
     : >"$dir/clients"
     for i in $(seq 1 "$n"); do
         body=$("${C[@]}" -f -X POST -H 'Content-Type: application/json' \
-            -d "{\"name\":\"mem-$i\"}" "$url/v1/clients") || fail "register $i"
+            -d "{\"name\":\"mem-$i\",\"enrolment_secret\":\"mem-s3cret\"}" "$url/v1/clients") || fail "register $i"
         echo "$(json_field "$body" client_id) $(json_field "$body" token)" >>"$dir/clients"
     done
     "${C[@]}" -f -H "Authorization: Bearer $(head -n 1 "$dir/clients" | cut -d' ' -f2)" \

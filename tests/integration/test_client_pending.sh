@@ -29,14 +29,14 @@ wait_for() { # seconds command...
 export OMP_NUM_THREADS=1 OMP_WAIT_POLICY=passive
 "$BUILD/strata-server" --state-dir "$WORK/state" --model mlp --data "$DATA" --port 0 --rounds 2 \
     --min-clients 1 --clients-per-round 1 --policy uniform --density 0.05 \
-    >"$WORK/server.out" 2>"$WORK/server.err" &
+    --enrolment-secret pending-s3cret >"$WORK/server.out" 2>"$WORK/server.err" &
 SPID=$!
 wait_for 60 grep -q "listening on" "$WORK/server.out" || fail "coordinator did not start"
 URL=$(head -n 1 "$WORK/server.out" | sed -n 's/^strata-server: listening on //p')
 
 start_client() {
     "$BUILD/strata-client" --server "$URL" --state-dir "$WORK/client" --data "$DATA" \
-        --poll-wait 1 >>"$WORK/client.log" 2>&1 &
+        --enrolment-secret pending-s3cret --poll-wait 1 >>"$WORK/client.log" 2>&1 &
     CPID=$!
 }
 start_client
@@ -78,7 +78,7 @@ wait "$SPID" 2>/dev/null || true
 SPID=""
 "$BUILD/strata-server" --state-dir "$WORK/state2" --model mlp --data "$DATA" --port "$PORT" \
     --rounds 1 --min-clients 1 --clients-per-round 1 --policy uniform --density 0.05 \
-    >"$WORK/server2.out" 2>"$WORK/server2.err" &
+    --enrolment-secret pending-s3cret >"$WORK/server2.out" 2>"$WORK/server2.err" &
 SPID=$!
 wait_for 60 grep -q "listening on" "$WORK/server2.out" || fail "second coordinator did not start"
 : >"$WORK/client.log"

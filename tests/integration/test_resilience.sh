@@ -84,7 +84,8 @@ SPID=""
 start_server() { # start_server PORT TAG
     "$SERVER" --state-dir "$STATE" --model mlp --data "$DATA" --port "$1" --rounds $ROUNDS \
         --min-clients $NC --clients-per-round $NC --policy legacy --density 0.05 \
-        --round-deadline 120 >"$WORK/server$2.out" 2>"$WORK/server$2.err" &
+        --round-deadline 120 --enrolment-secret resilience-s3cret \
+        >"$WORK/server$2.out" 2>"$WORK/server$2.err" &
     SPID=$!
     PIDS+=("$SPID")
     wait_until 30 "server $2 listening" server_ready "$2"
@@ -100,6 +101,7 @@ CPID=()
 start_client() { # start_client INDEX
     "$CLIENT" --server "$URL" --state-dir "$WORK/c$1" --data "$DATA" --partition iid \
         --num-clients $NC --client-index "$1" --threads 1 --poll-wait 5 --name "edge-$1" \
+        --enrolment-secret resilience-s3cret \
         >>"$WORK/c$1.log" 2>&1 &
     CPID[$1]=$!
     PIDS+=("${CPID[$1]}")

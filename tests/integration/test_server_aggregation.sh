@@ -36,7 +36,7 @@ run_case() {
     mkdir -p "$dir"
     "$SERVER" --state-dir "$dir/state" --model mlp --data "$DATA" --port 0 --rounds 1 \
         --min-clients 3 --clients-per-round 3 --policy "$policy" --density "$density" \
-        --server-opt "$opt" --server-lr "$lr" --round-deadline 60 \
+        --server-opt "$opt" --server-lr "$lr" --round-deadline 60 --enrolment-secret agg-s3cret \
         >"$dir/server.out" 2>"$dir/server.err" &
     SPID=$!
     for _ in $(seq 1 200); do
@@ -51,7 +51,7 @@ run_case() {
     local ids=() tokens=() i body
     for i in 0 1 2; do
         body=$("${C[@]}" -f -X POST -H 'Content-Type: application/json' \
-            -d "{\"name\":\"agg-$i\"}" "$url/v1/clients") || fail "$name: register $i"
+            -d "{\"name\":\"agg-$i\",\"enrolment_secret\":\"agg-s3cret\"}" "$url/v1/clients") || fail "$name: register $i"
         ids[i]=$(json_field "$body" client_id)
         tokens[i]=$(json_field "$body" token)
     done

@@ -66,9 +66,13 @@ expect 405 "wrong method"
 
 # Registration.
 J=(-H 'Content-Type: application/json')
+B=(-H "Content-Type: application/octet-stream")
 req POST /v1/clients "${J[@]}" -d '{"name":"edge-1"}'
-expect 403 "missing secret"
-echo "$BODY" | grep -q bad_secret || fail "403 body: $BODY"
+expect 400 "missing secret"
+echo "$BODY" | grep -q enrolment_secret || fail "400 body: $BODY"
+req POST /v1/clients "${J[@]}" -d '{"name":"edge-1","enrolment_secret":"s3creT"}'
+expect 401 "wrong secret"
+echo "$BODY" | grep -q bad_secret || fail "401 body: $BODY"
 req POST /v1/clients "${J[@]}" -d '{"name":"edge-1"'
 expect 400 "malformed JSON"
 req POST /v1/clients "${J[@]}" -d '{"name":"edge-1","colour":"red","enrolment_secret":"s3cret"}'
@@ -115,22 +119,22 @@ expect 404 "unknown model version"
 
 # Uploads: garbage, then a real payload built from the model itself.
 head -c 100 /dev/urandom >"$WORK/garbage.bin"
-req POST /v1/rounds/0/updates "${A[@]}" --data-binary @"$WORK/garbage.bin" \
+req POST /v1/rounds/0/updates "${A[@]}" "${B[@]}" --data-binary @"$WORK/garbage.bin" \
     -H 'Content-Type: application/octet-stream'
 expect 400 "garbage upload"
 echo "$BODY" | grep -q bad_payload || fail "garbage body: $BODY"
 "$TOOL" compress --in "$WORK/model.safetensors" --policy uniform --density 0.05 --round 0 \
     --rounds 2 --out "$WORK/wrong.bin" --client-id "$CID" --samples 0 >/dev/null
-req POST /v1/rounds/0/updates "${A[@]}" --data-binary @"$WORK/wrong.bin"
+req POST /v1/rounds/0/updates "${A[@]}" "${B[@]}" --data-binary @"$WORK/wrong.bin"
 expect 422 "sample_count 0"
 echo "$BODY" | grep -q invalid_update || fail "422 body: $BODY"
 "$TOOL" compress --in "$WORK/model.safetensors" --policy uniform --density 0.05 --round 0 \
     --rounds 2 --out "$WORK/up.bin" --client-id "$CID" --model-version 0 --samples 100 >/dev/null
-req POST /v1/rounds/0/updates "${A[@]}" --data-binary @"$WORK/up.bin"
+req POST /v1/rounds/0/updates "${A[@]}" "${B[@]}" --data-binary @"$WORK/up.bin"
 expect 200 upload
 RECEIPT=$(json_field "$BODY" receipt)
 [ "$(json_field "$BODY" duplicate)" = false ] || fail "first upload: $BODY"
-req POST /v1/rounds/0/updates "${A[@]}" --data-binary @"$WORK/up.bin"
+req POST /v1/rounds/0/updates "${A[@]}" "${B[@]}" --data-binary @"$WORK/up.bin"
 expect 200 "repeated upload"
 [ "$(json_field "$BODY" receipt)" = "$RECEIPT" ] || fail "repeat receipt: $BODY"
 [ "$(json_field "$BODY" duplicate)" = true ] || fail "repeat: $BODY"
@@ -151,13 +155,13 @@ expect 200 rounds
 echo "$BODY" | grep -q '"round":0' || fail "rounds list: $BODY"
 req GET /v1/rounds/99
 expect 404 "unknown round"
-req POST /v1/rounds/0/updates "${A[@]}" --data-binary @"$WORK/up.bin"
+req POST /v1/rounds/0/updates "${A[@]}" "${B[@]}" --data-binary @"$WORK/up.bin"
 expect 200 "repeat after close"
 [ "$(json_field "$BODY" duplicate)" = true ] || fail "repeat after close: $BODY"
 "$TOOL" compress --in "$WORK/model.safetensors" --policy uniform --density 0.05 --round 0 \
     --rounds 2 --out "$WORK/up1.bin" --client-id "$CID" --model-version 1 --samples 10 \
     >/dev/null
-req POST /v1/rounds/5/updates "${A[@]}" --data-binary @"$WORK/up1.bin"
+req POST /v1/rounds/5/updates "${A[@]}" "${B[@]}" --data-binary @"$WORK/up1.bin"
 expect 409 "round never opened"
 echo "$BODY" | grep -q round_not_open || fail "409 body: $BODY"
 req GET /v1/models/1 "${A[@]}"
@@ -178,13 +182,13 @@ T2=$(json_field "$BODY" token)
 C2=$(json_field "$BODY" client_id)
 "$TOOL" compress --in "$WORK/model.safetensors" --policy uniform --density 0.05 --round 0 \
     --rounds 2 --out "$WORK/late.bin" --client-id "$C2" --samples 10 >/dev/null
-req POST /v1/rounds/0/updates -H "Authorization: Bearer $T2" --data-binary @"$WORK/late.bin"
+req POST /v1/rounds/0/updates -H "Authorization: Bearer $T2" "${B[@]}" --data-binary @"$WORK/late.bin"
 expect 409 "upload for a closed round"
 echo "$BODY" | grep -q round_closed || fail "409 body: $BODY"
 # ... and it was registered after round 1 opened, so it is not selected: 403.
 "$TOOL" compress --in "$WORK/model.safetensors" --policy uniform --density 0.05 --round 1 \
     --rounds 2 --out "$WORK/late1.bin" --client-id "$C2" --model-version 1 --samples 10 >/dev/null
-req POST /v1/rounds/1/updates -H "Authorization: Bearer $T2" --data-binary @"$WORK/late1.bin"
+req POST /v1/rounds/1/updates -H "Authorization: Bearer $T2" "${B[@]}" --data-binary @"$WORK/late1.bin"
 expect 403 "client not selected"
 echo "$BODY" | grep -q not_selected || fail "403 body: $BODY"
 
@@ -206,7 +210,7 @@ echo "$BODY" | grep -q '^strata_updates_accepted_total 1$' || fail "accepted cou
 # The last round (1 of 0..1) completes; then tasks answer 410 finished.
 "$TOOL" compress --in "$WORK/model.safetensors" --policy uniform --density 0.05 --round 1 \
     --rounds 2 --out "$WORK/up1.bin" --client-id "$CID" --model-version 1 --samples 10 >/dev/null
-req POST /v1/rounds/1/updates "${A[@]}" --data-binary @"$WORK/up1.bin"
+req POST /v1/rounds/1/updates "${A[@]}" "${B[@]}" --data-binary @"$WORK/up1.bin"
 expect 200 "round 1 upload"
 for _ in $(seq 1 100); do
     req GET /v1/status

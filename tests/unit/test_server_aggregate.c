@@ -435,6 +435,156 @@ static void test_rejected_updates_change_nothing(void)
     strata_tensor_list_cleanup(&layout);
 }
 
+/* ---- 2b. update-norm clipping ---- */
+
+/* Norms 5 (at the bound: unchanged), 10 (above: halved) and 1 (below). */
+static void test_clip_hand_computed(void)
+{
+    strata_tensor_list layout;
+    int64_t s[1] = {2};
+    strata_tensor_list_init(&layout);
+    CU_ASSERT_EQUAL_FATAL(strata_tensor_list_add(&layout, "w", 1, s, NULL), STRATA_OK);
+    float v1[2] = {3, 4}, v2[2] = {6, 8}, v3[2] = {0, 1};
+    strata_clayer c1 = {.comp = STRATA_COMP_NONE, .numel = 2, .count = 2, .values = v1};
+    strata_clayer c2 = {.comp = STRATA_COMP_NONE, .numel = 2, .count = 2, .values = v2};
+    strata_clayer c3 = {.comp = STRATA_COMP_NONE, .numel = 2, .count = 2, .values = v3};
+    strata_agg *agg = NULL;
+    CU_ASSERT_EQUAL_FATAL(strata_agg_new(&layout, &agg), STRATA_OK);
+    double norm = -1.0;
+    CU_ASSERT_EQUAL(strata_agg_add_clipped(agg, &c1, 1, 1.0, 5.0, &norm, NULL), STRATA_OK);
+    CU_ASSERT_EQUAL(norm, 5.0);
+    CU_ASSERT_EQUAL(strata_agg_add_clipped(agg, &c2, 1, 2.0, 5.0, &norm, NULL), STRATA_OK);
+    CU_ASSERT_EQUAL(norm, 10.0); /* the norm before clipping */
+    CU_ASSERT_EQUAL(strata_agg_add_clipped(agg, &c3, 1, 1.0, 5.0, &norm, NULL), STRATA_OK);
+    CU_ASSERT_EQUAL(norm, 1.0);
+    /* The clipped update keeps its weight 2: (1*[3,4] + 2*[3,4] + 1*[0,1]) / 4 */
+    CU_ASSERT_EQUAL(strata_agg_total_weight(agg), 4.0);
+    strata_tensor_list m;
+    agg_mean_list(agg, &layout, &m);
+    CU_ASSERT_EQUAL(m.items[0].data[0], 2.25f);
+    CU_ASSERT_EQUAL(m.items[0].data[1], 3.25f);
+    strata_tensor_list_cleanup(&m);
+
+    /* Bad bounds are refused and change nothing; norm_out is zeroed. */
+    const double bad[] = {-1.0, NAN, -INFINITY};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        strata_diag d = {{0}};
+        norm = -1.0;
+        CU_ASSERT_EQUAL(strata_agg_add_clipped(agg, &c2, 1, 1.0, bad[i], &norm, &d), STRATA_EINVAL);
+        CU_ASSERT(d.msg[0] != '\0');
+        CU_ASSERT_EQUAL(norm, 0.0);
+    }
+    /* A rejected update reports no norm and changes nothing. */
+    strata_clayer wrong = c1;
+    wrong.numel = 3;
+    norm = -1.0;
+    CU_ASSERT_EQUAL(strata_agg_add_clipped(agg, &wrong, 1, 1.0, 1.0, &norm, NULL), STRATA_EPROTO);
+    CU_ASSERT_EQUAL(norm, 0.0);
+    CU_ASSERT_EQUAL(strata_agg_count(agg), 3);
+    CU_ASSERT_EQUAL(strata_agg_total_weight(agg), 4.0);
+    agg_mean_list(agg, &layout, &m);
+    CU_ASSERT_EQUAL(m.items[0].data[0], 2.25f);
+    CU_ASSERT_EQUAL(m.items[0].data[1], 3.25f);
+    strata_tensor_list_cleanup(&m);
+    strata_agg_free(agg);
+    strata_tensor_list_cleanup(&layout);
+}
+
+/* The norm spans every layer; a sparse layer is scaled through its kept
+ * values. */
+static void test_clip_sparse_across_layers(void)
+{
+    strata_tensor_list layout;
+    int64_t sa[1] = {3}, sb[1] = {2};
+    strata_tensor_list_init(&layout);
+    CU_ASSERT_EQUAL_FATAL(strata_tensor_list_add(&layout, "a", 1, sa, NULL), STRATA_OK);
+    CU_ASSERT_EQUAL_FATAL(strata_tensor_list_add(&layout, "b", 1, sb, NULL), STRATA_OK);
+    uint32_t ia[1] = {2};
+    float va[1] = {-3}, vb[2] = {0, 4};
+    strata_clayer u[2] = {
+        {.layer_index = 0,
+         .comp = STRATA_COMP_TOPK,
+         .numel = 3,
+         .count = 1,
+         .indices = ia,
+         .values = va},
+        {.layer_index = 1, .comp = STRATA_COMP_NONE, .numel = 2, .count = 2, .values = vb},
+    };
+    strata_agg *agg = NULL;
+    CU_ASSERT_EQUAL_FATAL(strata_agg_new(&layout, &agg), STRATA_OK);
+    double norm = 0.0;
+    CU_ASSERT_EQUAL(strata_agg_add_clipped(agg, u, 2, 3.0, 1.0, &norm, NULL), STRATA_OK);
+    CU_ASSERT_EQUAL(norm, 5.0);
+    strata_tensor_list m;
+    agg_mean_list(agg, &layout, &m);
+    /* [0, 0, -3 | 0, 4] / 5 */
+    CU_ASSERT_EQUAL(m.items[0].data[0], 0.0f);
+    CU_ASSERT_EQUAL(m.items[0].data[2], (float)(-3.0 * 0.2));
+    CU_ASSERT_EQUAL(m.items[1].data[0], 0.0f);
+    CU_ASSERT_EQUAL(m.items[1].data[1], (float)(4.0 * 0.2));
+    strata_tensor_list_cleanup(&m);
+    strata_agg_free(agg);
+    strata_tensor_list_cleanup(&layout);
+}
+
+/* strata_agg_add is the clipped path with clipping off; a bound no update
+ * reaches (or +infinity) gives bit-identical means; the norm matches the
+ * decoded update for every compressor. */
+static void test_clip_off_is_plain_add(void)
+{
+    strata_tensor_list layout;
+    make_layout(&layout);
+    const size_t nl = layout.count, total = strata_tensor_list_numel(&layout);
+    const comp_spec mix[] = {SPEC_NONE, SPEC_TOPK, SPEC_RANDK, SPEC_QSGD,
+                             SPEC_SIGN, SPEC_PSGD, SPEC_FP16};
+    const size_t nmix = sizeof(mix) / sizeof(mix[0]);
+    strata_agg *plain = NULL, *off = NULL, *inf = NULL, *high = NULL;
+    CU_ASSERT_EQUAL_FATAL(strata_agg_new(&layout, &plain), STRATA_OK);
+    CU_ASSERT_EQUAL_FATAL(strata_agg_new(&layout, &off), STRATA_OK);
+    CU_ASSERT_EQUAL_FATAL(strata_agg_new(&layout, &inf), STRATA_OK);
+    CU_ASSERT_EQUAL_FATAL(strata_agg_new(&layout, &high), STRATA_OK);
+    float *dense = malloc(total * sizeof(float));
+    CU_ASSERT_PTR_NOT_NULL_FATAL(dense);
+    for (size_t c = 0; c < 6; c++) {
+        strata_clayer *u = make_update(&layout, mix, nmix, c);
+        const double w = 1.0 + (double)c;
+        double n1 = 0.0, n2 = 0.0, n3 = 0.0;
+        CU_ASSERT_EQUAL(strata_agg_add(plain, u, nl, w, NULL), STRATA_OK);
+        CU_ASSERT_EQUAL(strata_agg_add_clipped(off, u, nl, w, 0.0, &n1, NULL), STRATA_OK);
+        CU_ASSERT_EQUAL(strata_agg_add_clipped(inf, u, nl, w, INFINITY, &n2, NULL), STRATA_OK);
+        CU_ASSERT_EQUAL(strata_agg_add_clipped(high, u, nl, w, 1e6, &n3, NULL), STRATA_OK);
+        CU_ASSERT(n1 == n2 && n2 == n3);
+        double sq = 0.0;
+        size_t o = 0;
+        for (size_t i = 0; i < nl; i++) {
+            CU_ASSERT_EQUAL_FATAL(strata_clayer_decode(&u[i], dense + o, NULL), STRATA_OK);
+            o += layout.items[i].numel;
+        }
+        for (size_t j = 0; j < total; j++)
+            sq += (double)dense[j] * (double)dense[j];
+        CU_ASSERT(fabs(n1 - sqrt(sq)) <= 1e-12 * sqrt(sq));
+        strata_clayers_free(u, nl);
+    }
+    strata_tensor_list m0, m1, m2, m3;
+    agg_mean_list(plain, &layout, &m0);
+    agg_mean_list(off, &layout, &m1);
+    agg_mean_list(inf, &layout, &m2);
+    agg_mean_list(high, &layout, &m3);
+    CU_ASSERT(lists_identical(&m0, &m1));
+    CU_ASSERT(lists_identical(&m0, &m2));
+    CU_ASSERT(lists_identical(&m0, &m3));
+    strata_tensor_list_cleanup(&m0);
+    strata_tensor_list_cleanup(&m1);
+    strata_tensor_list_cleanup(&m2);
+    strata_tensor_list_cleanup(&m3);
+    free(dense);
+    strata_agg_free(plain);
+    strata_agg_free(off);
+    strata_agg_free(inf);
+    strata_agg_free(high);
+    strata_tensor_list_cleanup(&layout);
+}
+
 /* ---- 3. server optimisers against hand-computed steps ---- */
 
 static void two_params(strata_tensor_list *l, float a, float b)
@@ -710,6 +860,9 @@ int main(void)
         {"sparse updates, hand computed; reset", test_sparse_hand_computed},
         {"rejected updates change nothing", test_rejected_updates_change_nothing},
         {"memory does not grow with updates", test_memory_constant},
+        {"clipping, hand computed; bad bounds", test_clip_hand_computed},
+        {"clipping spans layers, sparse too", test_clip_sparse_across_layers},
+        {"clipping off is the plain add", test_clip_off_is_plain_add},
         CU_TEST_INFO_NULL,
     };
     CU_TestInfo opt_tests[] = {

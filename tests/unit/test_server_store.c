@@ -632,11 +632,57 @@ static uint8_t *crash_payload(uint32_t round, uint64_t client, size_t *len)
     return p;
 }
 
-static void crash_child(const char *dir, uint32_t round, const uint64_t *ids, int fd)
+static void ack(int fd, uint64_t client, const strata_store_receipt *r)
+{
+    ack_record a;
+    memset(&a, 0, sizeof(a));
+    a.client = client;
+    memcpy(a.receipt, r->id, sizeof(a.receipt));
+    memcpy(a.sha256, r->sha256, sizeof(a.sha256));
+    if (write(fd, &a, sizeof(a)) != (ssize_t)sizeof(a))
+        _exit(5);
+}
+
+/* Uploads in groups of `batch`: prepare each, commit the group in one
+ * transaction, acknowledge its members only after the commit said OK. */
+static void crash_child_batched(strata_store *s, uint32_t round, const uint64_t *ids, int fd,
+                                int batch)
+{
+    for (int i = 0; i < CRASH_CLIENTS; i += batch) {
+        int n = CRASH_CLIENTS - i < batch ? CRASH_CLIENTS - i : batch;
+        strata_store_pending *p[CRASH_CLIENTS];
+        strata_store_receipt r[CRASH_CLIENTS];
+        strata_store_verdict v[CRASH_CLIENTS];
+        int res[CRASH_CLIENTS];
+        for (int k = 0; k < n; k++) {
+            size_t len;
+            uint8_t *data = crash_payload(round, ids[i + k], &len);
+            if (data == NULL ||
+                strata_store_update_prepare(s, round, ids[i + k], data, len, (uint64_t)(i + k) + 1,
+                                            &p[k], NULL) != STRATA_OK)
+                _exit(4);
+            free(data);
+        }
+        if (strata_store_update_commit_many(s, p, (size_t)n, r, v, res, NULL) != STRATA_OK)
+            _exit(4);
+        for (int k = 0; k < n; k++) {
+            if (res[k] != STRATA_OK)
+                _exit(4);
+            ack(fd, ids[i + k], &r[k]);
+        }
+    }
+}
+
+static void crash_child(const char *dir, uint32_t round, const uint64_t *ids, int fd, int batch)
 {
     strata_store *s = NULL;
     if (strata_store_open(dir, &s, NULL) != STRATA_OK)
         _exit(3);
+    if (batch > 1) {
+        crash_child_batched(s, round, ids, fd, batch);
+        strata_store_close(s);
+        _exit(0);
+    }
     for (int i = 0; i < CRASH_CLIENTS; i++) {
         size_t len;
         uint8_t *p = crash_payload(round, ids[i], &len);
@@ -646,19 +692,16 @@ static void crash_child(const char *dir, uint32_t round, const uint64_t *ids, in
             _exit(4);
         free(p);
         /* Acknowledge only after the store said OK: this is the 200. */
-        ack_record a;
-        memset(&a, 0, sizeof(a));
-        a.client = ids[i];
-        memcpy(a.receipt, r.id, sizeof(a.receipt));
-        memcpy(a.sha256, r.sha256, sizeof(a.sha256));
-        if (write(fd, &a, sizeof(a)) != (ssize_t)sizeof(a))
-            _exit(5);
+        ack(fd, ids[i], &r);
     }
     strata_store_close(s);
     _exit(0);
 }
 
-static void test_crash_sigkill(void)
+/* Kills a child that uploads CRASH_CLIENTS updates (one by one, or in group
+ * commits of `batch`) at a random moment, several rounds in a row, and
+ * checks what a restart finds. */
+static void crash_run(int batch)
 {
     char *dir = strata_test_tmpdir();
     CU_ASSERT_PTR_NOT_NULL_FATAL(dir);
@@ -689,11 +732,12 @@ static void test_crash_sigkill(void)
         CU_ASSERT_FATAL(pid >= 0);
         if (pid == 0) {
             close(fds[0]);
-            crash_child(dir, round, ids, fds[1]);
+            crash_child(dir, round, ids, fds[1], batch);
         }
         close(fds[1]);
         /* Kill somewhere between immediately and well into the uploads. */
-        struct timespec delay = {0, (long)strata_rng_below(&rng, 40) * 1000 * 1000};
+        struct timespec delay = {0,
+                                 (long)strata_rng_below(&rng, batch > 1 ? 120 : 40) * 1000 * 1000};
         nanosleep(&delay, NULL);
         kill(pid, SIGKILL);
         int status = 0;
@@ -770,11 +814,21 @@ static void test_crash_sigkill(void)
         if ((t1.tv_sec - t0.tv_sec) > 4)
             break;
     }
-    fprintf(stderr, "\n    crash test: %zu acknowledged, %zu committed at the kills\n", total_acked,
-            total_listed);
+    fprintf(stderr, "\n    crash test (batch %d): %zu acknowledged, %zu committed at the kills\n",
+            batch, total_acked, total_listed);
 
     strata_test_rmtree(dir);
     free(dir);
+}
+
+static void test_crash_sigkill(void)
+{
+    crash_run(1);
+}
+
+static void test_crash_sigkill_group_commit(void)
+{
+    crash_run(5);
 }
 
 /* ---- 5c. concurrent connections racing for the same (client, round) ---- */
@@ -848,6 +902,383 @@ static void test_concurrent_same_update(void)
     CU_ASSERT_EQUAL(count_entries(rdir), 1);
     for (int i = 0; i < RACERS; i++)
         strata_store_close(r[i].s);
+    strata_store_close(s);
+    strata_test_rmtree(dir);
+    free(dir);
+}
+
+/* ---- 5d. prepare outside any lock, commit one or a group --------------- */
+
+/* Removes the temporary file of client's prepared update for `round` (to
+ * make its publication fail); returns the number removed. */
+static int remove_temp_of(const char *dir, uint32_t round, uint64_t client)
+{
+    char rdir[1024], prefix[64], path[1400];
+    snprintf(rdir, sizeof(rdir), "%s/updates/%" PRIu32, dir, round);
+    snprintf(prefix, sizeof(prefix), "%" PRIu64 ".bin.tmp.", client);
+    DIR *d = opendir(rdir);
+    if (d == NULL)
+        return 0;
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL)
+        if (strncmp(e->d_name, prefix, strlen(prefix)) == 0) {
+            snprintf(path, sizeof(path), "%s/%s", rdir, e->d_name);
+            n += unlink(path) == 0;
+        }
+    closedir(d);
+    return n;
+}
+
+static strata_store_pending *prepare(strata_store *s, uint32_t round, uint64_t client,
+                                     const char *text, uint64_t samples)
+{
+    strata_store_pending *p = NULL;
+    strata_diag d;
+    int rc = strata_store_update_prepare(s, round, client, (const uint8_t *)text, strlen(text),
+                                         samples, &p, &d);
+    if (rc != STRATA_OK)
+        fprintf(stderr, "prepare: %s\n", strata_diag_msg(&d, rc));
+    return p;
+}
+
+static void test_update_prepare_commit(void)
+{
+    char *dir = strata_test_tmpdir(), *dir2 = strata_test_tmpdir();
+    CU_ASSERT_PTR_NOT_NULL_FATAL(dir);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(dir2);
+    strata_store *s = open_store(dir), *s2 = open_store(dir2);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(s);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(s2);
+    strata_diag d;
+    uint64_t ids[3], ids2[1];
+    add_clients(s, 3, ids);
+    add_clients(s2, 1, ids2);
+    CU_ASSERT_EQUAL_FATAL(strata_store_round_open(s, 1, 0, ids, 2, 0, NULL, &d), STRATA_OK);
+    CU_ASSERT_EQUAL_FATAL(strata_store_round_open(s2, 1, 0, ids2, 1, 0, NULL, &d), STRATA_OK);
+    char rdir[1024], path[1024];
+    snprintf(rdir, sizeof(rdir), "%s/updates/1", dir);
+
+    /* Prepared: a temporary file, nothing listed. */
+    strata_store_pending *p = prepare(s, 1, ids[0], "abc", 10);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(p);
+    CU_ASSERT_EQUAL(count_entries(rdir), 1);
+    uint64_t count = 9;
+    CU_ASSERT_EQUAL(strata_store_update_count(s, 1, &count, &d), STRATA_OK);
+    CU_ASSERT_EQUAL(count, 0);
+    CU_ASSERT_EQUAL(strata_store_update_path(s, 1, ids[0], path, sizeof(path), &d), STRATA_OK);
+    CU_ASSERT(!path_exists(path));
+
+    /* Committed: the same receipt, file and row as a put. */
+    strata_store_receipt r1, r2;
+    strata_store_verdict v = 99;
+    CU_ASSERT_EQUAL(strata_store_update_commit(s, p, &r1, &v, &d), STRATA_OK);
+    CU_ASSERT_EQUAL(v, STRATA_STORE_ACCEPTED);
+    CU_ASSERT_EQUAL(r1.duplicate, 0);
+    CU_ASSERT_EQUAL(r1.bytes, 3);
+    CU_ASSERT_EQUAL(r1.samples, 10);
+    CU_ASSERT(r1.received_unix_ms > 0);
+    CU_ASSERT_EQUAL(strlen(r1.id), STRATA_STORE_RECEIPT_LEN);
+    char shahex[65];
+    hex(r1.sha256, 32, shahex);
+    CU_ASSERT_STRING_EQUAL(shahex,
+                           "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+    uint8_t buf[64];
+    CU_ASSERT_EQUAL(read_small(path, buf, sizeof(buf)), 3);
+    CU_ASSERT(memcmp(buf, "abc", 3) == 0);
+    CU_ASSERT_EQUAL(count_entries(rdir), 1);
+    strata_store_update *list = NULL;
+    size_t n = 0;
+    CU_ASSERT_EQUAL(strata_store_update_list(s, 1, &list, &n, &d), STRATA_OK);
+    CU_ASSERT_EQUAL_FATAL(n, 1);
+    CU_ASSERT_STRING_EQUAL(list[0].receipt.id, r1.id);
+    strata_store_update_list_free(list, n);
+
+    /* A second prepared update of the same client: the original receipt,
+     * the file unchanged, the temporary file gone. */
+    p = prepare(s, 1, ids[0], "other bytes", 5);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(p);
+    CU_ASSERT_EQUAL(strata_store_update_commit(s, p, &r2, &v, &d), STRATA_OK);
+    CU_ASSERT_EQUAL(v, STRATA_STORE_DUPLICATE);
+    CU_ASSERT_EQUAL(r2.duplicate, 1);
+    CU_ASSERT_STRING_EQUAL(r2.id, r1.id);
+    CU_ASSERT_EQUAL(r2.received_unix_ms, r1.received_unix_ms);
+    CU_ASSERT_EQUAL(read_small(path, buf, sizeof(buf)), 3);
+    CU_ASSERT_EQUAL(count_entries(rdir), 1);
+
+    /* Refusals come from the commit: no file is left. */
+    p = prepare(s, 1, ids[2], "abc", 1);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(p);
+    CU_ASSERT_EQUAL(strata_store_update_commit(s, p, &r2, &v, &d), STRATA_ESTATE);
+    CU_ASSERT_EQUAL(v, STRATA_STORE_REJECT_NOT_SELECTED);
+    CU_ASSERT(strstr(d.msg, "not selected") != NULL);
+    CU_ASSERT_EQUAL(count_entries(rdir), 1);
+    p = prepare(s, 7, ids[0], "abc", 1);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(p);
+    CU_ASSERT_EQUAL(strata_store_update_commit(s, p, &r2, &v, &d), STRATA_ESTATE);
+    CU_ASSERT_EQUAL(v, STRATA_STORE_REJECT_UNKNOWN_ROUND);
+    snprintf(path, sizeof(path), "%s/updates/7", dir);
+    CU_ASSERT_EQUAL(count_entries(path), 0);
+
+    /* Discarding removes the temporary file. */
+    p = prepare(s, 1, ids[1], "abc", 1);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(p);
+    CU_ASSERT_EQUAL(count_entries(rdir), 2);
+    strata_store_pending_free(p);
+    strata_store_pending_free(NULL);
+    CU_ASSERT_EQUAL(count_entries(rdir), 1);
+
+    /* Bad arguments. */
+    const uint8_t abc[3] = {'a', 'b', 'c'};
+    p = (strata_store_pending *)&d; /* must be reset to NULL */
+    CU_ASSERT_EQUAL(strata_store_update_prepare(s, 1, ids[1], abc, 0, 1, &p, &d), STRATA_EINVAL);
+    CU_ASSERT_PTR_NULL(p);
+    CU_ASSERT_EQUAL(strata_store_update_prepare(s, 1, ids[1], abc, 3, 0, &p, &d), STRATA_EINVAL);
+    CU_ASSERT_EQUAL(strata_store_update_prepare(s, 1, ids[1], NULL, 3, 1, &p, &d), STRATA_EINVAL);
+    CU_ASSERT_EQUAL(strata_store_update_prepare(NULL, 1, ids[1], abc, 3, 1, &p, &d), STRATA_EINVAL);
+    CU_ASSERT_EQUAL(strata_store_update_prepare(s, 1, ids[1], abc, 3, 1, NULL, &d), STRATA_EINVAL);
+    CU_ASSERT_EQUAL(strata_store_update_prepare(s, 1, UINT64_MAX, abc, 3, 1, &p, &d),
+                    STRATA_EINVAL);
+    CU_ASSERT_EQUAL(strata_store_update_commit(s, NULL, &r2, &v, &d), STRATA_EINVAL);
+    p = prepare(s, 1, ids[1], "abc", 1);
+    CU_ASSERT_EQUAL(strata_store_update_commit(s, p, NULL, &v, &d), STRATA_EINVAL);
+    CU_ASSERT_EQUAL(count_entries(rdir), 1); /* the temporary file went with it */
+    /* Prepared for another state directory. */
+    p = prepare(s2, 1, ids2[0], "abc", 1);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(p);
+    CU_ASSERT_EQUAL(strata_store_update_commit(s, p, &r2, &v, &d), STRATA_EINVAL);
+    snprintf(path, sizeof(path), "%s/updates/1", dir2);
+    CU_ASSERT_EQUAL(count_entries(path), 0);
+
+    /* The round closes between prepare and commit: refused, no file. */
+    p = prepare(s, 1, ids[1], "late", 1);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(p);
+    CU_ASSERT_EQUAL(strata_store_round_close(s, 1, NULL, &d), STRATA_OK);
+    CU_ASSERT_EQUAL(strata_store_update_commit(s, p, &r2, NULL, &d), STRATA_ESTATE);
+    CU_ASSERT(strstr(d.msg, "closed") != NULL);
+    CU_ASSERT_EQUAL(count_entries(rdir), 1);
+
+    strata_store_close(s);
+    strata_store_close(s2);
+    strata_test_rmtree(dir);
+    strata_test_rmtree(dir2);
+    free(dir);
+    free(dir2);
+}
+
+static void test_update_commit_many(void)
+{
+    char *dir = strata_test_tmpdir();
+    CU_ASSERT_PTR_NOT_NULL_FATAL(dir);
+    strata_store *s = open_store(dir);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(s);
+    strata_diag d;
+    uint64_t ids[8];
+    add_clients(s, 8, ids);
+    CU_ASSERT_EQUAL_FATAL(strata_store_round_open(s, 1, 0, ids, 7, 0, NULL, &d), STRATA_OK);
+    char rdir[1024];
+    snprintf(rdir, sizeof(rdir), "%s/updates/1", dir);
+    strata_store_receipt before;
+    CU_ASSERT_EQUAL_FATAL(
+        strata_store_update_put(s, 1, ids[6], (const uint8_t *)"early", 5, 6, &before, NULL, &d),
+        STRATA_OK);
+
+    /* n == 0 does nothing. */
+    CU_ASSERT_EQUAL(strata_store_update_commit_many(s, NULL, 0, NULL, NULL, NULL, &d), STRATA_OK);
+
+    /* A batch: five new updates, a second one of client 0 (a duplicate of
+     * the first in the same batch), an unselected client and a client stored
+     * before the batch. */
+    enum { N = 8 };
+    strata_store_pending *p[N];
+    const char *text[N] = {"u0", "u1", "u2", "u3", "u4", "u0 again", "x7", "late6"};
+    const uint64_t who[N] = {ids[0], ids[1], ids[2], ids[3], ids[4], ids[0], ids[7], ids[6]};
+    for (int i = 0; i < N; i++) {
+        p[i] = prepare(s, 1, who[i], text[i], (uint64_t)i + 1);
+        CU_ASSERT_PTR_NOT_NULL_FATAL(p[i]);
+    }
+    CU_ASSERT_EQUAL(count_entries(rdir), 1 + N);
+    strata_store_receipt rec[N];
+    strata_store_verdict ver[N];
+    int res[N];
+    CU_ASSERT_EQUAL(strata_store_update_commit_many(s, p, N, rec, ver, res, &d), STRATA_OK);
+    for (int i = 0; i < 5; i++) {
+        CU_ASSERT_EQUAL(res[i], STRATA_OK);
+        CU_ASSERT_EQUAL(ver[i], STRATA_STORE_ACCEPTED);
+        CU_ASSERT_EQUAL(rec[i].duplicate, 0);
+        CU_ASSERT_EQUAL(rec[i].bytes, 2);
+        CU_ASSERT_EQUAL(rec[i].samples, (uint64_t)i + 1);
+        CU_ASSERT_EQUAL(strlen(rec[i].id), STRATA_STORE_RECEIPT_LEN);
+    }
+    CU_ASSERT_EQUAL(res[5], STRATA_OK);
+    CU_ASSERT_EQUAL(ver[5], STRATA_STORE_DUPLICATE);
+    CU_ASSERT_STRING_EQUAL(rec[5].id, rec[0].id);
+    CU_ASSERT_EQUAL(res[6], STRATA_ESTATE);
+    CU_ASSERT_EQUAL(ver[6], STRATA_STORE_REJECT_NOT_SELECTED);
+    CU_ASSERT_EQUAL(res[7], STRATA_OK);
+    CU_ASSERT_EQUAL(ver[7], STRATA_STORE_DUPLICATE);
+    CU_ASSERT_STRING_EQUAL(rec[7].id, before.id);
+    /* Six rows (in batch order after the earlier one), six files, no
+     * temporary file left. */
+    strata_store_update *list = NULL;
+    size_t n = 0;
+    CU_ASSERT_EQUAL(strata_store_update_list(s, 1, &list, &n, &d), STRATA_OK);
+    CU_ASSERT_EQUAL_FATAL(n, 6);
+    CU_ASSERT_EQUAL(list[0].client_id, ids[6]);
+    for (int i = 0; i < 5; i++) {
+        CU_ASSERT_EQUAL(list[i + 1].client_id, ids[i]);
+        CU_ASSERT_STRING_EQUAL(list[i + 1].receipt.id, rec[i].id);
+        uint8_t *data = NULL;
+        size_t len = 0;
+        CU_ASSERT_EQUAL(strata_store_update_read(s, 1, ids[i], &data, &len, &d), STRATA_OK);
+        CU_ASSERT(len == 2 && data != NULL && memcmp(data, text[i], 2) == 0);
+        free(data);
+    }
+    strata_store_update_list_free(list, n);
+    CU_ASSERT_EQUAL(count_entries(rdir), 6);
+
+    /* A batch that fails as a whole (the second file cannot be published)
+     * commits nothing and leaves no file, not even the first one's. */
+    CU_ASSERT_EQUAL_FATAL(strata_store_round_close(s, 1, NULL, &d), STRATA_OK);
+    CU_ASSERT_EQUAL_FATAL(strata_store_round_open(s, 2, 1, ids, 8, 0, NULL, &d), STRATA_OK);
+    snprintf(rdir, sizeof(rdir), "%s/updates/2", dir);
+    p[0] = prepare(s, 2, ids[5], "five", 5);
+    p[1] = prepare(s, 2, ids[7], "seven", 7);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(p[0]);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(p[1]);
+    CU_ASSERT_EQUAL(count_entries(rdir), 2);
+    CU_ASSERT_EQUAL_FATAL(remove_temp_of(dir, 2, ids[7]), 1);
+    CU_ASSERT_EQUAL(strata_store_update_commit_many(s, p, 2, rec, ver, res, &d), STRATA_EIO);
+    CU_ASSERT(strstr(d.msg, "rename") != NULL);
+    CU_ASSERT_EQUAL(res[0], STRATA_EIO);
+    CU_ASSERT_EQUAL(res[1], STRATA_EIO);
+    CU_ASSERT_EQUAL(ver[0], STRATA_STORE_ACCEPTED);
+    CU_ASSERT_EQUAL(rec[0].id[0], '\0');
+    uint64_t count = 9;
+    CU_ASSERT_EQUAL(strata_store_update_count(s, 2, &count, &d), STRATA_OK);
+    CU_ASSERT_EQUAL(count, 0);
+    CU_ASSERT_EQUAL(count_entries(rdir), 0);
+    /* Both upload again normally. */
+    p[0] = prepare(s, 2, ids[5], "five", 5);
+    p[1] = prepare(s, 2, ids[7], "seven", 7);
+    CU_ASSERT_EQUAL(strata_store_update_commit_many(s, p, 2, rec, ver, res, &d), STRATA_OK);
+    CU_ASSERT(res[0] == STRATA_OK && res[1] == STRATA_OK);
+    CU_ASSERT_EQUAL(strata_store_update_count(s, 2, &count, &d), STRATA_OK);
+    CU_ASSERT_EQUAL(count, 2);
+    CU_ASSERT_EQUAL(count_entries(rdir), 2);
+    CU_ASSERT_EQUAL(remove_temp_of(dir, 2, ids[5]), 0);
+
+    /* A NULL item fails the whole batch and frees the others. */
+    p[0] = prepare(s, 2, ids[0], "zero", 1);
+    p[1] = NULL;
+    CU_ASSERT_EQUAL(strata_store_update_commit_many(s, p, 2, rec, ver, res, &d), STRATA_EINVAL);
+    CU_ASSERT(res[0] == STRATA_EINVAL && res[1] == STRATA_EINVAL);
+    CU_ASSERT_EQUAL(count_entries(rdir), 2);
+
+    strata_store_close(s);
+    strata_test_rmtree(dir);
+    free(dir);
+}
+
+/* Threads prepare updates with the primary store while the main thread
+ * commits them in groups on the same store, as a server does when it
+ * prepares outside its lock. */
+#define PREP_THREADS 6
+#define PREP_EACH 12
+
+typedef struct {
+    strata_store *s;
+    const uint64_t *ids;
+    int index;
+    pthread_mutex_t *mu;
+    strata_store_pending **queue;
+    size_t *queued;
+    int failures;
+} preparer;
+
+static void *prepare_loop(void *arg)
+{
+    preparer *w = arg;
+    for (int k = 0; k < PREP_EACH; k++) {
+        int c = w->index * PREP_EACH + k;
+        size_t len;
+        uint8_t *data = crash_payload(1, w->ids[c], &len);
+        strata_store_pending *p = NULL;
+        if (data == NULL || strata_store_update_prepare(w->s, 1, w->ids[c], data, len,
+                                                        (uint64_t)c + 1, &p, NULL) != STRATA_OK)
+            w->failures++;
+        free(data);
+        pthread_mutex_lock(w->mu);
+        w->queue[(*w->queued)++] = p; /* NULL on failure, counted above */
+        pthread_mutex_unlock(w->mu);
+    }
+    return NULL;
+}
+
+static void test_prepare_concurrent_with_commits(void)
+{
+    enum { TOTAL = PREP_THREADS * PREP_EACH };
+    char *dir = strata_test_tmpdir();
+    CU_ASSERT_PTR_NOT_NULL_FATAL(dir);
+    strata_store *s = open_store(dir);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(s);
+    uint64_t ids[TOTAL];
+    add_clients(s, TOTAL, ids);
+    CU_ASSERT_EQUAL_FATAL(strata_store_round_open(s, 1, 0, ids, TOTAL, 0, NULL, NULL), STRATA_OK);
+    pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+    strata_store_pending *queue[TOTAL];
+    size_t queued = 0, taken = 0, committed = 0, batches = 0;
+    preparer w[PREP_THREADS];
+    pthread_t th[PREP_THREADS];
+    for (int i = 0; i < PREP_THREADS; i++) {
+        w[i] = (preparer){s, ids, i, &mu, queue, &queued, 0};
+        CU_ASSERT_EQUAL_FATAL(pthread_create(&th[i], NULL, prepare_loop, &w[i]), 0);
+    }
+    strata_store_receipt rec[TOTAL];
+    strata_store_verdict ver[TOTAL];
+    int res[TOTAL];
+    while (taken < TOTAL) {
+        strata_store_pending *batch[TOTAL];
+        size_t n = 0;
+        pthread_mutex_lock(&mu);
+        while (taken < queued)
+            batch[n++] = queue[taken++];
+        pthread_mutex_unlock(&mu);
+        if (n == 0) {
+            struct timespec ms = {0, 1000 * 1000};
+            nanosleep(&ms, NULL);
+            continue;
+        }
+        size_t k = 0;
+        for (size_t i = 0; i < n; i++)
+            if (batch[i] != NULL)
+                batch[k++] = batch[i];
+        CU_ASSERT_EQUAL(strata_store_update_commit_many(s, batch, k, rec, ver, res, NULL),
+                        STRATA_OK);
+        for (size_t i = 0; i < k; i++)
+            committed += res[i] == STRATA_OK && ver[i] == STRATA_STORE_ACCEPTED;
+        batches++;
+    }
+    for (int i = 0; i < PREP_THREADS; i++) {
+        pthread_join(th[i], NULL);
+        CU_ASSERT_EQUAL(w[i].failures, 0);
+    }
+    CU_ASSERT_EQUAL(committed, TOTAL);
+    CU_ASSERT(batches >= 1);
+    uint64_t count = 0;
+    CU_ASSERT_EQUAL(strata_store_update_count(s, 1, &count, NULL), STRATA_OK);
+    CU_ASSERT_EQUAL(count, TOTAL);
+    for (int c = 0; c < TOTAL; c++) {
+        size_t want_len, len = 0;
+        uint8_t *want = crash_payload(1, ids[c], &want_len), *data = NULL;
+        CU_ASSERT_EQUAL(strata_store_update_read(s, 1, ids[c], &data, &len, NULL), STRATA_OK);
+        CU_ASSERT(want != NULL && data != NULL && len == want_len && memcmp(data, want, len) == 0);
+        free(data);
+        free(want);
+    }
+    char rdir[1024];
+    snprintf(rdir, sizeof(rdir), "%s/updates/1", dir);
+    CU_ASSERT_EQUAL(count_entries(rdir), TOTAL);
     strata_store_close(s);
     strata_test_rmtree(dir);
     free(dir);
@@ -950,6 +1381,11 @@ int main(void)
         {"recovery removes uncommitted files", test_recovery_orphans},
         {"SIGKILL at random moments loses no acknowledged update", test_crash_sigkill},
         {"concurrent connections store one update once", test_concurrent_same_update},
+        {"prepare, then commit: the same outcomes as put", test_update_prepare_commit},
+        {"group commit: per-item outcomes, all or nothing", test_update_commit_many},
+        {"prepare in threads while another commits", test_prepare_concurrent_with_commits},
+        {"SIGKILL during group commits loses no acknowledged update",
+         test_crash_sigkill_group_commit},
         {"counters persist", test_counters},
         {"checkpoints", test_checkpoints},
         CU_TEST_INFO_NULL,

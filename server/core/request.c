@@ -1,0 +1,243 @@
+/* The coordinator's JSON request parsing (see request.h). */
+#include "request.h"
+
+#include <string.h>
+
+/* Longest key of the client's body quoted in a diag. */
+#define KEY_QUOTE_MAX 64
+
+void srv_json_limits_init(srv_json_limits *lim)
+{
+    lim->max_bytes = SRV_JSON_DEFAULT_MAX_BYTES;
+    lim->max_depth = SRV_JSON_DEFAULT_MAX_DEPTH;
+}
+
+/* Copies up to cap bytes of s[0, n) into dst (cap + 4 bytes) with every
+ * byte that is not printable ASCII replaced by '?', and "..." appended when
+ * s was longer, so that client text (a key, the excerpt of the body in
+ * jansson's message) can go into a diag that is sent back as JSON, which
+ * needs valid UTF-8, and into log lines. */
+static void quote(const char *s, size_t n, size_t cap, char *dst)
+{
+    size_t k = n < cap ? n : cap;
+    for (size_t i = 0; i < k; i++)
+        dst[i] = (s[i] >= 0x20 && s[i] <= 0x7e) ? s[i] : '?';
+    if (n > cap) {
+        memcpy(dst + k, "...", 3);
+        k += 3;
+    }
+    dst[k] = '\0';
+}
+
+/* Returns 1 and the offset of the opening bracket when the nesting depth of
+ * the objects and arrays in p[0, n) goes above max. Brackets inside strings
+ * do not count; a backslash inside a string hides the byte after it (enough
+ * for every JSON escape, \uXXXX included, since hex digits are neither
+ * quotes nor backslashes). Malformed input gets some depth, never a crash;
+ * jansson rejects it afterwards. */
+static int too_deep(const uint8_t *p, size_t n, size_t max, size_t *at)
+{
+    size_t depth = 0;
+    int in_string = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint8_t c = p[i];
+        if (in_string) {
+            if (c == '\\')
+                i++;
+            else if (c == '"')
+                in_string = 0;
+        } else if (c == '"') {
+            in_string = 1;
+        } else if (c == '{' || c == '[') {
+            if (++depth > max) {
+                *at = i;
+                return 1;
+            }
+        } else if ((c == '}' || c == ']') && depth > 0) {
+            depth--;
+        }
+    }
+    return 0;
+}
+
+int srv_json_parse(const uint8_t *body, size_t len, const srv_json_limits *lim, json_t **out,
+                   strata_diag *diag)
+{
+    if (out != NULL)
+        *out = NULL;
+    if (out == NULL || (body == NULL && len > 0))
+        return strata_diag_set(diag, STRATA_EINVAL, "srv_json_parse: NULL argument");
+    srv_json_limits def;
+    if (lim == NULL) {
+        srv_json_limits_init(&def);
+        lim = &def;
+    }
+    if (len > lim->max_bytes)
+        return strata_diag_set(diag, STRATA_ETOOBIG,
+                               "body of %zu bytes is above the JSON limit of %zu", len,
+                               lim->max_bytes);
+    if (len == 0) {
+        *out = json_object();
+        return *out != NULL ? STRATA_OK : strata_diag_set(diag, STRATA_ENOMEM, "out of memory");
+    }
+    size_t at = 0;
+    if (too_deep(body, len, lim->max_depth, &at))
+        return strata_diag_set(diag, STRATA_EPROTO, "body: nesting deeper than %zu (byte %zu)",
+                               lim->max_depth, at);
+
+    json_error_t je;
+    json_t *root = json_loadb((const char *)body, len, JSON_REJECT_DUPLICATES, &je);
+    if (root == NULL) {
+        if (json_error_code(&je) == json_error_out_of_memory)
+            return strata_diag_set(diag, STRATA_ENOMEM, "body: out of memory");
+        char text[JSON_ERROR_TEXT_LENGTH + 4];
+        quote(je.text, strnlen(je.text, JSON_ERROR_TEXT_LENGTH - 1), JSON_ERROR_TEXT_LENGTH, text);
+        return strata_diag_set(diag, STRATA_EPROTO,
+                               "body is not valid JSON: %s (line %d, column %d, byte %d)", text,
+                               je.line, je.column, je.position);
+    }
+    if (!json_is_object(root)) {
+        json_decref(root);
+        return strata_diag_set(diag, STRATA_EPROTO, "body: expected a JSON object");
+    }
+    *out = root;
+    return STRATA_OK;
+}
+
+/* ---- String rules ---- */
+
+typedef enum {
+    TEXT_ANY,       /* any UTF-8 (jansson validated it) */
+    TEXT_ASCII,     /* printable ASCII, 0x20 to 0x7e */
+    TEXT_PRINTABLE, /* UTF-8 without C0, DEL or C1 controls */
+} text_rule;
+
+static int follows_rule(const char *s, size_t n, text_rule rule)
+{
+    const unsigned char *u = (const unsigned char *)s;
+    for (size_t i = 0; i < n; i++) {
+        if (rule == TEXT_ASCII && (u[i] < 0x20 || u[i] > 0x7e))
+            return 0;
+        if (rule == TEXT_PRINTABLE &&
+            (u[i] < 0x20 || u[i] == 0x7f ||
+             (u[i] == 0xc2 && i + 1 < n && u[i + 1] >= 0x80 && u[i + 1] <= 0x9f)))
+            return 0;
+    }
+    return 1;
+}
+
+/* Copies the string value v of key into dst (max + 1 bytes) when it is a
+ * string of min to max bytes, without NUL, following rule. *has is set to 1
+ * on success. what describes the rule for the message. */
+static int take_string(const json_t *v, const char *key, size_t min, size_t max, text_rule rule,
+                       const char *what, char *dst, int *has, strata_diag *diag)
+{
+    if (!json_is_string(v))
+        return strata_diag_set(diag, STRATA_EPROTO, "%s: expected a string", key);
+    const char *s = json_string_value(v);
+    size_t n = json_string_length(v);
+    if (n < min || n > max || memchr(s, '\0', n) != NULL || !follows_rule(s, n, rule))
+        return strata_diag_set(diag, STRATA_EPROTO, "%s: expected %zu to %zu bytes of %s", key, min,
+                               max, what);
+    memcpy(dst, s, n);
+    dst[n] = '\0';
+    *has = 1;
+    return STRATA_OK;
+}
+
+/* Fails on the first key of root that is not in allowed (NULL-terminated). */
+static int only_keys(json_t *root, const char *const *allowed, const char *allowed_text,
+                     strata_diag *diag)
+{
+    const char *key;
+    json_t *v;
+    json_object_foreach(root, key, v)
+    {
+        size_t i = 0;
+        while (allowed[i] != NULL && strcmp(allowed[i], key) != 0)
+            i++;
+        if (allowed[i] == NULL) {
+            char q[KEY_QUOTE_MAX + 4];
+            quote(key, strlen(key), KEY_QUOTE_MAX, q);
+            return strata_diag_set(diag, STRATA_EPROTO, "unknown key \"%s\" (allowed: %s)", q,
+                                   allowed_text);
+        }
+    }
+    return STRATA_OK;
+}
+
+/* ---- Endpoints ---- */
+
+int srv_request_register(const uint8_t *body, size_t len, const srv_json_limits *lim,
+                         srv_register_req *out, strata_diag *diag)
+{
+    static const char *const keys[] = {"name", "enrolment_secret", NULL};
+    if (out == NULL)
+        return strata_diag_set(diag, STRATA_EINVAL, "srv_request_register: NULL argument");
+    memset(out, 0, sizeof(*out));
+    json_t *root = NULL;
+    int rc = srv_json_parse(body, len, lim, &root, diag);
+    if (rc < 0)
+        goto out;
+    rc = only_keys(root, keys, "name, enrolment_secret", diag);
+    if (rc < 0)
+        goto out;
+    const json_t *name = json_object_get(root, "name");
+    if (name != NULL) {
+        rc = take_string(name, "name", 0, SRV_NAME_MAX, TEXT_ASCII,
+                         "printable ASCII (0x20 to 0x7e)", out->name, &out->has_name, diag);
+        if (rc < 0)
+            goto out;
+    }
+    const json_t *secret = json_object_get(root, "enrolment_secret");
+    if (secret == NULL) {
+        rc = strata_diag_set(diag, STRATA_EPROTO, "enrolment_secret: missing");
+        goto out;
+    }
+    rc = take_string(secret, "enrolment_secret", 1, SRV_SECRET_MAX, TEXT_ANY, "text", out->secret,
+                     &out->has_secret, diag);
+out:
+    json_decref(root);
+    if (rc < 0)
+        memset(out, 0, sizeof(*out));
+    return rc;
+}
+
+int srv_request_admin(const uint8_t *body, size_t len, const srv_json_limits *lim,
+                      srv_admin_req *out, strata_diag *diag)
+{
+    static const char *const keys[] = {"reason", NULL};
+    if (out == NULL)
+        return strata_diag_set(diag, STRATA_EINVAL, "srv_request_admin: NULL argument");
+    memset(out, 0, sizeof(*out));
+    json_t *root = NULL;
+    int rc = srv_json_parse(body, len, lim, &root, diag);
+    if (rc < 0)
+        goto out;
+    rc = only_keys(root, keys, "reason", diag);
+    if (rc < 0)
+        goto out;
+    const json_t *reason = json_object_get(root, "reason");
+    if (reason != NULL)
+        rc = take_string(reason, "reason", 0, SRV_REASON_MAX, TEXT_PRINTABLE,
+                         "text without control characters", out->reason, &out->has_reason, diag);
+out:
+    json_decref(root);
+    if (rc < 0)
+        memset(out, 0, sizeof(*out));
+    return rc;
+}
+
+int srv_secret_equal(const char *a, const char *b)
+{
+    if (a == NULL || b == NULL)
+        return 0;
+    size_t n = strlen(b);
+    if (strlen(a) != n)
+        return 0;
+    /* volatile keeps the compiler from stopping at the first difference. */
+    volatile unsigned char diff = 0;
+    for (size_t i = 0; i < n; i++)
+        diff |= (unsigned char)(a[i] ^ b[i]);
+    return diff == 0;
+}

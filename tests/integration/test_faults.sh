@@ -1,0 +1,568 @@
+#!/usr/bin/env bash
+# Fault injection over one multi-round run with real processes: a coordinator
+# (mlp, uniform policy at 5%, 8 rounds) and 4 clients, one of them in a
+# network namespace of its own, joined to the host by a veth pair (its
+# uploads capped with tbf so that each lasts about a second). Everything
+# talks to the coordinator on the host end of the veth pair.
+#  - The coordinator is killed (SIGKILL) at random moments, at least 10 times
+#    (some while it is still starting up), and restarted with the same state
+#    directory, address and port.
+#  - The namespace client is killed (SIGKILL) while an upload is staged and in
+#    flight, the other clients at random moments (preferably while they hold
+#    a staged upload); each is restarted with its state directory.
+#  - The namespace client's link is taken down for a few seconds and brought
+#    up again, twice; the client must recover by itself.
+# The run must complete (status "finished", every client exits 0). Then the
+# coordinator's accepted updates (its SQLite rows, round summaries, stored
+# files and /metrics) must equal the receipts the clients hold, with every
+# (round, client) once, and a re-upload of each stored payload must return
+# the client's receipt as a duplicate without being counted.
+#
+# The fault schedule comes from $RANDOM with a printed seed:
+# STRATA_FAULT_SEED=N replays the same schedule (process timings still vary).
+# STRATA_FAULT_KEEP=DIR keeps the logs and state directories of a failed run.
+# Needs root for the namespace; exits 77 (skipped) when it cannot make one.
+
+# A watchdog: the whole test stops within ~150 s whatever happens (every wait
+# below is bounded too; this is the last resort).
+if [ -z "${STRATA_FAULT_WATCHDOG:-}" ] && command -v timeout >/dev/null; then
+    export STRATA_FAULT_WATCHDOG=1
+    exec timeout -k 10 150 bash "$0" "$@"
+fi
+. "$(dirname "$0")/lib.sh"
+SERVER="$BUILD/strata-server"
+CLIENT="$BUILD/strata-client"
+for x in "$SERVER" "$CLIENT"; do [ -x "$x" ] || fail "no $x"; done
+for x in curl sqlite3 ip; do command -v "$x" >/dev/null || fail "$x is required"; done
+export OMP_WAIT_POLICY=passive
+T_START=$SECONDS
+RUN_DEADLINE=$((SECONDS + 128)) # the run must be finished by then
+DEADLINE=$((SECONDS + 140))     # every wait, the checks included, stops here
+ROUNDS=8
+NC=4
+NSI=3 # the client in the network namespace
+SECRET="faults-s3cret-$$"
+MIN_KILLS=10  # coordinator kills, at least
+NS_KILLS=2    # namespace client kills with an upload in flight
+HOST_KILLS=2  # kills of the other clients
+LINK_CUTS=2   # namespace link cuts
+STATE="$WORK/state"
+EVENTS="$WORK/events.log"
+
+SEED=${STRATA_FAULT_SEED:-$(((${EPOCHREALTIME/[.,]/} ^ $$) % 32768))}
+RANDOM=$SEED
+echo "test_faults: seed $SEED (STRATA_FAULT_SEED=$SEED replays this fault schedule)"
+
+# ---- bookkeeping, cleanup -----------------------------------------------------
+NS="strata-fault-$$"
+VH="stfh$$" # host end of the veth pair
+VN="stfn$$" # namespace end
+NS_MADE=0
+VETH_MADE=0
+FAILED=1
+PIDS=() # every process this test started and has not reaped
+forget() { # forget PID: reaped, never to be signalled again
+    local p keep=()
+    for p in "${PIDS[@]}"; do [ "$p" = "$1" ] || keep+=("$p"); done
+    PIDS=("${keep[@]}")
+}
+reap() { # reap PID: wait for it (status in REAPED_RC) and forget it
+    REAPED_RC=0
+    wait "$1" 2>/dev/null || REAPED_RC=$?
+    forget "$1"
+}
+cleanup() {
+    local p
+    for p in "${PIDS[@]}"; do
+        kill -KILL "$p" 2>/dev/null || true
+    done
+    for p in "${PIDS[@]}"; do
+        wait "$p" 2>/dev/null || true
+    done
+    PIDS=()
+    [ "$VETH_MADE" = 1 ] && ip link del "$VH" 2>/dev/null
+    [ "$NS_MADE" = 1 ] && ip netns del "$NS" 2>/dev/null
+    if [ "$FAILED" = 1 ] && [ -n "${STRATA_FAULT_KEEP:-}" ] && [ -d "$WORK" ]; then
+        mkdir -p "$STRATA_FAULT_KEEP" && cp -a "$WORK/." "$STRATA_FAULT_KEEP/" &&
+            echo "test_faults: logs and state kept in $STRATA_FAULT_KEEP" >&2
+    fi
+    rm -rf "$WORK"
+}
+trap cleanup EXIT
+trap 'die "stopped by a signal (the watchdog?)"' TERM INT
+
+skip() {
+    echo "SKIP test_faults: $*"
+    FAILED=0
+    exit 77
+}
+
+# now: the time in ms (since the epoch) in NOW. Integer arithmetic only.
+now() { NOW=$((${EPOCHREALTIME/[.,]/} / 1000)); }
+now
+T0_MS=$NOW
+# rnd MIN MAX: a random integer in [MIN, MAX] in R (from the seeded $RANDOM;
+# never called in a subshell, which would reseed it).
+rnd() { R=$(($1 + RANDOM % ($2 - $1 + 1))); }
+event() { # event TEXT: one line of the fault log, with the time since start
+    now
+    local t
+    t=$(printf '%d.%d' $(((NOW - T0_MS) / 1000)) $(((NOW - T0_MS) % 1000 / 100)))
+    echo "  t=${t}s $*" | tee -a "$EVENTS"
+}
+
+dump() {
+    local f
+    echo "==== fault events (seed $SEED)" >&2
+    [ -f "$EVENTS" ] && cat "$EVENTS" >&2
+    for f in $(ls -1 "$WORK"/server.*.out 2>/dev/null | sort -t. -k2 -n | tail -n 3); do
+        { echo "==== $f" && tail -n 8 "$f" && echo "==== ${f%.out}.err" && tail -n 8 "${f%.out}.err"; } >&2
+    done
+    for f in "$WORK"/c*.log; do
+        [ -f "$f" ] && { echo "==== $f" && tail -n 25 "$f"; } >&2
+    done
+    return 0
+}
+die() {
+    trap - TERM INT
+    dump
+    echo "FAIL: $* (seed $SEED)" >&2
+    exit 1
+}
+alive() { kill -0 "$1" 2>/dev/null; }
+
+# ---- the network namespace ----------------------------------------------------
+[ "$(id -u)" = 0 ] || skip "needs root to create a network namespace"
+ip netns add "$NS" 2>"$WORK/ip.err" || skip "cannot create a network namespace: $(cat "$WORK/ip.err")"
+NS_MADE=1
+# A free /30 in 10.213.0.0/16, derived from the PID.
+HOST_IP=""
+for ((k = 0; k < 64; k++)); do
+    n=$((($$ + k) % 16384))
+    o3=$((n >> 6)) o4=$(((n & 63) * 4))
+    grep -Eq " 10\.213\.$o3\.($((o4 + 1))|$((o4 + 2)))/" <<<"$(ip -4 -o addr show)" && continue
+    HOST_IP=10.213.$o3.$((o4 + 1)) NS_IP=10.213.$o3.$((o4 + 2))
+    break
+done
+[ -n "$HOST_IP" ] || fail "no free /30 in 10.213.0.0/16"
+ip link add "$VH" type veth peer name "$VN" netns "$NS" 2>"$WORK/ip.err" ||
+    skip "cannot create a veth pair: $(cat "$WORK/ip.err")"
+VETH_MADE=1
+ip addr add "$HOST_IP/30" dev "$VH"
+ip link set "$VH" up
+ip -n "$NS" link set lo up
+ip -n "$NS" addr add "$NS_IP/30" dev "$VN"
+ip -n "$NS" link set "$VN" up
+# Slow uploads from the namespace (~50 KB/s), so that they can be caught.
+TBF=1
+ip netns exec "$NS" tc qdisc add dev "$VN" root tbf rate 400kbit burst 16kb latency 300ms \
+    2>"$WORK/tc.err" || {
+    TBF=0
+    echo "test_faults: warning: no tbf ($(cat "$WORK/tc.err")); namespace uploads run at full speed"
+}
+echo "test_faults: namespace $NS ($VN $NS_IP) <-> $VH $HOST_IP"
+
+# ---- the coordinator ------------------------------------------------------------
+C=(curl -sS --max-time 2)
+URL=""
+get() { "${C[@]}" "$URL$1" 2>/dev/null | tr -d '\000' || true; }
+metric() { get /metrics | sed -n "s/^$1 //p"; }
+
+S_STATE=down # down, starting (launched, not yet listening), up
+SPID=""
+S_N=0      # launches
+S_UP_AT=0  # when down: relaunch at
+S_KILL_AT=0 # when starting or up: kill at (0: not yet scheduled)
+PORT=0
+KILLS=0
+EARLY_KILLS=0
+BIND_RETRIES=0
+FINISHED=0
+ROUND_NOW=0
+ACC=""
+ACC_BASE=""
+S_UP_SINCE=0
+launch_server() {
+    S_N=$((S_N + 1))
+    "$SERVER" --state-dir "$STATE" --model mlp --data "$DATA" --host "$HOST_IP" --port "$PORT" \
+        --rounds $ROUNDS --min-clients $NC --clients-per-round $NC --policy uniform --density 0.05 \
+        --local-epochs 1 --max-steps 20 --round-deadline 300 --enrolment-secret "$SECRET" \
+        >"$WORK/server.$S_N.out" 2>"$WORK/server.$S_N.err" &
+    SPID=$!
+    PIDS+=("$SPID")
+    S_STATE=starting
+    now
+    S_LAUNCHED=$NOW
+    S_KILL_AT=0
+    # Now and then a kill while it starts up (opening the store, replaying).
+    if [ "$FAULTS" = 1 ] && [ "$FINISHED" = 0 ] && [ $((RANDOM % 5)) = 0 ]; then
+        rnd 50 700
+        S_KILL_AT=$((NOW + R))
+    fi
+}
+# The next kill, once the coordinator listens: at a random moment, sooner when
+# the kills lag behind the rounds (at least MIN_KILLS over the run), but only
+# once this coordinator accepted an update (or after 10 s), so that the run
+# progresses between kills and the clients' backoff does not run away.
+schedule_kill() {
+    if [ $((KILLS * ROUNDS)) -lt $(((ROUND_NOW + 1) * (MIN_KILLS + 1))) ]; then
+        rnd 300 2000
+    else
+        rnd 1500 5000
+    fi
+    now
+    S_KILL_AT=$((NOW + R))
+}
+kill_server() {
+    local what=$S_STATE
+    kill -KILL "$SPID" 2>/dev/null || true
+    reap "$SPID"
+    KILLS=$((KILLS + 1))
+    [ "$what" = starting ] && EARLY_KILLS=$((EARLY_KILLS + 1))
+    rnd 100 1500
+    now
+    S_UP_AT=$((NOW + R))
+    S_STATE=down
+    event "coordinator kill $KILLS (pid $SPID, $what, round $ROUND_NOW), down for ${R} ms"
+}
+poll_server() {
+    now
+    case $S_STATE in
+    down)
+        [ "$NOW" -ge "$S_UP_AT" ] && launch_server
+        ;;
+    starting)
+        if grep -q "listening on" "$WORK/server.$S_N.out" 2>/dev/null; then
+            local u
+            u=$(sed -n 's/^strata-server: listening on //p' "$WORK/server.$S_N.out" | head -n 1)
+            if [ "$PORT" = 0 ]; then
+                PORT=${u##*:}
+                URL=$u
+            fi
+            [ "$u" = "http://$HOST_IP:$PORT" ] || die "coordinator start $S_N listens on $u"
+            S_STATE=up
+            S_UP_SINCE=$NOW
+            ACC_BASE=""
+            ACC=""
+            [ "$S_KILL_AT" = 0 ] && [ "$FAULTS" = 1 ] && schedule_kill
+            NEXT_STATUS=0
+        elif ! alive "$SPID"; then
+            reap "$SPID"
+            # The port may still be held for a moment after a kill: retry.
+            if grep -q "cannot listen" "$WORK/server.$S_N.err" && [ "$BIND_RETRIES" -lt 40 ]; then
+                BIND_RETRIES=$((BIND_RETRIES + 1))
+                S_STATE=down
+                S_UP_AT=$((NOW + 250))
+            else
+                die "coordinator start $S_N failed (exit $REAPED_RC): $(cat "$WORK/server.$S_N.err")"
+            fi
+        elif [ $((NOW - S_LAUNCHED)) -gt 20000 ]; then
+            die "coordinator start $S_N: not listening after 20 s"
+        fi
+        ;;
+    up)
+        alive "$SPID" || {
+            reap "$SPID"
+            die "the coordinator exited by itself (exit $REAPED_RC)"
+        }
+        if [ "$NOW" -ge "$NEXT_STATUS" ]; then
+            NEXT_STATUS=$((NOW + 500))
+            local m a r
+            m=$(get /metrics)
+            a=$(sed -n 's/^strata_updates_accepted_total //p' <<<"$m")
+            r=$(sed -n 's/^strata_round //p' <<<"$m")
+            if [ -n "$a" ] && [ -n "$r" ]; then
+                [ -n "$ACC_BASE" ] || ACC_BASE=$a
+                ACC=$a
+                ROUND_NOW=$r
+                if [ "$r" -ge "$ROUNDS" ] && [ "$FINISHED" = 0 ]; then
+                    FINISHED=1
+                    event "the coordinator closed the last round"
+                fi
+            fi
+        fi
+        ;;
+    esac
+    [ "$S_STATE" != down ] && [ "$S_KILL_AT" != 0 ] && [ "$FINISHED" = 0 ] &&
+        [ "$NOW" -ge "$S_KILL_AT" ] || return 0
+    # A kill while starting up is due whenever; one of a listening
+    # coordinator waits for its first accepted update (at most 10 s).
+    if [ "$S_STATE" = starting ] || [ "${ACC:-0}" -gt "${ACC_BASE:-0}" ] ||
+        [ $((NOW - S_UP_SINCE)) -ge 10000 ]; then
+        kill_server
+    fi
+    return 0
+}
+
+# ---- the clients ------------------------------------------------------------------
+CPID=()
+C_STATE=() # up, down (killed, restart at C_UP_AT), done (exited 0)
+C_UP_AT=()
+CLIENT_KILLS=0
+STAGED_KILLS=0 # kills of a client holding a staged upload
+start_client() { # start_client INDEX
+    local i=$1 ns=()
+    [ "$i" = "$NSI" ] && ns=(ip netns exec "$NS")
+    echo "---- test_faults: start" >>"$WORK/c$i.log"
+    "${ns[@]}" "$CLIENT" --server "$URL" --state-dir "$WORK/c$i" --data "$DATA" --partition iid \
+        --num-clients $NC --client-index "$i" --threads 1 --poll-wait 5 --name "edge-$i" \
+        --enrolment-secret "$SECRET" >>"$WORK/c$i.log" 2>&1 &
+    CPID[i]=$!
+    PIDS+=("${CPID[i]}")
+    C_STATE[i]=up
+}
+kill_client() { # kill_client INDEX WHY
+    local i=$1 staged=""
+    kill -KILL "${CPID[i]}" 2>/dev/null || true
+    reap "${CPID[i]}"
+    CLIENT_KILLS=$((CLIENT_KILLS + 1))
+    if [ -e "$WORK/c$i/pending.json" ]; then
+        STAGED_KILLS=$((STAGED_KILLS + 1))
+        staged=$(cat "$WORK/c$i/pending.json" 2>/dev/null || true)
+        staged=", round $(json_field "$staged" round) staged and unacknowledged"
+    fi
+    rnd 300 2000
+    now
+    C_UP_AT[i]=$((NOW + R))
+    C_STATE[i]=down
+    event "client $i kill ($2$staged), down for ${R} ms"
+}
+poll_clients() {
+    local i
+    now
+    for ((i = 0; i < NC; i++)); do
+        case ${C_STATE[i]} in
+        up)
+            if ! alive "${CPID[i]}"; then
+                reap "${CPID[i]}"
+                [ "$REAPED_RC" = 0 ] || die "client $i exited with status $REAPED_RC"
+                grep -q "the federation has finished" "$WORK/c$i.log" ||
+                    die "client $i exited 0 without seeing the end of the run"
+                C_STATE[i]=done
+                event "client $i finished"
+            fi
+            ;;
+        down)
+            [ "$NOW" -ge "${C_UP_AT[i]}" ] && start_client "$i"
+            ;;
+        esac
+    done
+    return 0
+}
+
+# The namespace client: killed a moment after it staged an upload (the tbf
+# cap keeps the upload in flight for about a second).
+NS_K=0
+NS_SEEN=0
+NS_NEXT=0
+NS_KILL_AT=0
+poll_ns_kill() {
+    [ "$NS_K" -lt "$NS_KILLS" ] && [ "${C_STATE[NSI]}" = up ] || return 0
+    now
+    [ "$NOW" -ge "$NS_NEXT" ] || return 0
+    if [ ! -e "$WORK/c$NSI/pending.json" ]; then
+        NS_SEEN=0
+    elif [ "$NS_SEEN" = 0 ]; then
+        NS_SEEN=1
+        rnd 50 600
+        NS_KILL_AT=$((NOW + R))
+    elif [ "$NOW" -ge "$NS_KILL_AT" ]; then
+        NS_SEEN=0
+        NS_K=$((NS_K + 1))
+        kill_client "$NSI" "namespace client, upload in flight"
+        rnd 3000 8000
+        NS_NEXT=$((NOW + R))
+    fi
+    return 0
+}
+# The other clients: at random times, preferring one that holds a staged
+# upload (in flight, or retried while the coordinator is down).
+HK=0
+HK_AT=0
+poll_host_kill() {
+    [ "$HK" -lt "$HOST_KILLS" ] || return 0
+    now
+    [ "$NOW" -ge "$HK_AT" ] || return 0
+    local i pick="" any=()
+    for ((i = 0; i < NC; i++)); do
+        [ "$i" != "$NSI" ] && [ "${C_STATE[i]}" = up ] || continue
+        any+=("$i")
+        [ -e "$WORK/c$i/pending.json" ] && pick=$i
+    done
+    [ ${#any[@]} -gt 0 ] || return 0
+    if [ -z "$pick" ]; then
+        [ "$NOW" -ge $((HK_AT + 3000)) ] || return 0
+        pick=${any[RANDOM % ${#any[@]}]}
+    fi
+    HK=$((HK + 1))
+    kill_client "$pick" "random moment"
+    rnd 4000 10000
+    HK_AT=$((NOW + R))
+}
+
+# The namespace link: down for a few seconds, then up.
+LINK=up
+CUTS=0
+CUT_AT=0
+RESTORE_AT=0
+CUT_MS=0
+poll_link() {
+    now
+    if [ "$LINK" = up ] && [ "$CUTS" -lt "$LINK_CUTS" ] && [ "$FINISHED" = 0 ] &&
+        [ "$NOW" -ge "$CUT_AT" ]; then
+        ip -n "$NS" link set "$VN" down || die "cannot take $VN down"
+        LINK=down
+        CUTS=$((CUTS + 1))
+        rnd 3000 5000
+        RESTORE_AT=$((NOW + R))
+        CUT_MS=$((CUT_MS + R))
+        event "link cut $CUTS: $VN down for ${R} ms"
+    elif [ "$LINK" = down ] && [ "$NOW" -ge "$RESTORE_AT" ]; then
+        ip -n "$NS" link set "$VN" up || die "cannot bring $VN up"
+        LINK=up
+        rnd 6000 14000
+        CUT_AT=$((NOW + R))
+        event "link $VN up again"
+    fi
+    return 0
+}
+
+# ---- start-up: the coordinator, the clients, registration ------------------------
+FAULTS=0
+launch_server
+until [ "$S_STATE" = up ]; do
+    [ "$SECONDS" -lt "$DEADLINE" ] || die "the coordinator did not start"
+    poll_server
+    sleep 0.05
+done
+ip netns exec "$NS" curl -sS --max-time 5 -o /dev/null "$URL/healthz" ||
+    die "the coordinator is not reachable from the namespace"
+for ((i = 0; i < NC; i++)); do start_client "$i"; done
+# Faults start once every client is registered (a kill during registration
+# can leave an orphan registration behind: see the summary below).
+registered() { [ "$(grep -l "registered as client" "$WORK"/c*.log 2>/dev/null | wc -l)" = $NC ]; }
+until registered; do
+    [ "$SECONDS" -lt "$DEADLINE" ] || die "the clients did not register"
+    poll_clients
+    sleep 0.1
+done
+[ "$(readlink "/proc/${CPID[NSI]}/ns/net")" != "$(readlink /proc/$$/ns/net)" ] ||
+    die "client $NSI does not run in the namespace"
+FAULTS=1
+now
+schedule_kill
+rnd 1000 4000
+NS_NEXT=$((NOW + R))
+rnd 2000 7000
+HK_AT=$((NOW + R))
+rnd 4000 12000
+CUT_AT=$((NOW + R))
+event "all $NC clients registered; faults start"
+
+# ---- the run ----------------------------------------------------------------------
+all_done() {
+    local i
+    for ((i = 0; i < NC; i++)); do [ "${C_STATE[i]}" = done ] || return 1; done
+}
+until all_done && [ "$S_STATE" = up ] && [ "$LINK" = up ]; do
+    [ "$SECONDS" -lt "$RUN_DEADLINE" ] ||
+        die "the run did not finish in time (round $ROUND_NOW, $KILLS coordinator kills)"
+    poll_server
+    poll_clients
+    if [ "$FINISHED" = 0 ]; then
+        poll_ns_kill
+        poll_host_kill
+    fi
+    poll_link
+    sleep 0.1
+done
+T_RUN=$((SECONDS - T_START))
+event "every client exited 0"
+
+# ---- checks -------------------------------------------------------------------------
+[ "$KILLS" -ge "$MIN_KILLS" ] || die "only $KILLS coordinator kills (at least $MIN_KILLS wanted)"
+[ "$CUTS" -ge 1 ] || die "the link was never cut"
+[ "$NS_K" -ge 1 ] || die "the namespace client was never killed"
+st=$(get /v1/status)
+[ "$(json_field "$st" state)" = finished ] || die "status: $st"
+
+# The clients' receipts: "ROUND CLIENT_ID RECEIPT", one line per (round, client).
+: >"$WORK/receipts.txt"
+for ((i = 0; i < NC; i++)); do
+    [ ! -e "$WORK/c$i/receipts.log.old" ] || die "client $i started afresh (receipts.log.old)"
+    [ "$(grep -c "registered as client" "$WORK/c$i.log")" = 1 ] || die "client $i registered twice"
+    [ ! -e "$WORK/c$i/pending.json" ] || die "client $i still holds a staged upload"
+    id=$(json_field "$(cat "$WORK/c$i/identity.json")" client_id)
+    rounds=$(cut -d' ' -f1 "$WORK/c$i/receipts.log" | tr '\n' ' ')
+    [ "$rounds" = "$(seq -s ' ' 0 $((ROUNDS - 1))) " ] || die "client $i holds receipts for rounds '$rounds'"
+    awk -v id="$id" 'NF == 2 { print $1, id, $2 }' "$WORK/c$i/receipts.log" >>"$WORK/receipts.txt"
+done
+sort -k1,1n -k2,2n -o "$WORK/receipts.txt" "$WORK/receipts.txt"
+TOTAL=$(wc -l <"$WORK/receipts.txt")
+[ "$TOTAL" = $((ROUNDS * NC)) ] || die "$TOTAL receipts, expected $((ROUNDS * NC))"
+dups=$(cut -d' ' -f1,2 "$WORK/receipts.txt" | uniq -d)
+[ -z "$dups" ] || die "(round, client) with two receipts: $dups"
+dups=$(cut -d' ' -f3 "$WORK/receipts.txt" | sort | uniq -d)
+[ -z "$dups" ] || die "a receipt held twice: $dups"
+
+# The coordinator's view: round summaries, stored files, /metrics.
+get "/v1/rounds?from=0&limit=1000" | sed 's/{"round":/\n&/g' |
+    awk 'match($0, /^\{"round":[0-9]+/) {
+        r = substr($0, 10, RLENGTH - 9); st = "?"; p = "?"
+        if (match($0, /"state":"[a-z]+"/)) st = substr($0, RSTART + 9, RLENGTH - 10)
+        if (match($0, /"participants":[0-9]+/)) p = substr($0, RSTART + 15, RLENGTH - 15)
+        print r, st, p }' >"$WORK/rounds.txt"
+cut -d' ' -f1 "$WORK/receipts.txt" | uniq -c | awk '{ print $2, "closed", $1 }' >"$WORK/rounds.want"
+diff "$WORK/rounds.txt" "$WORK/rounds.want" >"$WORK/diff.txt" ||
+    die "round summaries (round state participants) differ from the receipts: $(cat "$WORK/diff.txt")"
+find "$STATE/updates" -name '*.bin' | sed -E 's|.*/updates/([0-9]+)/([0-9]+)\.bin$|\1 \2|' |
+    sort -k1,1n -k2,2n >"$WORK/stored.txt"
+cut -d' ' -f1,2 "$WORK/receipts.txt" | diff "$WORK/stored.txt" - >"$WORK/diff.txt" ||
+    die "stored update files differ from the receipts: $(cat "$WORK/diff.txt")"
+ACCEPTED=$(metric strata_updates_accepted_total)
+COMPLETED=$(metric strata_rounds_completed_total)
+[ "$ACCEPTED" = "$TOTAL" ] || die "strata_updates_accepted_total is $ACCEPTED, the clients hold $TOTAL receipts"
+[ "$COMPLETED" = $ROUNDS ] || die "strata_rounds_completed_total is $COMPLETED, expected $ROUNDS"
+
+# The receipts are the coordinator's: a re-upload of a stored payload (one
+# random round per client) gets the client's receipt back as a duplicate, and
+# is not counted. (The SQLite comparison below covers every receipt.)
+for ((i = 0; i < NC; i++)); do
+    id=$(json_field "$(cat "$WORK/c$i/identity.json")" client_id)
+    tok=$(json_field "$(cat "$WORK/c$i/identity.json")" token)
+    r=$((RANDOM % ROUNDS))
+    receipt=$(awk -v r="$r" '$1 == r { print $2 }' "$WORK/c$i/receipts.log")
+    body=$("${C[@]}" -H "Authorization: Bearer $tok" \
+        --data-binary @"$STATE/updates/$r/$id.bin" "$URL/v1/rounds/$r/updates" || true)
+    [[ $body =~ \"receipt\":\"([0-9a-f]+)\" ]] && [ "${BASH_REMATCH[1]}" = "$receipt" ] ||
+        die "client $i round $r: re-upload answered $body, the client holds $receipt"
+    [[ $body =~ \"duplicate\":true ]] || die "client $i round $r: $body"
+done
+[ "$(metric strata_updates_accepted_total)" = "$TOTAL" ] || die "re-uploads were counted"
+
+kill -TERM "$SPID"
+for ((k = 0; k < 200; k++)); do alive "$SPID" && sleep 0.1 || break; done
+alive "$SPID" && die "the coordinator did not stop on SIGTERM"
+reap "$SPID"
+[ "$REAPED_RC" = 0 ] || die "coordinator exit status $REAPED_RC after SIGTERM"
+
+# The coordinator's durable record equals the receipts, row for row.
+sqlite3 -readonly -batch -noheader -separator ' ' "$STATE/state.db" \
+    "SELECT round, client_id, receipt FROM updates ORDER BY round, client_id" >"$WORK/accepted.txt" ||
+    die "cannot read $STATE/state.db"
+diff "$WORK/accepted.txt" "$WORK/receipts.txt" >"$WORK/diff.txt" ||
+    die "accepted updates and receipts differ (< coordinator, > clients): $(cat "$WORK/diff.txt")"
+db_ctr=$(sqlite3 -readonly -batch -noheader "$STATE/state.db" \
+    "SELECT value FROM counters WHERE name = 'updates_accepted_total'")
+[ "$db_ctr" = "$TOTAL" ] || die "stored updates_accepted_total is $db_ctr, expected $TOTAL"
+
+RESENT=$(cat "$WORK"/c*.log | grep -c "re-sending the staged update" || true)
+HELD=$(cat "$WORK"/c*.log | grep -c "(already held)" || true)
+RETRIES=$(grep -c "retrying" "$WORK/c$NSI.log" || true)
+FAILED=0
+echo "test_faults: seed $SEED; run ${T_RUN} s; coordinator kills $KILLS ($EARLY_KILLS while starting," \
+    "$BIND_RETRIES bind retries); client kills $CLIENT_KILLS ($STAGED_KILLS with a staged upload," \
+    "$NS_K of the namespace client in flight); link cuts $CUTS ($((CUT_MS / 1000)) s down);" \
+    "rounds $ROUNDS; receipts $TOTAL = accepted $ACCEPTED; staged uploads re-sent $RESENT" \
+    "($HELD already held); namespace client retries $RETRIES; tbf $TBF"
+echo "PASS test_faults ($((SECONDS - T_START)) s)"
