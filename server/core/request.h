@@ -17,9 +17,11 @@
  *   STRATA_EINVAL   a NULL argument (a caller bug, never the body's fault);
  *   STRATA_ENOMEM   allocation failed.
  * When diag is not NULL it receives one sentence saying what was wrong,
- * naming the key where one is at fault; it is safe to send back to the
- * client (it quotes at most a key of the client's own body, escaped). Out-
- * parameters are zeroed on entry and stay zeroed on error. */
+ * naming the key where one is at fault. It is safe to send back to the
+ * client and to log: it is printable ASCII, and the client text it may quote
+ * (an unknown key, up to 64 bytes; the excerpt in jansson's message) has
+ * every other byte replaced by '?'. Out-parameters are zeroed on entry and
+ * stay zeroed on error. */
 #ifndef STRATA_SERVER_REQUEST_H
 #define STRATA_SERVER_REQUEST_H
 

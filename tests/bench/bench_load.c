@@ -100,6 +100,7 @@ struct bench {
     client *clients;
     double deadline; /* CLOCK_MONOTONIC seconds after which threads give up */
     atomic_long err_upload_status, err_transport, err_poll, err_build, duplicates;
+    atomic_long reconnects; /* uploads that needed a new connection */
     atomic_int first_error_logged;
 };
 
@@ -587,6 +588,7 @@ static int next_task(client *cl, CURL *c, sink *s, task *t)
     int transport_failures = 0;
     while (now_s() < b->deadline) {
         long status;
+        double t0 = now_s();
         CURLcode cc = http_do(c, url, cl->token, NULL, NULL, 0, POLL_WAIT_S + 30, s, &status);
         if (cc != CURLE_OK) {
             atomic_fetch_add(&b->err_transport, 1);
@@ -605,8 +607,13 @@ static int next_task(client *cl, CURL *c, sink *s, task *t)
             }
             return 0;
         }
-        if (status == 204)
-            continue; /* the long poll ended without a task: ask again */
+        if (status == 204) {
+            /* The long poll ended without a task: ask again (not in a tight
+             * loop when the server answered at once). */
+            if (now_s() - t0 < 0.5)
+                sleep_s(0.1);
+            continue;
+        }
         atomic_fetch_add(&b->err_poll, 1);
         log_error(b, "client %llu: poll: HTTP %ld %s", (unsigned long long)cl->id, status,
                   body_text(s));
@@ -654,6 +661,9 @@ static void *client_main(void *arg)
             CURLcode cc =
                 http_do(c, url, cl->token, "application/octet-stream", wire, len, 0, &s, &status);
             double t1 = now_s();
+            long connects = 0;
+            if (curl_easy_getinfo(c, CURLINFO_NUM_CONNECTS, &connects) == CURLE_OK && connects > 0)
+                atomic_fetch_add(&b->reconnects, 1);
             if (cc == CURLE_OK && status == 200) {
                 rec->done = 1;
                 rec->start = t0;
@@ -766,13 +776,15 @@ static int report(bench *b, double wall)
     double overall = total_window > 0 ? (double)nlat / total_window : 0.0;
     double p50 = percentile(lat, nlat, 50) * 1e3, p99 = percentile(lat, nlat, 99) * 1e3;
     double pmax = nlat ? lat[nlat - 1] * 1e3 : 0.0;
-    printf("clients %ld, rounds %ld: %zu of %zu uploads acknowledged, %.1f uploads/s over the "
-           "upload windows (%.3f s), latency p50 %.1f ms, p99 %.1f ms, max %.1f ms, errors %ld "
-           "(upload status %ld, transport %ld, poll %ld, build %ld), duplicates %ld, wall %.1f s\n",
-           b->o.clients, b->o.rounds, nlat, expected, overall, total_window, p50, p99, pmax, errors,
-           atomic_load(&b->err_upload_status), atomic_load(&b->err_transport),
-           atomic_load(&b->err_poll), atomic_load(&b->err_build), atomic_load(&b->duplicates),
-           wall);
+    printf(
+        "clients %ld, rounds %ld: %zu of %zu uploads acknowledged, %.1f uploads/s over the "
+        "upload windows (%.3f s), latency p50 %.1f ms, p99 %.1f ms, max %.1f ms, errors %ld "
+        "(upload status %ld, transport %ld, poll %ld, build %ld), duplicates %ld, uploads on a new "
+        "connection %ld, wall %.1f s\n",
+        b->o.clients, b->o.rounds, nlat, expected, overall, total_window, p50, p99, pmax, errors,
+        atomic_load(&b->err_upload_status), atomic_load(&b->err_transport),
+        atomic_load(&b->err_poll), atomic_load(&b->err_build), atomic_load(&b->duplicates),
+        atomic_load(&b->reconnects), wall);
     if (b->o.json) {
         json_t *per = json_array();
         for (size_t j = 0; j < nrounds; j++) {
@@ -783,8 +795,8 @@ static int report(bench *b, double wall)
                                             "uploads_per_second", rates ? rates[j] : 0.0));
         }
         json_t *j = json_pack(
-            "{s:I,s:I,s:I,s:I,s:f,s:f,s:f,s:f,s:f,s:I,s:I,s:I,s:I,s:I,s:I,s:f,s:f,s:o}", "clients",
-            (json_int_t)b->o.clients, "rounds", (json_int_t)b->o.rounds, "uploads",
+            "{s:I,s:I,s:I,s:I,s:f,s:f,s:f,s:f,s:f,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:f,s:f,s:o}",
+            "clients", (json_int_t)b->o.clients, "rounds", (json_int_t)b->o.rounds, "uploads",
             (json_int_t)nlat, "expected_uploads", (json_int_t)expected, "uploads_per_second",
             overall, "window_s", total_window, "latency_p50_ms", p50, "latency_p99_ms", p99,
             "latency_max_ms", pmax, "errors", (json_int_t)errors, "errors_upload_status",
@@ -792,7 +804,8 @@ static int report(bench *b, double wall)
             (json_int_t)atomic_load(&b->err_transport), "errors_poll",
             (json_int_t)atomic_load(&b->err_poll), "errors_build",
             (json_int_t)atomic_load(&b->err_build), "duplicates",
-            (json_int_t)atomic_load(&b->duplicates), "mean_upload_bytes",
+            (json_int_t)atomic_load(&b->duplicates), "upload_reconnects",
+            (json_int_t)atomic_load(&b->reconnects), "mean_upload_bytes",
             nlat ? bytes / (double)nlat : 0.0, "wall_s", wall, "per_round", per);
         char *text = j ? json_dumps(j, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
         if (text != NULL)
@@ -915,6 +928,8 @@ int main(int argc, char **argv)
         goto out;
     fprintf(stderr, "bench_load: %ld clients registered in %.1f s; model has %zu tensors\n",
             b.o.clients, now_s() - t0, b.nlayers);
+    curl_easy_cleanup(c); /* its idle connection would only hold a server slot */
+    c = NULL;
     pthread_attr_t attr;
     pthread_attr_init(&attr);
     pthread_attr_setstacksize(&attr, THREAD_STACK);

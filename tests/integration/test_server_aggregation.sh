@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Aggregation through a real strata-server equals the sample-weighted mean
-# computed directly (issue 4, must-show 2). For each case a coordinator on a
-# loopback port 0 runs one round with three clients registered over curl;
+# Aggregation through a real strata-server equals the aggregate computed
+# directly (issue 4, must-show 2). For each case a coordinator on a loopback
+# port 0 runs one round with three (or five) clients registered over curl;
 # each uploads a different synthetic delta (built by agg_check, compressed by
 # strata-tool with the task's policy) with a different sample count; after
 # the round closes, model version 1 is downloaded and agg_check verifies
@@ -9,6 +9,15 @@
 # within 1e-6 (max abs error), where server_step is computed by hand: plain
 # (w0 + lr * mean) for dense and sparse (top-k) updates, and the first step of
 # FedAvgM, FedAdam and FedYogi with their default hyperparameters.
+#
+# The robust aggregators (--aggregator trimmed-mean|median, --trim-fraction,
+# --clip-norm) are checked the same way against agg_check's own
+# implementation: each update clipped to L2 norm <= C first, then the
+# unweighted coordinate-wise median or trimmed mean (coordinates a sparse
+# update did not send count as 0), or the weighted mean of the clipped
+# updates for fedavg. In the attack cases one client uploads its delta times
+# 1000; agg_check then also requires that the attack moved the coordinator's
+# result by at most 1/100 of what it moved the plain weighted mean.
 . "$(dirname "$0")/lib.sh"
 SERVER="$BUILD/strata-server"
 CHECK="$BUILD/agg_check"
@@ -27,17 +36,34 @@ cleanup() {
 trap cleanup EXIT
 
 C=(curl -sS --max-time 20)
-SAMPLES=(100 300 1600)
+SAMPLES=(100 300 1600 700 40)
 
-# run_case NAME POLICY DENSITY OPT LR: one server run, one round, 3 uploads.
+# run_case NAME POLICY DENSITY OPT LR [KEY=VALUE...]: one server run, one
+# round, one upload per client. Keys: clients=N (3, at most 5), agg=fedavg|
+# trimmed-mean|median (fedavg), trim=F (server default 0.1), clip=C (0 = off),
+# attacker=I (none): client I uploads its delta scaled by 1000.
 run_case() {
     local name=$1 policy=$2 density=$3 opt=$4 lr=$5
-    local dir="$WORK/$name"
+    shift 5
+    local n=3 agg=fedavg trim=0.1 clip=0 attacker=-1 kv
+    for kv in "$@"; do
+        case $kv in
+        clients=*) n=${kv#*=} ;;
+        agg=*) agg=${kv#*=} ;;
+        trim=*) trim=${kv#*=} ;;
+        clip=*) clip=${kv#*=} ;;
+        attacker=*) attacker=${kv#*=} ;;
+        *) fail "run_case: unknown option $kv" ;;
+        esac
+    done
+    local dir="$WORK/$name" extra=()
+    [ "$agg" = fedavg ] || extra+=(--aggregator "$agg" --trim-fraction "$trim")
+    [ "$clip" = 0 ] || extra+=(--clip-norm "$clip")
     mkdir -p "$dir"
     "$SERVER" --state-dir "$dir/state" --model mlp --data "$DATA" --port 0 --rounds 1 \
-        --min-clients 3 --clients-per-round 3 --policy "$policy" --density "$density" \
+        --min-clients "$n" --clients-per-round "$n" --policy "$policy" --density "$density" \
         --server-opt "$opt" --server-lr "$lr" --round-deadline 60 --enrolment-secret agg-s3cret \
-        >"$dir/server.out" 2>"$dir/server.err" &
+        "${extra[@]}" >"$dir/server.out" 2>"$dir/server.err" &
     SPID=$!
     for _ in $(seq 1 200); do
         grep -q "listening on" "$dir/server.out" 2>/dev/null && break
@@ -49,14 +75,14 @@ run_case() {
     [ -n "$url" ] || fail "$name: no listening line"
 
     local ids=() tokens=() i body
-    for i in 0 1 2; do
+    for ((i = 0; i < n; i++)); do
         body=$("${C[@]}" -f -X POST -H 'Content-Type: application/json' \
             -d "{\"name\":\"agg-$i\",\"enrolment_secret\":\"agg-s3cret\"}" "$url/v1/clients") || fail "$name: register $i"
         ids[i]=$(json_field "$body" client_id)
         tokens[i]=$(json_field "$body" token)
     done
-    local task round mv payloads=()
-    for i in 0 1 2; do
+    local task round mv scale payloads=()
+    for ((i = 0; i < n; i++)); do
         task=$("${C[@]}" -f -H "Authorization: Bearer ${tokens[i]}" \
             "$url/v1/tasks/next?wait=10") || fail "$name: task for client $i"
         round=$(json_field "$task" round)
@@ -71,15 +97,24 @@ run_case() {
             "${C[@]}" -f -H "Authorization: Bearer ${tokens[i]}" -o "$dir/w0.safetensors" \
                 "$url/v1/models/0" || fail "$name: model 0"
         fi
-        "$CHECK" delta --like "$dir/w0.safetensors" --seed $((i + 11)) \
-            --scale "0.0$((i + 1))" --out "$dir/delta$i.safetensors" || fail "$name: delta $i"
-        "$TOOL" compress --in "$dir/delta$i.safetensors" --policy "$policy" --density "$density" \
-            --round 0 --rounds 1 --out "$dir/up$i.bin" --client-id "${ids[i]}" \
-            --model-version "$mv" --samples "${SAMPLES[i]}" >/dev/null ||
-            fail "$name: compress $i"
+        # Client i's honest delta is (i + 1) * 0.01 * N(0, 1) (seed i + 11);
+        # the attacker uploads the same delta times 1000 and agg_check gets
+        # the honest one too, to measure how far the attack moved the result.
+        local kinds=(up) k
+        [ "$i" = "$attacker" ] && kinds=(up honest)
+        for k in "${kinds[@]}"; do
+            scale="0.0$((i + 1))"
+            [ "$k" = up ] && [ "$i" = "$attacker" ] && scale="$((i + 1))0"
+            "$CHECK" delta --like "$dir/w0.safetensors" --seed $((i + 11)) \
+                --scale "$scale" --out "$dir/delta$i.$k.safetensors" || fail "$name: delta $i"
+            "$TOOL" compress --in "$dir/delta$i.$k.safetensors" --policy "$policy" \
+                --density "$density" --round 0 --rounds 1 --out "$dir/$k$i.bin" \
+                --client-id "${ids[i]}" --model-version "$mv" --samples "${SAMPLES[i]}" \
+                >/dev/null || fail "$name: compress $i"
+        done
         payloads[i]="$dir/up$i.bin"
     done
-    for i in 0 1 2; do
+    for ((i = 0; i < n; i++)); do
         body=$("${C[@]}" -X POST -H "Authorization: Bearer ${tokens[i]}" \
             -H 'Content-Type: application/octet-stream' --data-binary @"${payloads[i]}" \
             -w ' %{http_code}' "$url/v1/rounds/0/updates")
@@ -93,21 +128,25 @@ run_case() {
         sleep 0.2
     done
     [ "$state" = closed ] || fail "$name: round 0 did not close: $body"
-    [ "$(json_field "$body" participants)" = 3 ] || fail "$name: round 0: $body"
+    [ "$(json_field "$body" participants)" = "$n" ] || fail "$name: round 0: $body"
     "${C[@]}" -f -H "Authorization: Bearer ${tokens[0]}" -o "$dir/w1.safetensors" \
         "$url/v1/models/1" || fail "$name: model 1"
     kill -TERM "$SPID"
     wait "$SPID" || fail "$name: server exit status $?: $(tail -n 5 "$dir/server.err")"
     SPID=""
 
-    local out
+    local out rule=$agg check=()
+    [ "$agg" = fedavg ] && rule=mean
+    check=(--rule "$rule" --trim "$trim" --clip "$clip")
+    [ "$attacker" -ge 0 ] && check+=(--attacker "$attacker" --honest "$dir/honest$attacker.bin")
     if ! out=$("$CHECK" verify --w0 "$dir/w0.safetensors" --w1 "$dir/w1.safetensors" \
-        --opt "$opt" --lr "$lr" --tol 1e-6 "${payloads[@]}"); then
-        fail "$name: aggregate differs from the weighted mean: $out"
+        --opt "$opt" --lr "$lr" --tol 1e-6 "${check[@]}" "${payloads[@]}"); then
+        fail "$name: aggregate differs from the $rule computed directly: $out"
     fi
     echo "$name: $out"
-    echo "$out" | grep -qF "\"weights\":[${SAMPLES[0]},${SAMPLES[1]},${SAMPLES[2]}]" ||
-        fail "$name: sample counts $out"
+    local weights
+    weights=$(IFS=,; echo "${SAMPLES[*]:0:n}")
+    echo "$out" | grep -qF "\"weights\":[$weights]" || fail "$name: sample counts $out"
     local sparse
     sparse=$(json_field "$out" sparse_layers)
     if [ "$policy" = none ]; then
@@ -122,4 +161,11 @@ run_case sparse-plain uniform 0.05 plain 1
 run_case sparse-fedavgm uniform 0.05 fedavgm 0.5
 run_case dense-fedadam none 1 fedadam 0.1
 run_case sparse-fedyogi uniform 0.05 fedyogi 0.1
+# Robust aggregation (--aggregator, --trim-fraction, --clip-norm): unweighted
+# coordinate-wise rules, clipping before the rule.
+run_case dense-median none 1 plain 1 agg=median
+run_case sparse-trimmed-5 uniform 0.05 plain 1 clients=5 agg=trimmed-mean trim=0.2 clip=6
+run_case dense-fedavg-clip-attack none 1 plain 1 clip=11 attacker=1
+run_case dense-median-attack none 1 plain 1 agg=median attacker=2
+run_case sparse-median-attack uniform 0.05 plain 1 agg=median attacker=2
 echo "PASS test_server_aggregation"
