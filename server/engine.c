@@ -39,6 +39,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/random.h>
 #include <time.h>
 #include <zstd.h>
@@ -81,27 +82,30 @@ enum {
     C_REJ_UNAUTHORIZED,
     C_REJ_FORBIDDEN,
     C_REJ_RATE_LIMITED,
+    C_REJ_MEDIA_TYPE,
 #define X(c) C_REQ_##c,
     REQ_CODES(X)
 #undef X
         C_N
 };
 #define C_REQ_FIRST C_REQ_bad_request
-static const char *const CTR_NAMES[C_N] = {"rounds_completed_total",
-                                           "updates_accepted_total",
-                                           "bytes_received_total",
-                                           "bytes_sent_total",
-                                           "updates_rejected_total{reason=\"bad_payload\"}",
-                                           "updates_rejected_total{reason=\"too_large\"}",
-                                           "updates_rejected_total{reason=\"invalid_update\"}",
-                                           "updates_rejected_total{reason=\"not_selected\"}",
-                                           "updates_rejected_total{reason=\"round_closed\"}",
-                                           "updates_rejected_total{reason=\"round_not_open\"}",
-                                           "updates_rejected_total{reason=\"unauthorized\"}",
-                                           "updates_rejected_total{reason=\"forbidden\"}",
-                                           "updates_rejected_total{reason=\"rate_limited\"}",
+static const char *const CTR_NAMES[C_N] = {
+    "rounds_completed_total",
+    "updates_accepted_total",
+    "bytes_received_total",
+    "bytes_sent_total",
+    "updates_rejected_total{reason=\"bad_payload\"}",
+    "updates_rejected_total{reason=\"too_large\"}",
+    "updates_rejected_total{reason=\"invalid_update\"}",
+    "updates_rejected_total{reason=\"not_selected\"}",
+    "updates_rejected_total{reason=\"round_closed\"}",
+    "updates_rejected_total{reason=\"round_not_open\"}",
+    "updates_rejected_total{reason=\"unauthorized\"}",
+    "updates_rejected_total{reason=\"forbidden\"}",
+    "updates_rejected_total{reason=\"rate_limited\"}",
+    "updates_rejected_total{reason=\"unsupported_media_type\"}",
 #define X(c) "requests_rejected_total{reason=\"" #c "\"}",
-                                           REQ_CODES(X)
+    REQ_CODES(X)
 #undef X
 };
 
@@ -810,7 +814,7 @@ static int bearer_token_ok(const char *tok)
 /* The token of an "Authorization: Bearer TOKEN" value, or NULL. */
 static const char *bearer(const char *h)
 {
-    if (h == NULL || strncmp(h, "Bearer ", 7) != 0)
+    if (h == NULL || strncasecmp(h, "Bearer ", 7) != 0)
         return NULL;
     return bearer_token_ok(h + 7) ? h + 7 : NULL;
 }
@@ -1582,6 +1586,14 @@ void srv_engine_upload(srv_engine *e, uint64_t cid, uint32_t round, const uint8_
     strata_store_receipt rec;
     strata_store_verdict v = STRATA_STORE_ACCEPTED;
     int rc = len > 0 ? strata_payload_decode(body, len, &e->limits, &p, &d) : STRATA_EPROTO;
+    if (rc == STRATA_ETOOBIG) {
+        /* The decoder's limits are the model's sizes: a well-formed payload
+         * that is larger than the model does not match it. */
+        ctr_add(e, C_REJ_INVALID, 1);
+        srv_resp_error(r, 422, "invalid_update", "larger than the model: %s",
+                       strata_diag_msg(&d, rc));
+        return;
+    }
     if (rc < 0) {
         ctr_add(e, C_REJ_BAD_PAYLOAD, 1);
         srv_resp_error(r, 400, "bad_payload", "%s",

@@ -338,7 +338,7 @@ static int check_headers(srv_http *h, struct MHD_Connection *c, req *q, const ch
         MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
     const char *ct = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_TYPE);
     if (q->rt == R_UPDATES && !ctype_is(c, "application/octet-stream")) {
-        srv_engine_count_reject(h->e, "bad_payload");
+        srv_engine_count_reject(h->e, "unsupported_media_type");
         srv_resp_error(r, 415, "unsupported_media_type",
                        "Content-Type: expected application/octet-stream, got %s", ct ? ct : "none");
         return -1;

@@ -31,7 +31,7 @@ trap cleanup EXIT
 # Limits small enough for every refusal to be reachable: a correct update is
 # ~40 KB and a dense one (--policy none) ~700 KB, both under MAX_BODY.
 MAX_BODY=1048576
-RATE=12
+RATE=15
 SECRET=s3cret
 STATE="$WORK/state"
 "$SERVER" --state-dir "$STATE" --model mlp --data "$DATA" --port 0 --rounds 2 --min-clients 2 \
@@ -109,17 +109,21 @@ pay density.bin "$IDA" --density 0.1
 pay dense.bin "$IDA" --policy none
 pay fp16.bin "$IDA" --values fp16
 pay r99.bin "$IDA" --round 99 --rounds 100
-# Models of another shape: fc3 without bias (5 tensors instead of 6) and fc2
-# one unit narrower (same tensor count, fewer elements).
+# Models of another shape: fc3 without bias (5 tensors instead of 6), fc2
+# one unit narrower (same tensor count, fewer elements), fc2 one unit wider
+# (more elements than the model) and an extra layer fc4 (8 tensors).
 arch() {
     printf '{"name":"%s","input":[1,28,28],"layers":[{"type":"flatten"},' "$1"
     printf '{"type":"linear","name":"fc1","out_features":200},{"type":"relu"},'
     printf '{"type":"linear","name":"fc2","out_features":%s},{"type":"relu"},' "$2"
-    printf '{"type":"linear","name":"fc3","out_features":10,"bias":%s}]}\n' "$3"
+    printf '{"type":"linear","name":"fc3","out_features":10,"bias":%s}%s]}\n' "$3" "${4:-}"
 }
 arch nobias 200 false >"$WORK/nobias.json"
 arch narrow 199 true >"$WORK/narrow.json"
-for m in nobias narrow; do
+arch wide 201 true >"$WORK/wide.json"
+arch extra 200 true ',{"type":"relu"},{"type":"linear","name":"fc4","out_features":10}' \
+    >"$WORK/extra.json"
+for m in nobias narrow wide extra; do
     "$TOOL" train --model "$WORK/$m.json" --data "$DATA" --epochs 1 --limit 32 --threads 1 \
         --out "$WORK/$m.safetensors" >"$WORK/train.log" 2>&1 ||
         fail "train $m: $(cat "$WORK/train.log")"
@@ -287,9 +291,9 @@ check "register: empty body" 400 bad_request - "enrolment_secret: missing" POST 
     "${J[@]}"
 
 # Content types.
-check "upload: Content-Type application/json" 415 unsupported_media_type bad_payload \
+check "upload: Content-Type application/json" 415 unsupported_media_type unsupported_media_type \
     "octet-stream" POST $U0 "${AA[@]}" "${J[@]}" --data-binary @"$WORK/good-a.bin"
-check "upload: no Content-Type" 415 unsupported_media_type bad_payload "octet-stream" POST $U0 \
+check "upload: no Content-Type" 415 unsupported_media_type unsupported_media_type "octet-stream" POST $U0 \
     "${AA[@]}" -H 'Content-Type:' --data-binary @"$WORK/good-a.bin"
 check "register: Content-Type text/plain" 415 unsupported_media_type - "application/json" \
     POST /v1/clients -H 'Content-Type: text/plain' -d "{\"enrolment_secret\":\"$SECRET\"}"
@@ -371,6 +375,8 @@ round.bin|header round 1 does not match the URL's round 0|header round differs f
 ver.bin|model_version 1|wrong model version
 nobias.bin|5 layers, the model has 6|layer count (fc3 without bias)
 narrow.bin|fc2.weight.*39800 elements, expected 40000|numel of a layer (fc2 narrower)
+wide.bin|larger than the model|more elements than the model (fc2 wider)
+extra.bin|larger than the model|more layers than the model (fc4 added)
 dense.bin|compressor none, the task says topk|compressor differs from the task
 fp16.bin|values fp16, the task says fp32|values format differs from the task
 density.bin|kept elements, the budget|kept count above the budget density
