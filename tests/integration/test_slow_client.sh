@@ -5,6 +5,9 @@
 # registered, selected client) and one that sends nothing are closed by the
 # coordinator after about 4 seconds, while two real clients register, train,
 # upload and finish the round (it closes at its deadline with 2 of 3 updates).
+# Then the connection limit: a second coordinator with --max-connections 4
+# holds 4 silent connections and serves no fifth until the request deadline
+# has cut the silent ones.
 . "$(dirname "$0")/lib.sh"
 SERVER="$BUILD/strata-server"
 CLIENT="$BUILD/strata-client"
@@ -103,4 +106,39 @@ ROUND=$(curl -sS --max-time 10 "$URL/v1/rounds/0")
 cut=$(curl -sS --max-time 10 "$URL/metrics" |
     sed -n 's/^strata_requests_rejected_total{reason="request_timeout"} //p')
 [ "${cut:-0}" -ge 4 ] || fail "request_timeout counted ${cut:-0} times, expected at least 4"
-echo "PASS: slow connections cut after ~${TIMEOUT} s; both clients finished the round"
+kill "$SPID" && wait "$SPID" 2>/dev/null || true
+
+"$SERVER" --state-dir "$WORK/state2" --model mlp --data "$DATA" --port 0 --rounds 1 \
+    --enrolment-secret "$SECRET" --request-timeout $TIMEOUT --max-connections 4 \
+    >"$WORK/server2.out" 2>"$WORK/server2.err" &
+SPID=$!
+PIDS+=("$SPID")
+for _ in $(seq 1 300); do
+    grep -q "listening on" "$WORK/server2.out" 2>/dev/null && break
+    kill -0 "$SPID" 2>/dev/null || fail "coordinator 2 exited: $(cat "$WORK/server2.err")"
+    sleep 0.1
+done
+URL2=$(sed -n 's/^strata-server: listening on //p' "$WORK/server2.out" | head -n 1)
+PORT2=${URL2##*:}
+[ "$(curl -sS --max-time 5 "$URL2/healthz")" = ok ] || fail "coordinator 2 does not answer"
+T1=$SECONDS
+exec 4<>"/dev/tcp/127.0.0.1/$PORT2" 5<>"/dev/tcp/127.0.0.1/$PORT2" \
+    6<>"/dev/tcp/127.0.0.1/$PORT2" 7<>"/dev/tcp/127.0.0.1/$PORT2"
+sleep 0.5
+if out=$(curl -sS --max-time 2 "$URL2/healthz" 2>&1); then
+    fail "a fifth connection was served with 4 held open (limit 4): $out"
+fi
+echo "fifth connection not served while 4 are held: $out"
+ok=""
+while [ $((SECONDS - T1)) -lt $((TIMEOUT + 8)) ]; do
+    if [ "$(curl -s --max-time 2 "$URL2/healthz" 2>/dev/null)" = ok ]; then
+        ok=$((SECONDS - T1))
+        break
+    fi
+    sleep 0.5
+done
+exec 4>&- 5>&- 6>&- 7>&-
+[ -n "$ok" ] || fail "the coordinator did not serve again after the silent connections were cut"
+echo "served again after ${ok} s"
+echo "PASS: slow connections cut after ~${TIMEOUT} s; both clients finished the round;" \
+    "connection limit enforced"
