@@ -21,3 +21,17 @@ json_field() {
 assert_gt() {
     awk -v a="$1" -v b="$2" 'BEGIN { exit !(a > b) }' || fail "$3 ($1 is not > $2)"
 }
+
+# wait_listening PID OUT ERR: waits (at most 30 s) until the coordinator PID
+# has printed its listening line to OUT and sets URL from it; fails with
+# ERR's text when PID exits first.
+wait_listening() {
+    local _
+    for _ in $(seq 1 300); do
+        URL=$(sed -n 's/^strata-server: listening on //p' "$2" 2>/dev/null | head -n 1)
+        [ -n "$URL" ] && return 0
+        kill -0 "$1" 2>/dev/null || fail "coordinator exited: $(cat "$3" 2>/dev/null)"
+        sleep 0.1
+    done
+    fail "coordinator not listening after 30 s: $(cat "$3" 2>/dev/null)"
+}

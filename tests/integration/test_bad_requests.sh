@@ -40,13 +40,7 @@ STATE="$WORK/state"
     --max-json-depth 8 --max-clients 3 --upload-rate "$RATE" \
     >"$WORK/server.out" 2>"$WORK/server.err" &
 SPID=$!
-for _ in $(seq 1 200); do
-    grep -q "listening on" "$WORK/server.out" 2>/dev/null && break
-    kill -0 "$SPID" 2>/dev/null || fail "server exited: $(cat "$WORK/server.err")"
-    sleep 0.1
-done
-URL=$(head -n 1 "$WORK/server.out" | sed -n 's/^strata-server: listening on //p')
-[ -n "$URL" ] || fail "no listening line"
+wait_listening "$SPID" "$WORK/server.out" "$WORK/server.err"
 ADMIN=$(head -n 1 "$STATE/admin.token")
 [ ${#ADMIN} -ge 16 ] || fail "admin token '$ADMIN'"
 

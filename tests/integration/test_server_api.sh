@@ -33,13 +33,7 @@ JSON
 "$SERVER" --config "$WORK/cfg.json" --state-dir "$WORK/state" --model mlp --data "$DATA" \
     --port 0 --rounds 2 >"$WORK/server.out" 2>"$WORK/server.err" &
 SPID=$!
-for _ in $(seq 1 200); do
-    grep -q "listening on" "$WORK/server.out" 2>/dev/null && break
-    kill -0 "$SPID" 2>/dev/null || fail "server exited: $(cat "$WORK/server.err")"
-    sleep 0.1
-done
-URL=$(head -n 1 "$WORK/server.out" | sed -n 's/^strata-server: listening on //p')
-[ -n "$URL" ] || fail "no listening line"
+wait_listening "$SPID" "$WORK/server.out" "$WORK/server.err"
 
 C=(curl -sS --max-time 20)
 # req METHOD PATH [curl args...]: sets CODE and BODY.
@@ -231,12 +225,7 @@ SPID=""
 "$SERVER" --config "$WORK/cfg.json" --state-dir "$WORK/state" --model mlp --data "$DATA" \
     --port 0 --rounds 2 >"$WORK/server2.out" 2>"$WORK/server2.err" &
 SPID=$!
-for _ in $(seq 1 200); do
-    grep -q "listening on" "$WORK/server2.out" 2>/dev/null && break
-    kill -0 "$SPID" 2>/dev/null || fail "restart failed: $(cat "$WORK/server2.err")"
-    sleep 0.1
-done
-URL=$(head -n 1 "$WORK/server2.out" | sed -n 's/^strata-server: listening on //p')
+wait_listening "$SPID" "$WORK/server2.out" "$WORK/server2.err"
 req GET /v1/status
 [ "$(json_field "$BODY" model_version)" = 2 ] || fail "restart: $BODY"
 [ "$(json_field "$BODY" registered_clients)" = 2 ] || fail "restart: $BODY"

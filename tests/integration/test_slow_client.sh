@@ -30,12 +30,7 @@ trap cleanup EXIT
     >"$WORK/server.out" 2>"$WORK/server.err" &
 SPID=$!
 PIDS+=("$SPID")
-for _ in $(seq 1 300); do
-    grep -q "listening on" "$WORK/server.out" 2>/dev/null && break
-    kill -0 "$SPID" 2>/dev/null || fail "coordinator exited: $(cat "$WORK/server.err")"
-    sleep 0.1
-done
-URL=$(sed -n 's/^strata-server: listening on //p' "$WORK/server.out" | head -n 1)
+wait_listening "$SPID" "$WORK/server.out" "$WORK/server.err"
 PORT=${URL##*:}
 REG=$(curl -sS --max-time 10 -X POST -H 'Content-Type: application/json' \
     -d "{\"name\":\"slow\",\"enrolment_secret\":\"$SECRET\"}" "$URL/v1/clients")
@@ -113,12 +108,8 @@ kill "$SPID" && wait "$SPID" 2>/dev/null || true
     >"$WORK/server2.out" 2>"$WORK/server2.err" &
 SPID=$!
 PIDS+=("$SPID")
-for _ in $(seq 1 300); do
-    grep -q "listening on" "$WORK/server2.out" 2>/dev/null && break
-    kill -0 "$SPID" 2>/dev/null || fail "coordinator 2 exited: $(cat "$WORK/server2.err")"
-    sleep 0.1
-done
-URL2=$(sed -n 's/^strata-server: listening on //p' "$WORK/server2.out" | head -n 1)
+wait_listening "$SPID" "$WORK/server2.out" "$WORK/server2.err"
+URL2=$URL
 PORT2=${URL2##*:}
 [ "$(curl -sS --max-time 5 "$URL2/healthz")" = ok ] || fail "coordinator 2 does not answer"
 T1=$SECONDS

@@ -50,12 +50,7 @@ grep -q "tls_key" "$WORK/bad2.err" || fail "no tls_key error: $(cat "$WORK/bad2.
     --min-clients 1 --clients-per-round 1 --max-steps 20 --enrolment-secret "$SECRET" \
     --tls-cert "$WORK/srv.pem" --tls-key "$WORK/srv.key" >"$WORK/server.out" 2>"$WORK/server.err" &
 SPID=$!
-for _ in $(seq 1 300); do
-    grep -q "listening on" "$WORK/server.out" 2>/dev/null && break
-    kill -0 "$SPID" 2>/dev/null || fail "coordinator exited: $(cat "$WORK/server.err")"
-    sleep 0.1
-done
-URL=$(sed -n 's/^strata-server: listening on //p' "$WORK/server.out" | head -n 1)
+wait_listening "$SPID" "$WORK/server.out" "$WORK/server.err"
 case "$URL" in https://127.0.0.1:*) ;; *) fail "expected an https URL, got '$URL'" ;; esac
 PLAIN=${URL/https:/http:}
 
