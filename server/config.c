@@ -49,6 +49,8 @@ const char srv_config_usage[] =
     "  --server-lr X             server learning rate (1)\n"
     "  --seed S                  seed of the initial model, sampling and task seeds (1)\n"
     "  --threads N               threads for evaluation (1)\n"
+    "  --http-threads N          threads serving requests (16); uploads wait for the disk\n"
+    "                            (fsync) in them, so more threads overlap more uploads\n"
     "  --aggregator NAME         fedavg, trimmed-mean or median (fedavg); the last two\n"
     "                            are coordinate-wise and ignore sample counts\n"
     "  --trim-fraction F         trimmed-mean: fraction cut at each end, [0, 0.5) (0.1)\n"
@@ -109,6 +111,7 @@ static const opt_desc OPTS[] = {
     {"server_lr", K_DBL, OFF(server_lr), 1e-12, 1e6},
     {"seed", K_INT, OFF(seed), 0, 9007199254740991.0},
     {"threads", K_INT, OFF(threads), 1, 1024},
+    {"http_threads", K_INT, OFF(http_threads), 1, 1024},
     {"aggregator", K_STR, OFF(aggregator), 0, 0},
     {"trim_fraction", K_DBL, OFF(trim_fraction), 0, 0.499999},
     {"clip_norm", K_DBL, OFF(clip_norm), 0, 1e30},
@@ -146,6 +149,7 @@ void srv_config_init(srv_config *cfg)
     cfg->server_lr = 1;
     cfg->seed = 1;
     cfg->threads = 1;
+    cfg->http_threads = 16;
     cfg->aggregator = strdup("fedavg");
     cfg->trim_fraction = 0.1;
     cfg->max_json_bytes = 65536;

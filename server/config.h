@@ -15,7 +15,7 @@ typedef struct srv_config {
     char *state_dir, *model, *data, *host, *policy, *server_opt, *values, *aggregator;
     char *enrolment_secret, *enrolment_secret_file, *admin_token_file, *tls_cert, *tls_key;
     long port, rounds, min_clients, clients_per_round, min_updates, local_epochs, batch, max_steps,
-        threads, seed;
+        threads, http_threads, seed;
     /* Limits. */
     long max_body_bytes, max_json_bytes, max_json_depth, max_connections, connection_timeout,
         request_timeout, max_clients, upload_rate;

@@ -113,6 +113,11 @@ static const char *const CTR_NAMES[C_N] = {
 #define CONTROL_PAUSED "control_paused"
 #define CONTROL_STOPPED "control_stopped"
 
+typedef struct tok_entry {
+    uint8_t hash[STRATA_STORE_HASH_LEN];
+    uint64_t id;
+} tok_entry;
+
 typedef struct waiter {
     void *conn;
     int64_t deadline_ms;
@@ -145,6 +150,9 @@ struct srv_engine {
     double *tokens;
     int64_t *refilled_ms;
     size_t nclients, capclients;
+    /* The same clients by token hash (ascending), so that authenticating a
+     * request needs no database lookup. */
+    tok_entry *toks;
 
     /* Admin controls (persisted) and the admin token's hash. */
     int paused, stopped;
@@ -309,7 +317,13 @@ static ptrdiff_t find_u64(const uint64_t *v, size_t n, uint64_t x)
     return p ? p - v : -1;
 }
 
-static int add_client(srv_engine *e, uint64_t id)
+static int cmp_tok(const void *a, const void *b)
+{
+    return memcmp(a, b, STRATA_STORE_HASH_LEN);
+}
+
+/* Adds a registered client (ids arrive ascending) and its token hash. */
+static int add_client(srv_engine *e, uint64_t id, const uint8_t hash[STRATA_STORE_HASH_LEN])
 {
     if (e->nclients == e->capclients) {
         size_t cap = e->capclients ? e->capclients * 2 : 64;
@@ -322,10 +336,24 @@ static int add_client(srv_engine *e, uint64_t id)
         int64_t *m = realloc(e->refilled_ms, cap * sizeof(*m));
         if (m != NULL)
             e->refilled_ms = m;
-        if (p == NULL || t == NULL || m == NULL)
+        tok_entry *k = realloc(e->toks, cap * sizeof(*k));
+        if (k != NULL)
+            e->toks = k;
+        if (p == NULL || t == NULL || m == NULL || k == NULL)
             return STRATA_ENOMEM;
         e->capclients = cap;
     }
+    size_t at = 0, hi = e->nclients; /* insertion point by hash */
+    while (at < hi) {
+        size_t mid = at + (hi - at) / 2;
+        if (memcmp(e->toks[mid].hash, hash, STRATA_STORE_HASH_LEN) < 0)
+            at = mid + 1;
+        else
+            hi = mid;
+    }
+    memmove(&e->toks[at + 1], &e->toks[at], (e->nclients - at) * sizeof(*e->toks));
+    memcpy(e->toks[at].hash, hash, STRATA_STORE_HASH_LEN);
+    e->toks[at].id = id;
     e->tokens[e->nclients] = (double)e->cfg->upload_rate;
     e->refilled_ms[e->nclients] = srv_now_ms();
     e->clients[e->nclients++] = id; /* ids grow, the array stays sorted */
@@ -839,7 +867,7 @@ static int load_clients(srv_engine *e, strata_diag *d)
         int found = 0;
         rc = strata_store_client_get(e->store, id, &cl, &found, d);
         if (rc == 0 && found)
-            rc = add_client(e, id);
+            rc = add_client(e, id, cl.token_hash);
         else
             misses++;
     }
@@ -1139,6 +1167,7 @@ void srv_engine_free(srv_engine *e)
     free(e->clients);
     free(e->tokens);
     free(e->refilled_ms);
+    free(e->toks);
     free(e->raw);
     free(e->zst);
     free(e->waiters);
@@ -1155,23 +1184,16 @@ size_t srv_engine_max_body(const srv_engine *e)
 /* ---- requests ------------------------------------------------------------- */
 
 /* Looks a bearer token up among the clients: 1 and the id when found, 0
- * when not, < 0 on a store error (r filled). */
-static int client_of_token(srv_engine *e, const char *tok, uint64_t *client_id, srv_resp *r)
+ * when not. */
+static int client_of_token(srv_engine *e, const char *tok, uint64_t *client_id)
 {
     uint8_t hash[STRATA_STORE_HASH_LEN];
     strata_store_sha256(tok, strlen(tok), hash);
-    strata_store_client cl;
-    int found = 0;
-    strata_diag d = {{0}};
     pthread_mutex_lock(&e->mu);
-    int rc = strata_store_client_by_token(e->store, hash, &cl, &found, &d);
+    const tok_entry *k = bsearch(hash, e->toks, e->nclients, sizeof(*e->toks), cmp_tok);
+    *client_id = k ? k->id : 0;
     pthread_mutex_unlock(&e->mu);
-    if (rc < 0) {
-        srv_resp_error(r, 500, "internal", "%s", strata_diag_msg(&d, rc));
-        return rc;
-    }
-    *client_id = found ? cl.id : 0;
-    return found;
+    return k != NULL;
 }
 
 int srv_engine_auth(srv_engine *e, const char *h, uint64_t *client_id, srv_resp *r)
@@ -1182,10 +1204,7 @@ int srv_engine_auth(srv_engine *e, const char *h, uint64_t *client_id, srv_resp 
         srv_resp_error(r, 401, "unauthorized", "missing or malformed bearer token");
         return -1;
     }
-    int found = client_of_token(e, tok, client_id, r);
-    if (found < 0)
-        return -1;
-    if (!found) {
+    if (!client_of_token(e, tok, client_id)) {
         srv_resp_error(r, 401, "unauthorized", "unknown token");
         return -1;
     }
@@ -1204,10 +1223,7 @@ int srv_engine_admin_auth(srv_engine *e, const char *h, srv_resp *r)
     if (hash_equal(hash, e->admin_hash))
         return 0;
     uint64_t id = 0;
-    int found = client_of_token(e, tok, &id, r);
-    if (found < 0)
-        return -1;
-    if (found)
+    if (client_of_token(e, tok, &id))
         srv_resp_error(r, 403, "forbidden", "client %llu's token cannot use admin endpoints",
                        (unsigned long long)id);
     else
@@ -1360,7 +1376,7 @@ void srv_engine_register(srv_engine *e, const uint8_t *body, size_t len, srv_res
     }
     rc = strata_store_client_add(e->store, hash, name, &id, &d);
     if (rc == 0)
-        rc = add_client(e, id);
+        rc = add_client(e, id, hash);
     pthread_cond_broadcast(&e->cv);
     pthread_mutex_unlock(&e->mu);
     if (rc < 0)
@@ -1608,22 +1624,41 @@ void srv_engine_upload(srv_engine *e, uint64_t cid, uint32_t round, const uint8_
         strata_payload_free(p);
         return;
     }
+    /* The slow half of the durable write (the payload file, written and
+     * fsync'ed) runs before the lock when the upload looks acceptable, so
+     * uploads overlap their fsyncs; the commit under the lock decides. When
+     * it is not needed after all, or fails here, it is discarded and the
+     * checks below answer as they would without it. */
+    strata_store_pending *pend = NULL;
     pthread_mutex_lock(&e->mu);
-    ptrdiff_t k = e->open && round == e->next_round ? find_u64(e->selected, e->nselected, cid) : -1;
+    ptrdiff_t k = e->open && round == e->next_round && !e->closing
+                      ? find_u64(e->selected, e->nselected, cid)
+                      : -1;
+    char msg[512];
+    int candidate = k >= 0 && !e->reported[k] && validate(e, p, round, msg, sizeof(msg)) == 0;
+    pthread_mutex_unlock(&e->mu);
+    if (candidate && strata_store_update_prepare(e->store, round, cid, body, len, p->sample_count,
+                                                 &pend, &d) < 0)
+        pend = NULL;
+    pthread_mutex_lock(&e->mu);
+    k = e->open && round == e->next_round ? find_u64(e->selected, e->nselected, cid) : -1;
     if (e->open && round == e->next_round && !e->closing && (k < 0 || !e->reported[k])) {
-        char msg[512];
         if (k < 0) {
             verdict_resp(e, r, round, STRATA_STORE_REJECT_NOT_SELECTED);
         } else if (validate(e, p, round, msg, sizeof(msg)) < 0) {
             ctr_add(e, C_REJ_INVALID, 1);
             srv_resp_error(r, 422, "invalid_update", "%s", msg);
-        } else if ((rc = strata_store_update_put(e->store, round, cid, body, len, p->sample_count,
-                                                 &rec, &v, &d)) < 0) {
+        } else if ((rc = pend != NULL
+                             ? strata_store_update_commit(e->store, pend, &rec, &v, &d)
+                             : strata_store_update_put(e->store, round, cid, body, len,
+                                                       p->sample_count, &rec, &v, &d)) < 0) {
+            pend = NULL; /* the commit took it */
             if (rc == STRATA_ESTATE)
                 verdict_resp(e, r, round, v);
             else
                 srv_resp_error(r, 500, "internal", "%s", strata_diag_msg(&d, rc));
         } else {
+            pend = NULL;
             if (!rec.duplicate) {
                 rc = strata_agg_add_clipped(e->agg, p->layers, p->num_layers,
                                             (double)p->sample_count, e->cfg->clip_norm, NULL, &d);
@@ -1657,6 +1692,7 @@ void srv_engine_upload(srv_engine *e, uint64_t cid, uint32_t round, const uint8_
             receipt_resp(r, round, &rec);
     }
     pthread_mutex_unlock(&e->mu);
+    strata_store_pending_free(pend);
     strata_payload_free(p);
 }
 

@@ -55,8 +55,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "strata-server: %s\n", strata_diag_msg(&d, rc));
         goto out;
     }
-    unsigned pool = cfg.threads > 4 ? (unsigned)cfg.threads : 4;
-    if ((rc = srv_http_start(e, &cfg, pool, &h, &port, &d)) < 0) {
+    if ((rc = srv_http_start(e, &cfg, (unsigned)cfg.http_threads, &h, &port, &d)) < 0) {
         fprintf(stderr, "strata-server: %s\n", strata_diag_msg(&d, rc));
         goto out;
     }
