@@ -253,14 +253,17 @@ static void ctr_add(srv_engine *e, int c, int64_t d)
     atomic_fetch_add(&e->pending[c], d);
 }
 
-/* Writes pending counter deltas to the store. Lock held. */
+/* Writes pending counter deltas to the store. Lock held. Rounds completed
+ * and updates accepted are not kept here: they are counted from the rounds
+ * and updates the store holds at start-up (count_from_store), so that they
+ * are exact after any crash. */
 static void ctr_flush(srv_engine *e)
 {
     strata_store_counter deltas[C_N];
     size_t n = 0;
     int64_t taken[C_N];
     for (int c = 0; c < C_N; c++) {
-        taken[c] = atomic_exchange(&e->pending[c], 0);
+        taken[c] = c == C_ROUNDS || c == C_ACCEPTED ? 0 : atomic_exchange(&e->pending[c], 0);
         if (taken[c] != 0) {
             snprintf(deltas[n].name, sizeof(deltas[n].name), "%s", CTR_NAMES[c]);
             deltas[n++].value = taken[c];
@@ -857,6 +860,36 @@ static int hash_equal(const uint8_t *a, const uint8_t *b)
 
 /* ---- start-up ------------------------------------------------------------- */
 
+/* Sets the rounds-completed and updates-accepted counters from the store:
+ * every acknowledged update has its row, every aggregated round its closed
+ * record (a round an operator stopped is closed but was not aggregated). */
+static int count_from_store(srv_engine *e, strata_diag *d)
+{
+    int64_t rounds = 0, accepted = 0;
+    uint32_t from = 0;
+    for (;;) {
+        strata_store_round *rs = NULL;
+        size_t n = 0;
+        int rc = strata_store_round_list(e->store, from, 1000, &rs, &n, d);
+        if (rc < 0)
+            return rc;
+        for (size_t i = 0; i < n; i++) {
+            accepted += (int64_t)rs[i].n_updates;
+            if (rs[i].state == STRATA_STORE_ROUND_CLOSED &&
+                (rs[i].summary_json == NULL ||
+                 strstr(rs[i].summary_json, "\"stopped\":true") == NULL))
+                rounds++;
+            from = rs[i].round + 1;
+        }
+        strata_store_round_list_free(rs, n);
+        if (n < 1000)
+            break;
+    }
+    e->ctr[C_ROUNDS] = rounds;
+    e->ctr[C_ACCEPTED] = accepted;
+    return 0;
+}
+
 static int load_clients(srv_engine *e, strata_diag *d)
 {
     uint64_t count = 0;
@@ -1102,7 +1135,8 @@ int srv_engine_open(const srv_config *cfg, srv_engine **out, strata_diag *d)
             goto fail;
         e->ctr[c] = v;
     }
-    if ((rc = load_clients(e, d)) < 0 || (rc = resume_state(e, d)) < 0)
+    if ((rc = load_clients(e, d)) < 0 || (rc = resume_state(e, d)) < 0 ||
+        (rc = count_from_store(e, d)) < 0)
         goto fail;
     if ((rc = build_cache(e, &e->raw, &e->raw_len, &e->zst, &e->zst_len)) < 0)
         goto fail;
@@ -1669,7 +1703,6 @@ void srv_engine_upload(srv_engine *e, uint64_t cid, uint32_t round, const uint8_
                 e->nreported++;
                 e->uplink += len;
                 ctr_add(e, C_ACCEPTED, 1);
-                ctr_flush(e); /* the acknowledged count survives a crash */
                 pthread_cond_broadcast(&e->cv);
             }
             receipt_resp(r, round, &rec);

@@ -259,9 +259,9 @@ int strata_store_update_commit(strata_store *s, strata_store_pending *p,
                                strata_store_receipt *receipt, strata_store_verdict *verdict,
                                strata_diag *diag);
 
-/* Group commit: commits the n prepared updates p[0..n-1] in one write
- * transaction, with one directory fsync per distinct round directory and one
- * synchronous (synchronous=FULL) commit for all of them. Item i gets
+/* Group commit: commits the n (distinct) prepared updates p[0..n-1] in one
+ * write transaction, with one directory fsync per distinct round directory
+ * and one synchronous (synchronous=FULL) commit for all of them. Item i gets
  * results[i] = STRATA_OK (accepted, or a duplicate with the original
  * receipt) or STRATA_ESTATE (refused: verdicts[i] says why), and receipts[i]
  * and verdicts[i] as strata_store_update_put would set them. Items of one
@@ -271,8 +271,11 @@ int strata_store_update_commit(strata_store *s, strata_store_pending *p,
  * Returns STRATA_OK when the transaction committed: every item whose
  * results[i] is STRATA_OK is then durable and may be acknowledged. Any other
  * return (STRATA_EIO, STRATA_ENOMEM; STRATA_EINVAL for a NULL array or item)
- * means nothing of the batch was committed: results[i] hold that error for
- * every i and no item may be acknowledged. Takes ownership of every p[i]
+ * fails the whole batch: results[i] hold that error for every i, no item may
+ * be acknowledged, the transaction is rolled back and published files
+ * without a committed row are removed (a retry is then stored anew, or
+ * answered as a duplicate should a failed COMMIT have reached the disk after
+ * all, as with strata_store_update_put). Takes ownership of every p[i]
  * (freed in every case). receipts, verdicts and results have n entries each;
  * n == 0 does nothing. */
 int strata_store_update_commit_many(strata_store *s, strata_store_pending *const *p, size_t n,

@@ -54,6 +54,7 @@
 #define POLL_WAIT_S 30
 #define UPLOAD_ATTEMPTS 3
 #define THREAD_STACK ((size_t)512 << 10)
+#define SLOW_UPLOAD_S 5.0 /* such uploads are described on stderr (a few) */
 
 typedef struct options {
     const char *server, *secret;
@@ -101,6 +102,8 @@ struct bench {
     double deadline; /* CLOCK_MONOTONIC seconds after which threads give up */
     atomic_long err_upload_status, err_transport, err_poll, err_build, duplicates;
     atomic_long reconnects; /* uploads that needed a new connection */
+    atomic_long slow;       /* uploads that took more than SLOW_UPLOAD_S */
+    atomic_int slow_logged;
     atomic_int first_error_logged;
 };
 
@@ -664,6 +667,20 @@ static void *client_main(void *arg)
             long connects = 0;
             if (curl_easy_getinfo(c, CURLINFO_NUM_CONNECTS, &connects) == CURLE_OK && connects > 0)
                 atomic_fetch_add(&b->reconnects, 1);
+            if (t1 - t0 > SLOW_UPLOAD_S) {
+                /* Where the time went, as curl saw it. */
+                curl_off_t sent = 0, first = 0;
+                curl_easy_getinfo(c, CURLINFO_PRETRANSFER_TIME_T, &sent);
+                curl_easy_getinfo(c, CURLINFO_STARTTRANSFER_TIME_T, &first);
+                atomic_fetch_add(&b->slow, 1);
+                if (atomic_fetch_add(&b->slow_logged, 1) < 5)
+                    fprintf(stderr,
+                            "bench_load: client %llu: round %u: upload took %.1f s (%s, HTTP %ld, "
+                            "%ld new connection(s), request sent at %.3f s, first response "
+                            "byte at %.3f s of the last attempt)\n",
+                            (unsigned long long)cl->id, t.round, t1 - t0, curl_easy_strerror(cc),
+                            status, connects, (double)sent * 1e-6, (double)first * 1e-6);
+            }
             if (cc == CURLE_OK && status == 200) {
                 rec->done = 1;
                 rec->start = t0;
@@ -780,11 +797,11 @@ static int report(bench *b, double wall)
         "clients %ld, rounds %ld: %zu of %zu uploads acknowledged, %.1f uploads/s over the "
         "upload windows (%.3f s), latency p50 %.1f ms, p99 %.1f ms, max %.1f ms, errors %ld "
         "(upload status %ld, transport %ld, poll %ld, build %ld), duplicates %ld, uploads on a new "
-        "connection %ld, wall %.1f s\n",
+        "connection %ld, uploads over %.0f s %ld, wall %.1f s\n",
         b->o.clients, b->o.rounds, nlat, expected, overall, total_window, p50, p99, pmax, errors,
         atomic_load(&b->err_upload_status), atomic_load(&b->err_transport),
         atomic_load(&b->err_poll), atomic_load(&b->err_build), atomic_load(&b->duplicates),
-        atomic_load(&b->reconnects), wall);
+        atomic_load(&b->reconnects), SLOW_UPLOAD_S, atomic_load(&b->slow), wall);
     if (b->o.json) {
         json_t *per = json_array();
         for (size_t j = 0; j < nrounds; j++) {
@@ -795,7 +812,7 @@ static int report(bench *b, double wall)
                                             "uploads_per_second", rates ? rates[j] : 0.0));
         }
         json_t *j = json_pack(
-            "{s:I,s:I,s:I,s:I,s:f,s:f,s:f,s:f,s:f,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:f,s:f,s:o}",
+            "{s:I,s:I,s:I,s:I,s:f,s:f,s:f,s:f,s:f,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:f,s:f,s:o}",
             "clients", (json_int_t)b->o.clients, "rounds", (json_int_t)b->o.rounds, "uploads",
             (json_int_t)nlat, "expected_uploads", (json_int_t)expected, "uploads_per_second",
             overall, "window_s", total_window, "latency_p50_ms", p50, "latency_p99_ms", p99,
@@ -805,7 +822,8 @@ static int report(bench *b, double wall)
             (json_int_t)atomic_load(&b->err_poll), "errors_build",
             (json_int_t)atomic_load(&b->err_build), "duplicates",
             (json_int_t)atomic_load(&b->duplicates), "upload_reconnects",
-            (json_int_t)atomic_load(&b->reconnects), "mean_upload_bytes",
+            (json_int_t)atomic_load(&b->reconnects), "slow_uploads",
+            (json_int_t)atomic_load(&b->slow), "mean_upload_bytes",
             nlat ? bytes / (double)nlat : 0.0, "wall_s", wall, "per_round", per);
         char *text = j ? json_dumps(j, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
         if (text != NULL)

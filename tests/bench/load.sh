@@ -11,8 +11,8 @@
 # Usage: tests/bench/load.sh BUILD_DIR
 # Env: STRATA_DATA_DIR (data set), STRATA_SERVER_BIN (default
 # BUILD_DIR/strata-server), LOAD_CLIENTS (500), LOAD_ROUNDS (3), LOAD_RUNS
-# (3), LOAD_SERVER_THREADS (2, the server's --threads), LOAD_GOAL (1000
-# uploads/s). The server runs with OMP_WAIT_POLICY=passive. Loopback only;
+# (3), LOAD_SERVER_THREADS (2, the server's --threads), LOAD_HTTP_THREADS
+# (unset: the server's default --http-threads), LOAD_GOAL (1000 uploads/s). The server runs with OMP_WAIT_POLICY=passive. Loopback only;
 # every process started here is killed by PID on exit; every wait is bounded.
 # Exits 0 when every run had 0 errors and the median met the goal, 1 when
 # the goal was missed, 2 on an error.
@@ -26,6 +26,8 @@ ROUNDS=${LOAD_ROUNDS:-3}
 RUNS=${LOAD_RUNS:-3}
 THREADS=${LOAD_SERVER_THREADS:-2}
 GOAL=${LOAD_GOAL:-1000}
+HTTP=()
+[ -z "${LOAD_HTTP_THREADS:-}" ] || HTTP=(--http-threads "$LOAD_HTTP_THREADS")
 SECRET=load-bench-secret
 if [ ! -x "$SERVER" ] || [ ! -x "$BENCH" ]; then
     echo "no $SERVER or $BENCH" >&2
@@ -58,7 +60,7 @@ run() {
     OMP_WAIT_POLICY=passive "$SERVER" --state-dir "$dir/state" --model mlp --data "$DATA" \
         --port 0 --rounds "$ROUNDS" --min-clients "$CLIENTS" --round-deadline 600 \
         --policy uniform --density 0.01 --enrolment-secret "$SECRET" --threads "$THREADS" \
-        >"$dir/server.out" 2>"$dir/server.err" &
+        ${HTTP[@]+"${HTTP[@]}"} >"$dir/server.out" 2>"$dir/server.err" &
     SPID=$!
     for _ in $(seq 1 300); do
         grep -q "listening on" "$dir/server.out" 2>/dev/null && break
@@ -86,7 +88,7 @@ run() {
     [ "${j:0:1}" = "{" ] || fail "bench_load (exit $brc): $(tail -n 5 "$dir/bench.err")"
     local rates
     rates=$(printf '%s' "$j" | grep -o '"uploads_per_second":[-0-9.eE+]*' | tail -n +2 |
-        cut -d: -f2 | awk '{ printf "%s%.0f", NR > 1 ? "/" : "", $1 }')
+        cut -d: -f2 | awk '{ printf "%s%.0f", (NR > 1 ? "/" : ""), $1 }')
     echo "$(jnum "$j" uploads_per_second) $(jnum "$j" latency_p50_ms)" \
         "$(jnum "$j" latency_p99_ms) $(jnum "$j" errors) $hwm_kb $start_kb $rates" \
         >>"$WORK/results"

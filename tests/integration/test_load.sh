@@ -31,13 +31,7 @@ OMP_WAIT_POLICY=passive "$SERVER" --state-dir "$WORK/state" --model mlp --data "
     --density 0.01 --enrolment-secret "$SECRET" --threads 2 \
     >"$WORK/server.out" 2>"$WORK/server.err" &
 SPID=$!
-for _ in $(seq 1 300); do
-    grep -q "listening on" "$WORK/server.out" 2>/dev/null && break
-    kill -0 "$SPID" 2>/dev/null || fail "server exited: $(cat "$WORK/server.err")"
-    sleep 0.1
-done
-URL=$(sed -n 's/^strata-server: listening on //p' "$WORK/server.out" | head -n 1)
-[ -n "$URL" ] || fail "no listening line"
+wait_listening "$SPID" "$WORK/server.out" "$WORK/server.err"
 
 set +e
 timeout 50 "$BENCH" --server "$URL" --clients "$CLIENTS" --rounds "$ROUNDS" --secret "$SECRET" \

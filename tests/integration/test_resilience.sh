@@ -195,7 +195,7 @@ for i in 0 1 2; do
     rounds=$(cut -d' ' -f1 "$WORK/c$i/receipts.log" | tr '\n' ' ')
     [ "$rounds" = "0 1 2 3 " ] || die "client $i receipts for rounds '$rounds'"
     while read -r r receipt; do
-        body=$("${C[@]}" -H "Authorization: Bearer $tok" \
+        body=$("${C[@]}" -H "Authorization: Bearer $tok" -H "Content-Type: application/octet-stream" \
             --data-binary @"$STATE/updates/$r/$id.bin" "$URL/v1/rounds/$r/updates")
         [ "$(json_field "$body" receipt)" = "$receipt" ] || die "client $i round $r: $body vs $receipt"
         [ "$(json_field "$body" duplicate)" = true ] || die "client $i round $r: $body"
