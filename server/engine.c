@@ -118,6 +118,23 @@ typedef struct tok_entry {
     uint64_t id;
 } tok_entry;
 
+/* An upload whose payload file is prepared, waiting for a group commit. */
+typedef struct pending_upload {
+    strata_store_pending *pend;
+    const strata_payload *p;
+    uint32_t round;
+    uint64_t client_id;
+    size_t len;
+    ptrdiff_t k; /* index among the selected clients */
+    int done;    /* decided */
+    int taken;   /* committed in a batch (else: the caller goes on alone) */
+    int rc;      /* the batch's result for it */
+    strata_store_receipt rec;
+    strata_store_verdict v;
+    char msg[256]; /* the error, when rc < 0 */
+    struct pending_upload *next;
+} pending_upload;
+
 typedef struct waiter {
     void *conn;
     int64_t deadline_ms;
@@ -132,6 +149,7 @@ struct srv_engine {
     srv_waiter_fn suspend, resume;
 
     strata_store *store;
+    strata_store *wstore; /* second connection: group commits, outside the lock */
     strata_dataset test;
     strata_model *model;   /* touched only by the round thread (and start-up) */
     strata_policy *policy; /* NULL for --policy none */
@@ -183,6 +201,12 @@ struct srv_engine {
 
     waiter *waiters;
     size_t nwaiters, capwaiters;
+
+    /* Group commit: prepared uploads queue here; one uploader at a time
+     * (committing) commits all queued ones in one transaction. */
+    pending_upload *queue, *queue_tail;
+    int committing;
+    pthread_cond_t commit_cv;
 };
 
 int64_t srv_now_ms(void)
@@ -606,7 +630,9 @@ fail:
 
 static int ready_to_close(const srv_engine *e, int64_t now)
 {
-    if (!e->open || e->closing || e->nreported == 0)
+    /* Not while a group commit is in flight: its updates are acknowledged
+     * only after they are aggregated. */
+    if (!e->open || e->closing || e->committing || e->nreported == 0)
         return 0;
     if (e->nreported == e->nselected)
         return 1;
@@ -1036,6 +1062,7 @@ int srv_engine_open(const srv_config *cfg, srv_engine **out, strata_diag *d)
     e->jlim.max_depth = (size_t)cfg->max_json_depth;
     pthread_mutex_init(&e->mu, NULL);
     pthread_cond_init(&e->cv, NULL);
+    pthread_cond_init(&e->commit_cv, NULL);
     strata_dataset_init(&e->test);
     int rc;
     strata_set_threads((int)cfg->threads);
@@ -1045,7 +1072,8 @@ int srv_engine_open(const srv_config *cfg, srv_engine **out, strata_diag *d)
     if ((rc = strata_robust_parse(cfg->aggregator, &e->method, d)) < 0 ||
         (rc = strata_robust_check(e->method, cfg->trim_fraction, cfg->clip_norm, d)) < 0)
         goto fail;
-    if ((rc = strata_store_open(cfg->state_dir, &e->store, d)) < 0)
+    if ((rc = strata_store_open(cfg->state_dir, &e->store, d)) < 0 ||
+        (rc = strata_store_open_secondary(e->store, &e->wstore, d)) < 0)
         goto fail;
     if ((rc = strata_data_load_dir(cfg->data, "test", 0, &e->test, d)) < 0)
         goto fail;
@@ -1190,6 +1218,7 @@ void srv_engine_free(srv_engine *e)
     if (e->store != NULL)
         ctr_flush(e);
     reset_round(e);
+    strata_store_close(e->wstore);
     strata_store_close(e->store);
     strata_dataset_cleanup(&e->test);
     strata_model_free(e->model);
@@ -1207,6 +1236,7 @@ void srv_engine_free(srv_engine *e)
     free(e->waiters);
     pthread_mutex_destroy(&e->mu);
     pthread_cond_destroy(&e->cv);
+    pthread_cond_destroy(&e->commit_cv);
     free(e);
 }
 
@@ -1324,7 +1354,7 @@ void srv_engine_admin(srv_engine *e, const char *action, const uint8_t *body, si
     } else if (strcmp(action, "resume") == 0) {
         rc = control_set(e, CONTROL_PAUSED, &e->paused, 0, &d);
     } else if (strcmp(action, "stop") == 0) {
-        if (!e->stopped && e->closing) {
+        if (!e->stopped && (e->closing || e->committing)) {
             pthread_mutex_unlock(&e->mu);
             srv_resp_error(r, 409, "round_closing", "a round is being aggregated; try again");
             r->retry_after = 1;
@@ -1628,6 +1658,88 @@ static void verdict_resp(srv_engine *e, srv_resp *r, uint32_t round, strata_stor
     }
 }
 
+#define BATCH_MAX 256
+
+/* Queues u and returns once it is decided (lock held on entry and exit).
+ * The first waiting uploader that finds no commit in flight becomes the
+ * committer: it takes the queued uploads that are still acceptable (the
+ * open round, not closing, client selected and not yet reported), commits
+ * them in one transaction on the second store connection with the lock
+ * released (so that more uploads queue meanwhile), then, under the lock,
+ * aggregates the accepted ones. The round cannot start closing while a
+ * batch is in flight (ready_to_close), so every acknowledged update is
+ * aggregated. An upload no longer acceptable is handed back untaken. */
+static void group_commit(srv_engine *e, pending_upload *u)
+{
+    u->next = NULL;
+    if (e->queue_tail != NULL)
+        e->queue_tail->next = u;
+    else
+        e->queue = u;
+    e->queue_tail = u;
+    while (!u->done) {
+        if (e->committing) {
+            pthread_cond_wait(&e->commit_cv, &e->mu);
+            continue;
+        }
+        e->committing = 1;
+        pending_upload *batch[BATCH_MAX];
+        strata_store_pending *pp[BATCH_MAX];
+        size_t n = 0;
+        while (e->queue != NULL && n < BATCH_MAX) {
+            pending_upload *q = e->queue;
+            e->queue = q->next;
+            if (e->queue == NULL)
+                e->queue_tail = NULL;
+            q->k = e->open && q->round == e->next_round && !e->closing
+                       ? find_u64(e->selected, e->nselected, q->client_id)
+                       : -1;
+            if (q->k < 0 || e->reported[q->k]) {
+                q->done = 1; /* untaken: its uploader answers alone */
+                continue;
+            }
+            pp[n] = q->pend;
+            batch[n++] = q;
+        }
+        if (n > 0) {
+            strata_store_receipt recs[BATCH_MAX];
+            strata_store_verdict vs[BATCH_MAX];
+            int results[BATCH_MAX];
+            strata_diag d = {{0}};
+            pthread_mutex_unlock(&e->mu);
+            int rc = strata_store_update_commit_many(e->wstore, pp, n, recs, vs, results, &d);
+            pthread_mutex_lock(&e->mu);
+            for (size_t i = 0; i < n; i++) {
+                pending_upload *q = batch[i];
+                q->pend = NULL; /* the commit took it */
+                q->taken = 1;
+                q->rc = results[i];
+                q->rec = recs[i];
+                q->v = vs[i];
+                if (rc < 0)
+                    snprintf(q->msg, sizeof(q->msg), "%s", strata_diag_msg(&d, rc));
+                if (q->rc == 0 && !q->rec.duplicate && !e->reported[q->k]) {
+                    strata_diag ad = {{0}};
+                    if (strata_agg_add_clipped(e->agg, q->p->layers, q->p->num_layers,
+                                               (double)q->p->sample_count, e->cfg->clip_norm, NULL,
+                                               &ad) < 0) /* validated: unreachable */
+                        fprintf(stderr,
+                                "strata-server: round %u: stored update not aggregated: %s\n",
+                                q->round, strata_diag_msg(&ad, STRATA_EPROTO));
+                    e->reported[q->k] = 1;
+                    e->nreported++;
+                    e->uplink += q->len;
+                    ctr_add(e, C_ACCEPTED, 1);
+                }
+                q->done = 1;
+            }
+        }
+        e->committing = 0;
+        pthread_cond_broadcast(&e->commit_cv);
+        pthread_cond_broadcast(&e->cv);
+    }
+}
+
 void srv_engine_upload(srv_engine *e, uint64_t cid, uint32_t round, const uint8_t *body, size_t len,
                        srv_resp *r)
 {
@@ -1675,6 +1787,22 @@ void srv_engine_upload(srv_engine *e, uint64_t cid, uint32_t round, const uint8_
                                                  &pend, &d) < 0)
         pend = NULL;
     pthread_mutex_lock(&e->mu);
+    if (pend != NULL) {
+        pending_upload u = {.pend = pend, .p = p, .round = round, .client_id = cid, .len = len};
+        group_commit(e, &u);
+        pend = u.pend; /* NULL when taken */
+        if (u.taken) {
+            if (u.rc == STRATA_ESTATE)
+                verdict_resp(e, r, round, u.v);
+            else if (u.rc < 0)
+                srv_resp_error(r, 500, "internal", "%s", u.msg);
+            else
+                receipt_resp(r, round, &u.rec);
+            pthread_mutex_unlock(&e->mu);
+            strata_payload_free(p);
+            return;
+        }
+    }
     k = e->open && round == e->next_round ? find_u64(e->selected, e->nselected, cid) : -1;
     if (e->open && round == e->next_round && !e->closing && (k < 0 || !e->reported[k])) {
         if (k < 0) {
