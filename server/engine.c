@@ -65,6 +65,7 @@
     X(rate_limited)                                                                                \
     X(too_many_clients)                                                                            \
     X(finished)                                                                                    \
+    X(round_closing)                                                                               \
     X(request_timeout)                                                                             \
     X(other)
 
@@ -174,6 +175,7 @@ struct srv_engine {
 
     /* Admin controls (persisted) and the admin token's hash. */
     int paused, stopped;
+    int stopping_round; /* an admin stop waits for the group commit in flight */
     uint8_t admin_hash[STRATA_STORE_HASH_LEN];
 
     /* Round state. */
@@ -256,8 +258,21 @@ void srv_resp_error(srv_resp *r, unsigned status, const char *code, const char *
     va_start(ap, fmt);
     vsnprintf(msg, sizeof(msg), fmt, ap);
     va_end(ap);
+    /* Messages may quote what a client sent: keep them printable ASCII (and
+     * so valid UTF-8 for jansson). */
+    for (char *c = msg; *c != '\0'; c++)
+        if (*c < 0x20 || *c > 0x7e)
+            *c = '?';
     resp_json(r, status, json_pack("{s:{s:s,s:s}}", "error", "code", code, "message", msg));
     r->code = code;
+}
+
+/* A 500: the detail (paths, SQLite's words) goes to the log, not to the
+ * client. */
+static void resp_internal(srv_resp *r, const char *detail)
+{
+    fprintf(stderr, "strata-server: internal error: %s\n", detail);
+    srv_resp_error(r, 500, "internal", "internal error; the coordinator's log has the details");
 }
 
 static void resp_text(srv_resp *r, unsigned status, const char *ctype, char *text)
@@ -658,12 +673,14 @@ static char *summary_text(const srv_engine *e, uint32_t r, uint64_t version, con
  * store. Called by the round thread with the lock held; drops it while
  * saving and evaluating (uploads for the round get 409 meanwhile). */
 /* The round's coordinate-wise robust aggregate (trimmed mean or median) of
- * its accepted updates, read back from the store, into delta. Lock held. */
+ * its accepted updates, read back from the store, into delta. Called
+ * without the lock while the round is closing: it uses the second store
+ * connection, which group commits leave alone then. */
 static int robust_mean(srv_engine *e, strata_tensor_list *delta, strata_diag *d)
 {
     strata_store_update *ups = NULL;
     size_t n = 0;
-    int rc = strata_store_update_list(e->store, e->next_round, &ups, &n, d);
+    int rc = strata_store_update_list(e->wstore, e->next_round, &ups, &n, d);
     strata_payload **ps = rc == 0 ? calloc(n ? n : 1, sizeof(*ps)) : NULL;
     strata_robust_update *ru = rc == 0 ? calloc(n ? n : 1, sizeof(*ru)) : NULL;
     if (rc == 0 && (ps == NULL || ru == NULL))
@@ -671,7 +688,7 @@ static int robust_mean(srv_engine *e, strata_tensor_list *delta, strata_diag *d)
     for (size_t i = 0; rc == 0 && i < n; i++) {
         uint8_t *buf = NULL;
         size_t len = 0;
-        rc = strata_store_update_read(e->store, e->next_round, ups[i].client_id, &buf, &len, d);
+        rc = strata_store_update_read(e->wstore, e->next_round, ups[i].client_id, &buf, &len, d);
         if (rc == 0)
             rc = strata_payload_decode(buf, len, &e->limits, &ps[i], d);
         free(buf);
@@ -701,9 +718,17 @@ static void close_round(srv_engine *e)
     strata_tensor_list_init(&delta);
     double t0 = mono_s();
     int rc = strata_tensor_list_zeros_like(&delta, params);
-    if (rc == 0)
-        rc = e->method == STRATA_ROBUST_FEDAVG ? strata_agg_mean(e->agg, &delta, &d)
-                                               : robust_mean(e, &delta, &d);
+    /* From here no update of this round can be accepted (closing; no group
+     * commit is in flight, see ready_to_close), so the round's stored
+     * updates are final: the robust rules read them without the lock. */
+    e->closing = 1;
+    if (rc == 0 && e->method == STRATA_ROBUST_FEDAVG) {
+        rc = strata_agg_mean(e->agg, &delta, &d);
+    } else if (rc == 0) {
+        pthread_mutex_unlock(&e->mu);
+        rc = robust_mean(e, &delta, &d);
+        pthread_mutex_lock(&e->mu);
+    }
     if (rc == 0)
         rc = strata_server_opt_step(e->opt, params, &delta, &d);
     strata_tensor_list_cleanup(&delta);
@@ -712,13 +737,13 @@ static void close_round(srv_engine *e)
          * stop serving rounds, loudly, instead of looping. */
         fprintf(stderr, "strata-server: round %u: aggregation failed: %s; no further rounds\n", r,
                 strata_diag_msg(&d, rc));
+        e->closing = 0;
         e->open = 0;
         e->finished = 1;
         wake_all(e);
         return;
     }
     double agg_s = mono_s() - t0;
-    e->closing = 1;
     pthread_mutex_unlock(&e->mu);
 
     char path[4096], opath[4200];
@@ -1354,15 +1379,22 @@ void srv_engine_admin(srv_engine *e, const char *action, const uint8_t *body, si
     } else if (strcmp(action, "resume") == 0) {
         rc = control_set(e, CONTROL_PAUSED, &e->paused, 0, &d);
     } else if (strcmp(action, "stop") == 0) {
-        if (!e->stopped && (e->closing || e->committing)) {
+        if (!e->stopped && e->closing) {
             pthread_mutex_unlock(&e->mu);
             srv_resp_error(r, 409, "round_closing", "a round is being aggregated; try again");
             r->retry_after = 1;
             return;
         }
+        e->stopping_round = 1; /* no new batch starts */
+        while (e->committing)
+            pthread_cond_wait(&e->commit_cv, &e->mu);
+        e->stopping_round = 0;
+        int was = e->stopped;
         rc = control_set(e, CONTROL_STOPPED, &e->stopped, 1, &d);
-        if (rc == 0)
-            rc = abandon_round(e, &d);
+        if (rc == 0 && (rc = abandon_round(e, &d)) < 0) {
+            strata_diag ud = {{0}}; /* undo: a failed stop changes nothing */
+            control_set(e, CONTROL_STOPPED, &e->stopped, was, &ud);
+        }
         if (rc == 0)
             e->finished = 1;
     } else {
@@ -1379,7 +1411,7 @@ void srv_engine_admin(srv_engine *e, const char *action, const uint8_t *body, si
     const char *state = state_name(e);
     pthread_mutex_unlock(&e->mu);
     if (rc < 0)
-        srv_resp_error(r, 500, "internal", "%s", strata_diag_msg(&d, rc));
+        resp_internal(r, strata_diag_msg(&d, rc));
     else
         resp_json(r, 200, json_pack("{s:s}", "state", state));
 }
@@ -1444,7 +1476,7 @@ void srv_engine_register(srv_engine *e, const uint8_t *body, size_t len, srv_res
     pthread_cond_broadcast(&e->cv);
     pthread_mutex_unlock(&e->mu);
     if (rc < 0)
-        srv_resp_error(r, 500, "internal", "%s", strata_diag_msg(&d, rc));
+        resp_internal(r, strata_diag_msg(&d, rc));
     else
         resp_json(r, 201, json_pack("{s:I,s:s}", "client_id", (json_int_t)id, "token", tok));
 }
@@ -1559,7 +1591,7 @@ void srv_engine_model(srv_engine *e, uint64_t version, int want_zstd, const char
     }
     if (rc < 0) {
         free(buf);
-        srv_resp_error(r, 500, "internal", "%s", strata_strerror(rc));
+        resp_internal(r, strata_strerror(rc));
         return;
     }
     free(r->body);
@@ -1691,7 +1723,7 @@ static void group_commit(srv_engine *e, pending_upload *u)
             e->queue = q->next;
             if (e->queue == NULL)
                 e->queue_tail = NULL;
-            q->k = e->open && q->round == e->next_round && !e->closing
+            q->k = e->open && q->round == e->next_round && !e->closing && !e->stopping_round
                        ? find_u64(e->selected, e->nselected, q->client_id)
                        : -1;
             if (q->k < 0 || e->reported[q->k]) {
@@ -1795,7 +1827,7 @@ void srv_engine_upload(srv_engine *e, uint64_t cid, uint32_t round, const uint8_
             if (u.rc == STRATA_ESTATE)
                 verdict_resp(e, r, round, u.v);
             else if (u.rc < 0)
-                srv_resp_error(r, 500, "internal", "%s", u.msg);
+                resp_internal(r, u.msg);
             else
                 receipt_resp(r, round, &u.rec);
             pthread_mutex_unlock(&e->mu);
@@ -1803,6 +1835,10 @@ void srv_engine_upload(srv_engine *e, uint64_t cid, uint32_t round, const uint8_
             return;
         }
     }
+    /* Alone from here (no prepared file, or not taken by a batch): never
+     * beside a group commit, so the store's order stays the aggregation's. */
+    while (e->committing)
+        pthread_cond_wait(&e->commit_cv, &e->mu);
     k = e->open && round == e->next_round ? find_u64(e->selected, e->nselected, cid) : -1;
     if (e->open && round == e->next_round && !e->closing && (k < 0 || !e->reported[k])) {
         if (k < 0) {
@@ -1818,7 +1854,7 @@ void srv_engine_upload(srv_engine *e, uint64_t cid, uint32_t round, const uint8_
             if (rc == STRATA_ESTATE)
                 verdict_resp(e, r, round, v);
             else
-                srv_resp_error(r, 500, "internal", "%s", strata_diag_msg(&d, rc));
+                resp_internal(r, strata_diag_msg(&d, rc));
         } else {
             pend = NULL;
             if (!rec.duplicate) {
@@ -1848,7 +1884,7 @@ void srv_engine_upload(srv_engine *e, uint64_t cid, uint32_t round, const uint8_
         if (rc == STRATA_ESTATE)
             verdict_resp(e, r, round, v);
         else if (rc < 0)
-            srv_resp_error(r, 500, "internal", "%s", strata_diag_msg(&d, rc));
+            resp_internal(r, strata_diag_msg(&d, rc));
         else
             receipt_resp(r, round, &rec);
     }
@@ -1893,7 +1929,7 @@ void srv_engine_rounds(srv_engine *e, uint32_t from, size_t limit, srv_resp *r)
     strata_store_round_list_free(rs, n);
     if (rc < 0) {
         json_decref(arr);
-        srv_resp_error(r, 500, "internal", "%s", strata_diag_msg(&d, rc));
+        resp_internal(r, strata_diag_msg(&d, rc));
         return;
     }
     resp_json(r, 200, json_pack("{s:o}", "rounds", arr));
@@ -1911,7 +1947,7 @@ void srv_engine_round(srv_engine *e, uint32_t round, srv_resp *r)
     pthread_mutex_unlock(&e->mu);
     strata_store_round_cleanup(&rd);
     if (rc < 0)
-        srv_resp_error(r, 500, "internal", "%s", strata_diag_msg(&d, rc));
+        resp_internal(r, strata_diag_msg(&d, rc));
     else if (!found)
         srv_resp_error(r, 404, "not_found", "no round %u", round);
     else

@@ -289,6 +289,8 @@ check "upload: Content-Type application/json" 415 unsupported_media_type unsuppo
     "octet-stream" POST $U0 "${AA[@]}" "${J[@]}" --data-binary @"$WORK/good-a.bin"
 check "upload: no Content-Type" 415 unsupported_media_type unsupported_media_type "octet-stream" POST $U0 \
     "${AA[@]}" -H 'Content-Type:' --data-binary @"$WORK/good-a.bin"
+check "upload: Content-Type that is not UTF-8" 415 unsupported_media_type unsupported_media_type \
+    "octet-stream" POST $U0 "${AA[@]}" -H $'Content-Type: text/\xff' --data-binary @"$WORK/good-a.bin"
 check "register: Content-Type text/plain" 415 unsupported_media_type - "application/json" \
     POST /v1/clients -H 'Content-Type: text/plain' -d "{\"enrolment_secret\":\"$SECRET\"}"
 check "register: form encoded (curl default)" 415 unsupported_media_type - "application/json" \
