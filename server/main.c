@@ -5,6 +5,7 @@
 #include "engine.h"
 #include "http.h"
 
+#include <malloc.h>
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
@@ -34,6 +35,11 @@ int main(int argc, char **argv)
         srv_config_cleanup(&cfg);
         return 2;
     }
+    /* Request bodies and decoded updates are large and short-lived: keep
+     * them in their own mappings, returned to the system when freed, rather
+     * than in the heaps of the many HTTP threads (glibc would otherwise raise
+     * this threshold after the first such free). */
+    mallopt(M_MMAP_THRESHOLD, 256 * 1024);
     sigset_t set;
     sigemptyset(&set);
     sigaddset(&set, SIGINT);
