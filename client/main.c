@@ -193,17 +193,15 @@ static int parse_options(int argc, char **argv, options *o)
         return 2;
     }
     if (o->secret_file != NULL) {
-        FILE *f = fopen(o->secret_file, "r");
-        size_t n = f ? fread(o->secret_buf, 1, sizeof(o->secret_buf) - 1, f) : 0;
-        if (f != NULL)
-            fclose(f);
-        o->secret_buf[n] = '\0';
-        o->secret_buf[strcspn(o->secret_buf, "\r\n")] = '\0';
-        if (o->secret != NULL || o->secret_buf[0] == '\0') {
-            fprintf(stderr, "strata-client: --enrolment-secret-file %s: %s\n", o->secret_file,
-                    o->secret   ? "give either it or --enrolment-secret"
-                    : f == NULL ? strerror(errno)
-                                : "no secret on its first line");
+        strata_diag d = {{0}};
+        size_t n = 0;
+        int rc =
+            strata_file_read_line(o->secret_file, o->secret_buf, sizeof(o->secret_buf), &n, &d);
+        if (o->secret != NULL || rc < 0 || n == 0) {
+            fprintf(stderr, "strata-client: --enrolment-secret-file: %s\n",
+                    o->secret ? "give either it or --enrolment-secret"
+                    : rc < 0  ? strata_diag_msg(&d, rc)
+                              : "no secret on its first line");
             return 2;
         }
         o->secret = o->secret_buf;

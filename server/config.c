@@ -4,6 +4,8 @@
 #include "aggregate.h"
 #include "robust.h"
 
+#include "strata/fileio.h"
+
 #include <errno.h>
 #include <jansson.h>
 #include <math.h>
@@ -279,25 +281,18 @@ static const opt_desc *arg_opt(const char *arg, char *key, size_t keylen)
  * the enrolment secret. */
 static int read_secret_file(srv_config *cfg, strata_diag *d)
 {
-    FILE *f = fopen(cfg->enrolment_secret_file, "r");
-    if (f == NULL)
-        return strata_diag_set(d, STRATA_EIO, "enrolment_secret_file: %s: %s",
-                               cfg->enrolment_secret_file, strerror(errno));
     char line[SRV_SECRET_MAX + 2];
-    size_t n = fread(line, 1, sizeof(line) - 1, f);
-    fclose(f);
-    line[n] = '\0';
-    n = strcspn(line, "\r\n");
-    int ok = n > 0 && n <= SRV_SECRET_MAX;
+    size_t n = 0;
+    int rc = strata_file_read_line(cfg->enrolment_secret_file, line, sizeof(line), &n, d);
+    int ok = rc == 0 && n > 0;
     for (size_t i = 0; ok && i < n; i++)
         ok = line[i] >= 0x20 && line[i] < 0x7f;
     if (!ok)
-        return strata_diag_set(
-            d, STRATA_EINVAL,
-            "enrolment_secret_file: %s: the first line must be 1 to %d printable "
-            "ASCII characters",
-            cfg->enrolment_secret_file, SRV_SECRET_MAX);
-    line[n] = '\0';
+        return strata_diag_set(d, rc == STRATA_ESTATE ? STRATA_EIO : STRATA_EINVAL,
+                               "enrolment_secret_file: %s: %s", cfg->enrolment_secret_file,
+                               rc == STRATA_ESTATE || rc == STRATA_EIO
+                                   ? "cannot be read"
+                                   : "the first line must be 1 to 256 printable ASCII characters");
     char *s = strdup(line);
     if (s == NULL)
         return STRATA_ENOMEM;

@@ -40,7 +40,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
-#include <sys/random.h>
 #include <time.h>
 #include <zstd.h>
 
@@ -1046,28 +1045,20 @@ static int load_admin_token(srv_engine *e, strata_diag *d)
     else
         snprintf(path, sizeof(path), "%s/admin.token", strata_store_dir(e->store));
     char tok[TOKEN_MAX + 2];
-    FILE *f = fopen(path, "r");
-    if (f == NULL && errno == ENOENT) {
-        uint8_t rnd[32];
-        if (getrandom(rnd, sizeof(rnd), 0) != (ssize_t)sizeof(rnd))
-            return strata_diag_set(d, STRATA_EIO, "no randomness: %s", strerror(errno));
-        for (int i = 0; i < 32; i++)
-            snprintf(tok + 2 * i, 3, "%02x", rnd[i]);
-        tok[64] = '\n';
-        int rc = strata_file_write_atomic(path, tok, 65, 0600, d);
-        if (rc < 0)
+    size_t n = 0;
+    int rc = strata_file_read_line(path, tok, sizeof(tok), &n, d);
+    if (rc == STRATA_ESTATE) { /* first start: make one */
+        if ((rc = strata_random_token(tok, d)) < 0)
+            return rc;
+        tok[STRATA_TOKEN_HEX] = '\n';
+        if ((rc = strata_file_write_atomic(path, tok, STRATA_TOKEN_HEX + 1, 0600, d)) < 0)
             return rc;
         fprintf(stderr, "strata-server: new admin token in %s\n", path);
-        f = fopen(path, "r");
+        rc = strata_file_read_line(path, tok, sizeof(tok), &n, d);
     }
-    if (f == NULL)
-        return strata_diag_set(d, STRATA_EIO, "admin_token_file: %s: %s", path, strerror(errno));
-    size_t n = fread(tok, 1, sizeof(tok) - 1, f);
-    fclose(f);
-    tok[n] = '\0';
-    n = strcspn(tok, "\r\n");
-    tok[n] = '\0';
-    if (n < 16 || bearer_token_ok(tok) == 0)
+    if (rc < 0 && rc != STRATA_ETOOBIG)
+        return rc; /* diag names the file and the error */
+    if (rc < 0 || n < 16 || bearer_token_ok(tok) == 0)
         return strata_diag_set(d, STRATA_EINVAL,
                                "admin_token_file: %s: the first line must be a token of 16 to %d "
                                "printable characters without spaces",
@@ -1451,14 +1442,13 @@ void srv_engine_register(srv_engine *e, const uint8_t *body, size_t len, srv_res
         return;
     }
     const char *name = rq.has_name ? rq.name : NULL;
-    uint8_t rnd[32], hash[STRATA_STORE_HASH_LEN];
-    if (getrandom(rnd, sizeof(rnd), 0) != (ssize_t)sizeof(rnd)) {
-        srv_resp_error(r, 500, "internal", "no randomness: %s", strerror(errno));
+    uint8_t hash[STRATA_STORE_HASH_LEN];
+    char tok[STRATA_TOKEN_HEX + 1];
+    strata_diag td = {{0}};
+    if (strata_random_token(tok, &td) < 0) {
+        resp_internal(r, strata_diag_msg(&td, STRATA_EIO));
         return;
     }
-    char tok[65];
-    for (int i = 0; i < 32; i++)
-        snprintf(tok + 2 * i, 3, "%02x", rnd[i]);
     strata_store_sha256(tok, 64, hash);
     uint64_t id = 0;
     strata_diag d = {{0}};

@@ -18,7 +18,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/random.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -237,17 +236,14 @@ int main(int argc, char **argv)
     }
     /* A fresh enrolment secret for this federation, in a file only this user
      * can read (not on any command line). */
-    char secret_file[PATH_MAX], secret[65];
-    uint8_t rnd[32];
+    char secret_file[PATH_MAX], secret[STRATA_TOKEN_HEX + 1];
     strata_diag sd = {{0}};
     snprintf(secret_file, sizeof(secret_file), "%s/enrolment.secret", o.out);
-    if (getrandom(rnd, sizeof(rnd), 0) != (ssize_t)sizeof(rnd)) {
-        fprintf(stderr, "strata-sim: no randomness: %s\n", strerror(errno));
+    if (strata_random_token(secret, &sd) < 0) {
+        fprintf(stderr, "strata-sim: %s\n", strata_diag_msg(&sd, STRATA_EIO));
         return 1;
     }
-    for (int i = 0; i < 32; i++)
-        snprintf(secret + 2 * i, 3, "%02x", rnd[i]);
-    int src = strata_file_write_atomic(secret_file, secret, 64, 0600, &sd);
+    int src = strata_file_write_atomic(secret_file, secret, STRATA_TOKEN_HEX, 0600, &sd);
     if (src < 0) {
         fprintf(stderr, "strata-sim: %s\n", strata_diag_msg(&sd, src));
         return 1;

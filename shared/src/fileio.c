@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -104,4 +105,53 @@ out:
     free(tmp);
     free(dir);
     return rc;
+}
+
+int strata_file_read_line(const char *path, char *buf, size_t cap, size_t *len, strata_diag *diag)
+{
+    if (len != NULL)
+        *len = 0;
+    if (buf == NULL || cap < 2 || path == NULL) {
+        if (buf != NULL && cap > 0)
+            buf[0] = '\0';
+        return strata_diag_set(diag, STRATA_EINVAL, "read line: bad argument");
+    }
+    buf[0] = '\0';
+    FILE *f = fopen(path, "r");
+    if (f == NULL)
+        return strata_diag_set(diag, errno == ENOENT ? STRATA_ESTATE : STRATA_EIO, "%s: %s", path,
+                               strerror(errno));
+    size_t n = fread(buf, 1, cap - 1, f);
+    int err = ferror(f);
+    fclose(f);
+    buf[n] = '\0';
+    if (err) {
+        buf[0] = '\0';
+        return strata_diag_set(diag, STRATA_EIO, "%s: read error", path);
+    }
+    size_t line = strcspn(buf, "\r\n");
+    if (line == n && n == cap - 1) {
+        buf[0] = '\0';
+        return strata_diag_set(diag, STRATA_ETOOBIG, "%s: first line longer than %zu bytes", path,
+                               cap - 2);
+    }
+    buf[line] = '\0';
+    if (len != NULL)
+        *len = line;
+    return 0;
+}
+
+int strata_random_token(char out[STRATA_TOKEN_HEX + 1], strata_diag *diag)
+{
+    uint8_t rnd[STRATA_TOKEN_HEX / 2];
+    out[0] = '\0';
+    if (getrandom(rnd, sizeof(rnd), 0) != (ssize_t)sizeof(rnd))
+        return strata_diag_set(diag, STRATA_EIO, "no randomness: %s", strerror(errno));
+    static const char hex[] = "0123456789abcdef";
+    for (size_t i = 0; i < sizeof(rnd); i++) {
+        out[2 * i] = hex[rnd[i] >> 4];
+        out[2 * i + 1] = hex[rnd[i] & 15];
+    }
+    out[STRATA_TOKEN_HEX] = '\0';
+    return 0;
 }

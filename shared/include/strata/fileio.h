@@ -1,4 +1,4 @@
-/* Durable file writes. */
+/* Durable file writes, small secret files and random tokens. */
 #ifndef STRATA_FILEIO_H
 #define STRATA_FILEIO_H
 
@@ -17,5 +17,21 @@
  * already in place). */
 int strata_file_write_atomic(const char *path, const void *data, size_t len, unsigned mode,
                              strata_diag *diag);
+
+/* Reads the first line of the small file at path into buf (cap bytes, at
+ * least 2) without its "\n" or "\r\n", NUL-terminated; *len (may be NULL)
+ * receives its length. For secrets and tokens kept in files. Errors:
+ * STRATA_EINVAL (NULL argument, cap < 2), STRATA_ESTATE when the file does
+ * not exist, STRATA_EIO when it cannot be read, STRATA_ETOOBIG when the
+ * first line has cap or more bytes; buf is "" on error. */
+int strata_file_read_line(const char *path, char *buf, size_t cap, size_t *len, strata_diag *diag);
+
+/* Number of hex characters of a token from strata_random_token. */
+#define STRATA_TOKEN_HEX 64
+
+/* Writes 256 bits from the operating system's random source as 64
+ * lower-case hex characters and a NUL to out. Errors: STRATA_EIO (no
+ * randomness; out is ""). */
+int strata_random_token(char out[STRATA_TOKEN_HEX + 1], strata_diag *diag);
 
 #endif

@@ -1,0 +1,116 @@
+#include "strata/fileio.h"
+#include "test_util.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+static char *g_dir;
+
+static void path_in(char *buf, size_t cap, const char *name)
+{
+    snprintf(buf, cap, "%s/%s", g_dir, name);
+}
+
+static void test_write_atomic(void)
+{
+    char p[4096];
+    path_in(p, sizeof(p), "w.txt");
+    CU_ASSERT_EQUAL(strata_file_write_atomic(p, "one\n", 4, 0600, NULL), STRATA_OK);
+    CU_ASSERT_EQUAL(strata_file_write_atomic(p, "two\nrest", 8, 0600, NULL), STRATA_OK);
+    struct stat st;
+    CU_ASSERT_EQUAL_FATAL(stat(p, &st), 0);
+    CU_ASSERT_EQUAL(st.st_mode & 0777, 0600);
+    CU_ASSERT_EQUAL(st.st_size, 8);
+    char line[16];
+    size_t n = 99;
+    CU_ASSERT_EQUAL(strata_file_read_line(p, line, sizeof(line), &n, NULL), STRATA_OK);
+    CU_ASSERT_STRING_EQUAL(line, "two");
+    CU_ASSERT_EQUAL(n, 3);
+}
+
+/* One case of strata_file_read_line: file content, buffer size, result. */
+typedef struct {
+    const char *content; /* NULL: no file */
+    size_t cap;
+    int rc;
+    const char *line;
+} line_case;
+
+static void test_read_line(void)
+{
+    static const line_case cases[] = {
+        {"secret\n", 16, STRATA_OK, "secret"},
+        {"secret\r\nsecond\n", 16, STRATA_OK, "secret"},
+        {"no newline", 16, STRATA_OK, "no newline"},
+        {"", 16, STRATA_OK, ""},
+        {"\nsecond", 16, STRATA_OK, ""},
+        {"abcdefghijklmn\n", 16, STRATA_OK, "abcdefghijklmn"}, /* cap - 2 bytes: fits */
+        {"abcdefghijklmno\n", 16, STRATA_ETOOBIG, ""},         /* cap - 1 bytes: too long */
+        {"abcdefghijklmnopqrstuvwxyz", 16, STRATA_ETOOBIG, ""},
+        {NULL, 16, STRATA_ESTATE, ""},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        char p[4096];
+        snprintf(p, sizeof(p), "%s/line-%zu", g_dir, i);
+        if (cases[i].content != NULL) {
+            FILE *f = fopen(p, "w");
+            CU_ASSERT_PTR_NOT_NULL_FATAL(f);
+            fputs(cases[i].content, f);
+            fclose(f);
+        }
+        char buf[64];
+        memset(buf, 'x', sizeof(buf));
+        size_t n = 99;
+        strata_diag d = {{0}};
+        int rc = strata_file_read_line(p, buf, cases[i].cap, &n, &d);
+        CU_ASSERT_EQUAL(rc, cases[i].rc);
+        CU_ASSERT_STRING_EQUAL(buf, cases[i].line);
+        CU_ASSERT_EQUAL(n, strlen(cases[i].line));
+        if (rc < 0)
+            CU_ASSERT(strstr(d.msg, p) != NULL); /* the message names the file */
+    }
+    char buf[4];
+    CU_ASSERT_EQUAL(strata_file_read_line(NULL, buf, sizeof(buf), NULL, NULL), STRATA_EINVAL);
+    CU_ASSERT_EQUAL(strata_file_read_line("x", buf, 1, NULL, NULL), STRATA_EINVAL);
+    CU_ASSERT_EQUAL(strata_file_read_line(g_dir, buf, sizeof(buf), NULL, NULL), STRATA_EIO);
+}
+
+static void test_random_token(void)
+{
+    char a[STRATA_TOKEN_HEX + 1], b[STRATA_TOKEN_HEX + 1];
+    CU_ASSERT_EQUAL(strata_random_token(a, NULL), STRATA_OK);
+    CU_ASSERT_EQUAL(strata_random_token(b, NULL), STRATA_OK);
+    CU_ASSERT_EQUAL(strlen(a), STRATA_TOKEN_HEX);
+    CU_ASSERT_EQUAL(strspn(a, "0123456789abcdef"), STRATA_TOKEN_HEX);
+    CU_ASSERT(strcmp(a, b) != 0);
+}
+
+static int setup(void)
+{
+    g_dir = strata_test_tmpdir();
+    return g_dir == NULL;
+}
+
+static int teardown(void)
+{
+    strata_test_rmtree(g_dir);
+    free(g_dir);
+    return 0;
+}
+
+int main(void)
+{
+    CU_TestInfo tests[] = {
+        {"atomic write, mode, replace", test_write_atomic},
+        {"first line of a file", test_read_line},
+        {"random tokens", test_random_token},
+        CU_TEST_INFO_NULL,
+    };
+    CU_SuiteInfo suites[] = {
+        {"fileio", setup, teardown, NULL, NULL, tests},
+        CU_SUITE_INFO_NULL,
+    };
+    return strata_test_run(suites);
+}
