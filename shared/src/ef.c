@@ -2,6 +2,7 @@
 #include "strata/ef.h"
 
 #include "compress_internal.h"
+#include "strata/rng.h"
 #include "strata/safetensors.h"
 
 #include <errno.h>
@@ -77,10 +78,7 @@ int strata_ef_new(const strata_tensor_list *layout, double beta, uint32_t max_st
 
 static uint64_t layer_seed(uint64_t seed, size_t layer)
 {
-    uint64_t z = seed + 0x9e3779b97f4a7c15ULL * ((uint64_t)layer + 1);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    return z ^ (z >> 31);
+    return strata_mix64(seed + 0x9e3779b97f4a7c15ULL * ((uint64_t)layer + 1));
 }
 
 /* Compresses one layer: a into nx, C(a) into c, nx becomes e_new. A new

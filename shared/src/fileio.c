@@ -25,6 +25,70 @@ static int write_all(int fd, const uint8_t *p, size_t n)
     return 0;
 }
 
+int strata_file_read_all(const char *path, size_t max, uint8_t **out, size_t *len,
+                         strata_diag *diag)
+{
+    if (out != NULL)
+        *out = NULL;
+    if (len != NULL)
+        *len = 0;
+    if (path == NULL || out == NULL || len == NULL)
+        return strata_diag_set(diag, STRATA_EINVAL, "read: NULL argument");
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        if (errno == ENOENT)
+            return strata_diag_set(diag, STRATA_ESTATE, "%s: no such file", path);
+        return strata_diag_set(diag, STRATA_EIO, "%s: %s", path, strerror(errno));
+    }
+    int rc = STRATA_OK;
+    uint8_t *buf = NULL;
+    struct stat st;
+    if (fstat(fd, &st) < 0) {
+        rc = strata_diag_set(diag, STRATA_EIO, "%s: %s", path, strerror(errno));
+        goto out;
+    }
+    if (!S_ISREG(st.st_mode)) {
+        rc = strata_diag_set(diag, STRATA_EIO, "%s: not a regular file", path);
+        goto out;
+    }
+    if ((uint64_t)st.st_size > max || (uint64_t)st.st_size >= SIZE_MAX) {
+        rc = strata_diag_set(diag, STRATA_ETOOBIG, "%s: %lld bytes, more than the limit %zu", path,
+                             (long long)st.st_size, max);
+        goto out;
+    }
+    size_t n = (size_t)st.st_size, got = 0;
+    buf = malloc(n + 1);
+    if (buf == NULL) {
+        rc = strata_diag_set(diag, STRATA_ENOMEM, "%s: out of memory", path);
+        goto out;
+    }
+    /* Read one byte more than the size: a file that grew is an error. */
+    while (got <= n) {
+        ssize_t r = read(fd, buf + got, n + 1 - got);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r < 0) {
+            rc = strata_diag_set(diag, STRATA_EIO, "%s: %s", path, strerror(errno));
+            goto out;
+        }
+        if (r == 0)
+            break;
+        got += (size_t)r;
+    }
+    if (got != n) {
+        rc = strata_diag_set(diag, STRATA_EIO, "%s: changed while it was read", path);
+        goto out;
+    }
+    buf[n] = '\0';
+    *out = buf;
+    *len = n;
+    buf = NULL;
+out:
+    free(buf);
+    close(fd);
+    return rc;
+}
+
 /* Returns a malloc'ed copy of the directory part of path ("." when none). */
 static char *dir_of(const char *path)
 {

@@ -2,11 +2,12 @@
  *
  * Encoding validates the payload with the same rules the decoder applies,
  * computes the exact body size, writes the body in one pass and compresses
- * it with ZSTD_compress2. Decoding checks the zstd frame (one frame, content
+ * it into one zstd frame (strata/zframe.h). Decoding checks the frame (one frame, content
  * size declared and within the limit) before allocating the body, verifies
  * the CRC32C, then parses the body with explicit bounds checks; every array
  * is allocated only after the bytes that fill it are known to be present. */
 #include "strata/payload.h"
+#include "strata/zframe.h"
 
 #include <inttypes.h>
 #include <jansson.h>
@@ -14,15 +15,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <zstd.h>
 
 #define HEADER_BYTES 44u                  /* magic .. layer count */
 #define BLOCK_BYTES 60u                   /* fixed part of a layer block */
 #define MIN_BODY (HEADER_BYTES + 4u + 4u) /* header, metadata length, CRC */
 #define MAX_VARINT_BYTES 5u
-#define ZSTD_FRAME_MAGIC 0xFD2FB528u
 #define DEFAULT_LEVEL 1
-#define MAX_LEVEL 19
+#define MAX_LEVEL STRATA_ZFRAME_MAX_LEVEL
 #define QSGD_MAX_LEVELS 127u
 
 static const uint8_t MAGIC[4] = {'S', 'T', 'R', 'P'};
@@ -488,8 +487,7 @@ int strata_payload_encode(const strata_payload *p, int zstd_level, uint8_t **out
                                p->num_layers);
 
     uint64_t *data_len = NULL;
-    uint8_t *body = NULL, *frame = NULL;
-    ZSTD_CCtx *cctx = NULL;
+    uint8_t *body = NULL;
     int rc = STRATA_OK;
     size_t body_len = HEADER_BYTES + 4 + 4, meta_len = 0;
 
@@ -560,35 +558,9 @@ int strata_payload_encode(const strata_payload *p, int zstd_level, uint8_t **out
         goto out;
     }
 
-    size_t bound = ZSTD_compressBound(body_len);
-    if (ZSTD_isError(bound)) {
-        rc = strata_diag_set(diag, STRATA_ETOOBIG, "payload body too large for zstd");
-        goto out;
-    }
-    frame = malloc(bound);
-    cctx = ZSTD_createCCtx();
-    if (frame == NULL || cctx == NULL) {
-        rc = strata_diag_set(diag, STRATA_ENOMEM, "out of memory (zstd)");
-        goto out;
-    }
-    size_t zr = ZSTD_CCtx_setParameter(cctx, ZSTD_c_compressionLevel, zstd_level);
-    if (!ZSTD_isError(zr))
-        zr = ZSTD_CCtx_setParameter(cctx, ZSTD_c_contentSizeFlag, 1);
-    if (!ZSTD_isError(zr))
-        zr = ZSTD_compress2(cctx, frame, bound, body, body_len);
-    if (ZSTD_isError(zr)) {
-        rc =
-            strata_diag_set(diag, STRATA_EIO, "zstd compression failed: %s", ZSTD_getErrorName(zr));
-        goto out;
-    }
-    uint8_t *shrunk = realloc(frame, zr);
-    *out = shrunk != NULL ? shrunk : frame;
-    *len = zr;
-    frame = NULL;
+    rc = strata_zframe_compress(NULL, body, body_len, zstd_level, out, len, diag);
 
 out:
-    ZSTD_freeCCtx(cctx);
-    free(frame);
     free(body);
     free(data_len);
     return rc;
@@ -640,63 +612,9 @@ static limits resolve_limits(const strata_payload_limits *in)
 static int unframe(const uint8_t *buf, size_t len, const limits *lim, uint8_t **body,
                    size_t *body_len, strata_diag *diag)
 {
-    if (len < 4)
-        return strata_diag_set(diag, STRATA_EPROTO,
-                               "input of %zu bytes is too short for a zstd frame", len);
-    uint32_t magic = get_u32(buf);
-    if ((magic & 0xFFFFFFF0u) == 0x184D2A50u)
-        return strata_diag_set(diag, STRATA_EPROTO,
-                               "input starts with a skippable zstd frame, not a payload frame");
-    if (magic != ZSTD_FRAME_MAGIC)
-        return strata_diag_set(diag, STRATA_EPROTO,
-                               "not a zstd frame (first bytes %02x %02x %02x %02x)", buf[0], buf[1],
-                               buf[2], buf[3]);
-    unsigned long long fcs = ZSTD_getFrameContentSize(buf, len);
-    if (fcs == ZSTD_CONTENTSIZE_ERROR)
-        return strata_diag_set(diag, STRATA_EPROTO, "zstd frame header is invalid or truncated");
-    if (fcs == ZSTD_CONTENTSIZE_UNKNOWN)
-        return strata_diag_set(diag, STRATA_EPROTO, "zstd frame does not declare its content size");
-    if (fcs > lim->max_decoded_bytes || fcs > SIZE_MAX)
-        return strata_diag_set(
-            diag, STRATA_ETOOBIG,
-            "zstd frame declares %llu decoded bytes, above the limit of %" PRIu64, fcs,
-            lim->max_decoded_bytes);
-    if (fcs < MIN_BODY)
-        return strata_diag_set(
-            diag, STRATA_EPROTO,
-            "zstd frame declares %llu decoded bytes, below the %u-byte minimum body", fcs,
-            MIN_BODY);
-    size_t flen = ZSTD_findFrameCompressedSize(buf, len);
-    if (ZSTD_isError(flen))
-        return strata_diag_set(diag, STRATA_EPROTO, "zstd frame is truncated or corrupt: %s",
-                               ZSTD_getErrorName(flen));
-    if (flen < len) {
-        int second = len - flen >= 4 && (get_u32(buf + flen) == ZSTD_FRAME_MAGIC ||
-                                         (get_u32(buf + flen) & 0xFFFFFFF0u) == 0x184D2A50u);
-        return strata_diag_set(
-            diag, STRATA_EPROTO, "%zu bytes after the zstd frame (%s)", len - flen,
-            second ? "a second frame: a payload is exactly one frame" : "trailing garbage");
-    }
-    uint8_t *dst = malloc((size_t)fcs);
-    ZSTD_DCtx *dctx = ZSTD_createDCtx();
-    if (dst == NULL || dctx == NULL) {
-        free(dst);
-        ZSTD_freeDCtx(dctx);
-        return strata_diag_set(diag, STRATA_ENOMEM, "out of memory (%llu-byte body)", fcs);
-    }
-    size_t got = ZSTD_decompressDCtx(dctx, dst, (size_t)fcs, buf, flen);
-    ZSTD_freeDCtx(dctx);
-    if (ZSTD_isError(got) || got != fcs) {
-        free(dst);
-        if (ZSTD_isError(got))
-            return strata_diag_set(diag, STRATA_EPROTO, "zstd decompression failed: %s",
-                                   ZSTD_getErrorName(got));
-        return strata_diag_set(diag, STRATA_EPROTO,
-                               "zstd frame decoded to %zu bytes but declared %llu", got, fcs);
-    }
-    *body = dst;
-    *body_len = (size_t)fcs;
-    return STRATA_OK;
+    size_t max =
+        lim->max_decoded_bytes < SIZE_MAX - 1 ? (size_t)lim->max_decoded_bytes : SIZE_MAX - 1;
+    return strata_zframe_decompress(NULL, buf, len, MIN_BODY, max, body, body_len, diag);
 }
 
 /* Reads n byte-shuffled values of format f into a new float array: 64-byte

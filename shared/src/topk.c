@@ -21,6 +21,7 @@
  * chunk results are combined in chunk order, so the output never depends on
  * the number of threads. */
 #include "compress_internal.h"
+#include "strata/rng.h"
 
 #include <assert.h>
 #include <math.h>
@@ -401,13 +402,6 @@ static void filter_range(const strata__topk_in *in, int nt, strata_values_format
     }
 }
 
-static uint64_t mix64(uint64_t z)
-{
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    return z ^ (z >> 31);
-}
-
 /* The fast path's candidate threshold: the key of rank r in a stratified
  * sample of m keys, with r = m k / n + 4 sd + 16, so that fewer than k
  * elements reach it only with probability ~1e-5 (the fallback then keeps the
@@ -428,7 +422,7 @@ static int sample_threshold(const strata__topk_in *in, size_t n, size_t k, uint3
         return 0;
     size_t stride = n / m;
     for (size_t j = 0; j < m; j++) {
-        size_t p = j * stride + (size_t)(mix64(j + 0x9e3779b97f4a7c15ULL) % stride);
+        size_t p = j * stride + (size_t)(strata_mix64(j + 0x9e3779b97f4a7c15ULL) % stride);
         keys[j] = strata__mag_key(a_at(in->mode, in, p));
     }
     thr t = keys_select(keys, m, r, 0, 0);

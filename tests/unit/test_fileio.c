@@ -77,6 +77,49 @@ static void test_read_line(void)
     CU_ASSERT_EQUAL(strata_file_read_line(g_dir, buf, sizeof(buf), NULL, NULL), STRATA_EIO);
 }
 
+/* One case of strata_file_read_all: file content (NULL: no file), cap, result. */
+typedef struct {
+    const char *content;
+    size_t max;
+    int rc;
+} all_case;
+
+static void test_read_all(void)
+{
+    static const all_case cases[] = {
+        {"hello", 5, STRATA_OK},      {"hello", 100, STRATA_OK}, {"", 0, STRATA_OK},
+        {"hello", 4, STRATA_ETOOBIG}, {NULL, 10, STRATA_ESTATE},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        char p[4096];
+        snprintf(p, sizeof(p), "%s/all-%zu", g_dir, i);
+        if (cases[i].content != NULL)
+            CU_ASSERT_EQUAL_FATAL(
+                strata_file_write_atomic(p, cases[i].content, strlen(cases[i].content), 0600, NULL),
+                STRATA_OK);
+        uint8_t *data = (uint8_t *)"x";
+        size_t n = 99;
+        strata_diag d = {{0}};
+        CU_ASSERT_EQUAL(strata_file_read_all(p, cases[i].max, &data, &n, &d), cases[i].rc);
+        if (cases[i].rc == STRATA_OK) {
+            CU_ASSERT_PTR_NOT_NULL_FATAL(data);
+            CU_ASSERT_EQUAL(n, strlen(cases[i].content));
+            CU_ASSERT_EQUAL(data[n], '\0');
+            CU_ASSERT_STRING_EQUAL((char *)data, cases[i].content);
+        } else {
+            CU_ASSERT_PTR_NULL(data);
+            CU_ASSERT_EQUAL(n, 0);
+            CU_ASSERT(strstr(d.msg, p) != NULL);
+        }
+        free(data);
+    }
+    /* A directory is not a regular file. */
+    uint8_t *data = NULL;
+    size_t n = 0;
+    CU_ASSERT_EQUAL(strata_file_read_all(g_dir, 100, &data, &n, NULL), STRATA_EIO);
+    CU_ASSERT_PTR_NULL(data);
+}
+
 static void test_random_token(void)
 {
     char a[STRATA_TOKEN_HEX + 1], b[STRATA_TOKEN_HEX + 1];
@@ -105,6 +148,7 @@ int main(void)
     CU_TestInfo tests[] = {
         {"atomic write, mode, replace", test_write_atomic},
         {"first line of a file", test_read_line},
+        {"whole file, capped", test_read_all},
         {"random tokens", test_random_token},
         CU_TEST_INFO_NULL,
     };

@@ -1,10 +1,12 @@
-/* Durable file writes, small secret files and random tokens. */
+/* Files: capped whole-file reads, durable (atomic) writes, small secret
+ * files and random tokens. */
 #ifndef STRATA_FILEIO_H
 #define STRATA_FILEIO_H
 
 #include "strata/error.h"
 
 #include <stddef.h>
+#include <stdint.h>
 
 /* Writes len bytes of data (borrowed) to path atomically: they go to a new
  * temporary file beside it ("<path>.tmp.XXXXXX"), which gets mode (less the
@@ -17,6 +19,17 @@
  * already in place). */
 int strata_file_write_atomic(const char *path, const void *data, size_t len, unsigned mode,
                              strata_diag *diag);
+
+/* Reads the whole regular file at path into a new buffer (*out, free();
+ * NUL-terminated after its *len bytes, so text can be used as a string).
+ * The size is checked against max before anything is allocated, and the
+ * read must give exactly the size the file had when opened. Errors:
+ * STRATA_EINVAL (NULL argument), STRATA_ESTATE when the file does not
+ * exist, STRATA_ETOOBIG when it has more than max bytes, STRATA_EIO when it
+ * is not a regular file or cannot be read (diag names the path and the
+ * system error), STRATA_ENOMEM. Out-parameters are zeroed on entry. */
+int strata_file_read_all(const char *path, size_t max, uint8_t **out, size_t *len,
+                         strata_diag *diag);
 
 /* Reads the first line of the small file at path into buf (cap bytes, at
  * least 2) without its "\n" or "\r\n", NUL-terminated; *len (may be NULL)

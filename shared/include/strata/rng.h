@@ -14,6 +14,10 @@ typedef struct strata_rng {
 
 /* Seeds the generator; stream is an extra value that derives independent
  * streams from one seed (e.g. one per client or per thread). */
+/* The splitmix64 finaliser: a fixed bijective mix of the 64 bits of x, for
+ * hashing an index or a seed into well-spread bits. Pure, thread-safe. */
+uint64_t strata_mix64(uint64_t x);
+
 void strata_rng_seed(strata_rng *r, uint64_t seed, uint64_t stream);
 
 uint64_t strata_rng_u64(strata_rng *r);
