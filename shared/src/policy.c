@@ -1,5 +1,6 @@
-/* Budget policies (design §5.3): per-layer densities for every round, with
- * equal-volume calibration and the lgreco dynamic programme. */
+/* Budget policies (docs/algorithm.md "Budget policies"): per-layer
+ * densities for every round, with equal-volume calibration and the lgreco
+ * dynamic programme. */
 #include "strata/policy.h"
 
 #include <errno.h>

@@ -1,4 +1,4 @@
-/* Per-layer error feedback (design §5.1).
+/* Per-layer error feedback (docs/algorithm.md "Compressors and error feedback").
  *
  * A strata_ef holds one float32 residual e per tensor of a model layout.
  * Each round the client calls strata_ef_step() with its update delta: for

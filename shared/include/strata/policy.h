@@ -1,7 +1,7 @@
 /* Budget policies: how many elements each layer may keep in each round.
  *
  * The coordinator owns a policy, asks it for per-layer budgets every round
- * and sends them to the clients, which compress accordingly (design §5.3,
+ * and sends them to the clients, which compress accordingly (see
  * docs/algorithm.md "Budget policies"). A layer is one parameter tensor.
  *
  * Densities. A layer of n elements compressed at density d keeps
