@@ -123,9 +123,10 @@ int strata_task_encode(const strata_task *t, char **json_out, size_t *len_out, s
  * nothing to release. lim (borrowed) may be NULL for every default.
  *
  * The checks run cheapest first: the size against max_bytes, the nesting
- * depth, then jansson (duplicate keys refused), then every field in the
- * order of the JSON, each type- and range-checked, with the budget count
- * checked against max_layers before anything is allocated. Errors:
+ * depth (STRATA_TASK_MAX_DEPTH), then jansson (duplicate keys refused), then
+ * unknown keys of the object, then every field in the order listed above,
+ * each type- and range-checked, with the budget count checked against
+ * max_layers before anything is allocated. Errors:
  * STRATA_EINVAL for a NULL argument; STRATA_ETOOBIG for a text above
  * max_bytes or more budgets than max_layers; STRATA_EPROTO for anything
  * else (invalid JSON, not an object, too deep, missing, unknown or
