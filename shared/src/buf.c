@@ -1,6 +1,7 @@
 /* The capped growable buffer (see strata/buf.h). */
 #include "strata/buf.h"
 
+#include <assert.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -34,6 +35,13 @@ int strata_buf_reserve(strata_buf *b, size_t extra)
     b->data = p;
     b->cap = cap;
     return STRATA_OK;
+}
+
+void strata_buf_commit(strata_buf *b, size_t n)
+{
+    assert(b->data != NULL && n < b->cap - b->len);
+    b->len += n;
+    b->data[b->len] = '\0';
 }
 
 int strata_buf_append(strata_buf *b, const void *p, size_t n)

@@ -1,4 +1,5 @@
 #include "strata/data.h"
+#include "strata/buf.h"
 
 #include "strata/tensor.h"
 
@@ -126,41 +127,38 @@ static int truncated(gzFile f, const char *path, const char *what, size_t want, 
 }
 
 /* Reads exactly len bytes into a new malloc'ed buffer (*out), growing it as
- * data arrives. On error *out is NULL. */
+ * data arrives (so a file that lies about its size costs no more memory than
+ * it has bytes). On error *out is NULL. */
 static int read_block(gzFile f, const char *path, const char *what, size_t len, uint8_t **out,
                       strata_diag *diag)
 {
     int rc = STRATA_OK;
-    size_t cap = len < GROW_START ? len : GROW_START, have = 0;
-    uint8_t *buf = malloc(cap > 0 ? cap : 1);
+    strata_buf b;
+    strata_buf_init(&b, len);
     *out = NULL;
-    if (buf == NULL)
+    if (strata_buf_reserve(&b, 0) < 0)
         return strata_diag_set(diag, STRATA_ENOMEM, "%s: out of memory", path);
-    while (have < len) {
-        if (have == cap) {
-            size_t ncap = cap > len / 2 ? len : cap * 2;
-            uint8_t *nbuf = realloc(buf, ncap);
-            if (nbuf == NULL) {
-                rc = strata_diag_set(diag, STRATA_ENOMEM, "%s: out of memory", path);
-                goto out;
-            }
-            buf = nbuf;
-            cap = ncap;
+    while (b.len < len) {
+        size_t want = b.len == 0 ? GROW_START : b.len;
+        if (want > len - b.len)
+            want = len - b.len;
+        if (strata_buf_reserve(&b, want) < 0) {
+            rc = strata_diag_set(diag, STRATA_ENOMEM, "%s: out of memory", path);
+            goto out;
         }
-        size_t want = cap - have, got;
-        rc = gz_read(f, path, buf + have, want, &got, diag);
+        size_t got;
+        rc = gz_read(f, path, b.data + b.len, want, &got, diag);
         if (rc < 0)
             goto out;
-        have += got;
+        strata_buf_commit(&b, got);
         if (got < want) {
-            rc = truncated(f, path, what, len, have, diag);
+            rc = truncated(f, path, what, len, b.len, diag);
             goto out;
         }
     }
-    *out = buf;
-    buf = NULL;
+    *out = strata_buf_take(&b, NULL);
 out:
-    free(buf);
+    strata_buf_cleanup(&b);
     return rc;
 }
 
@@ -426,8 +424,7 @@ int strata_data_load_dir(const char *dir, const char *split, size_t limit, strat
 typedef struct line_reader {
     gzFile f;
     const char *path;
-    char *buf;
-    size_t cap;
+    strata_buf buf; /* the current line; capped one byte above the limit */
     size_t lineno;
 } line_reader;
 
@@ -435,47 +432,47 @@ typedef struct line_reader {
  * line, 0 at the end of the file, or a negative error. */
 static int next_line(line_reader *r, size_t *len, strata_diag *diag)
 {
-    size_t have = 0;
+    strata_buf *b = &r->buf;
     *len = 0;
+    strata_buf_reset(b);
     for (;;) {
-        if (r->cap - have < 2) {
-            if (r->cap >= STRATA_DATA_MAX_LINE + 2)
-                return strata_diag_set(diag, STRATA_ETOOBIG,
-                                       "%s: line %zu is longer than %zu bytes", r->path,
-                                       r->lineno + 1, (size_t)STRATA_DATA_MAX_LINE);
-            size_t ncap = r->cap * 2;
-            if (ncap > STRATA_DATA_MAX_LINE + 2)
-                ncap = STRATA_DATA_MAX_LINE + 2;
-            char *nbuf = realloc(r->buf, ncap);
-            if (nbuf == NULL)
-                return strata_diag_set(diag, STRATA_ENOMEM, "%s: out of memory", r->path);
-            r->buf = nbuf;
-            r->cap = ncap;
-        }
-        size_t room = r->cap - have;
+        /* gzgets needs room for one byte and the NUL. */
+        int rc = strata_buf_reserve(b, b->cap > b->len + 1 ? b->cap - b->len - 1 : 4096);
+        if (rc == STRATA_ETOOBIG && b->len < b->max)
+            rc = strata_buf_reserve(b, b->max - b->len);
+        if (rc == STRATA_ETOOBIG)
+            return strata_diag_set(diag, STRATA_ETOOBIG, "%s: line %zu is longer than %zu bytes",
+                                   r->path, r->lineno + 1, (size_t)STRATA_DATA_MAX_LINE);
+        if (rc < 0)
+            return strata_diag_set(diag, STRATA_ENOMEM, "%s: out of memory", r->path);
+        size_t room = b->cap - b->len;
         if (room > (size_t)1 << 30)
             room = (size_t)1 << 30;
-        if (gzgets(r->f, r->buf + have, (int)room) == NULL) {
+        char *at = (char *)b->data + b->len;
+        if (gzgets(r->f, at, (int)room) == NULL) {
             int errnum = Z_OK;
             gzerror(r->f, &errnum);
             if (errnum == Z_BUF_ERROR)
                 return strata_diag_set(diag, STRATA_EPROTO, "%s: gzip stream ends early", r->path);
             if (errnum != Z_OK)
                 return gz_fail(r->f, r->path, diag);
-            if (have == 0)
+            b->data[b->len] = '\0';
+            if (b->len == 0)
                 return 0;
             break; /* last line without a line end */
         }
-        have += strlen(r->buf + have);
-        if (have > 0 && r->buf[have - 1] == '\n')
+        strata_buf_commit(b, strlen(at));
+        if (b->len > 0 && b->data[b->len - 1] == '\n')
             break;
         if (gzeof(r->f))
             break;
     }
     r->lineno++;
-    while (have > 0 && (r->buf[have - 1] == '\n' || r->buf[have - 1] == '\r'))
+    size_t have = b->len;
+    char *line = (char *)b->data;
+    while (have > 0 && (line[have - 1] == '\n' || line[have - 1] == '\r'))
         have--;
-    r->buf[have] = '\0';
+    line[have] = '\0';
     if (have > STRATA_DATA_MAX_LINE)
         return strata_diag_set(diag, STRATA_ETOOBIG, "%s: line %zu is longer than %zu bytes",
                                r->path, r->lineno, (size_t)STRATA_DATA_MAX_LINE);
@@ -547,7 +544,7 @@ static int is_blank(const char *s)
 
 int strata_data_load_csv(const char *path, size_t limit, strata_dataset *out, strata_diag *diag)
 {
-    line_reader r = {NULL, path, NULL, 0, 0};
+    line_reader r = {NULL, path, {0}, 0};
     float *xs = NULL, *x = NULL;
     uint8_t *ys = NULL;
     size_t rows = 0, cap_rows = 0, nfields = 0, dim = 0, len;
@@ -562,12 +559,7 @@ int strata_data_load_csv(const char *path, size_t limit, strata_dataset *out, st
     rc = gz_open(path, &r.f, diag);
     if (rc < 0)
         goto out;
-    r.cap = 4096;
-    r.buf = malloc(r.cap);
-    if (r.buf == NULL) {
-        rc = strata_diag_set(diag, STRATA_ENOMEM, "%s: out of memory", path);
-        goto out;
-    }
+    strata_buf_init(&r.buf, STRATA_DATA_MAX_LINE + 2); /* the line and its "\r\n" */
 
     while (limit == 0 || rows < limit) {
         rc = next_line(&r, &len, diag);
@@ -575,10 +567,10 @@ int strata_data_load_csv(const char *path, size_t limit, strata_dataset *out, st
             goto out;
         if (rc == 0)
             break;
-        if (is_blank(r.buf))
+        if (is_blank((char *)r.buf.data))
             continue;
-        size_t fields = count_fields(r.buf);
-        char *cursor = r.buf;
+        size_t fields = count_fields((char *)r.buf.data);
+        char *cursor = (char *)r.buf.data;
         char *field = next_field(&cursor);
         long label;
         if (!parse_int(field, &label)) {
@@ -680,7 +672,7 @@ int strata_data_load_csv(const char *path, size_t limit, strata_dataset *out, st
 out:
     if (r.f != NULL)
         gzclose(r.f);
-    free(r.buf);
+    strata_buf_cleanup(&r.buf);
     free(xs);
     free(ys);
     return rc;

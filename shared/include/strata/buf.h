@@ -25,6 +25,11 @@ void strata_buf_init(strata_buf *b, size_t max);
  * exceeds max, STRATA_ENOMEM; b is unchanged on error. */
 int strata_buf_reserve(strata_buf *b, size_t extra);
 
+/* Counts n more bytes as used after the caller wrote them at data + len,
+ * into room made by an earlier strata_buf_reserve (n must fit in it), and
+ * keeps the terminating NUL. For reading straight into the buffer. */
+void strata_buf_commit(strata_buf *b, size_t n);
+
 /* Appends n bytes of p (borrowed; may be NULL when n is 0). Errors as
  * strata_buf_reserve; b is unchanged on error. */
 int strata_buf_append(strata_buf *b, const void *p, size_t n);
