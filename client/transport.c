@@ -1,4 +1,11 @@
+/* The edge client's HTTP transport over libcurl (see transport.h): requests
+ * with capped bodies, zstd bodies decoded strictly, retries with capped
+ * exponential backoff and jitter. */
 #include "transport.h"
+
+#include "strata/buf.h"
+#include "strata/log.h"
+#include "strata/zframe.h"
 
 #include <curl/curl.h>
 #include <math.h>
@@ -7,7 +14,6 @@
 #include <string.h>
 #include <strings.h>
 #include <time.h>
-#include <zstd.h>
 
 struct strata_http {
     CURL *curl;
@@ -15,12 +21,13 @@ struct strata_http {
     char *token;
     char *ca_cert;
     volatile sig_atomic_t *stop;
-    uint64_t jitter; /* xorshift state for backoff jitter */
+    uint64_t jitter;   /* xorshift state for backoff jitter */
+    strata_zctx *zctx; /* for zstd bodies; created at the first one */
 };
 
+/* The response body being received: capped at the request's max_body. */
 typedef struct sink {
-    uint8_t *buf;
-    size_t len, cap, max;
+    strata_buf buf;
     int too_big;
 } sink;
 
@@ -28,23 +35,10 @@ static size_t on_body(char *ptr, size_t size, size_t nmemb, void *ud)
 {
     sink *s = ud;
     size_t n = size * nmemb;
-    if (n > s->max - s->len) {
+    int rc = strata_buf_append(&s->buf, ptr, n);
+    if (rc == STRATA_ETOOBIG)
         s->too_big = 1;
-        return 0; /* aborts the transfer */
-    }
-    if (s->len + n + 1 > s->cap) {
-        size_t cap = s->cap ? s->cap : 4096;
-        while (cap < s->len + n + 1)
-            cap *= 2;
-        uint8_t *b = realloc(s->buf, cap);
-        if (b == NULL)
-            return 0;
-        s->buf = b;
-        s->cap = cap;
-    }
-    memcpy(s->buf + s->len, ptr, n);
-    s->len += n;
-    return n;
+    return rc == STRATA_OK ? n : 0; /* 0 aborts the transfer */
 }
 
 static void copy_value(char *dst, size_t cap, const char *v, size_t n)
@@ -127,6 +121,7 @@ void strata_http_free(strata_http *h)
         return;
     if (h->curl)
         curl_easy_cleanup(h->curl);
+    strata_zctx_free(h->zctx);
     free(h->base);
     free(h->token);
     free(h->ca_cert);
@@ -152,27 +147,80 @@ void strata_http_response_cleanup(strata_http_response *r)
     r->retry_after = -1;
 }
 
-/* Replaces a zstd body by its content (at most max bytes). */
-static int unzstd(strata_http_response *r, size_t max, strata_diag *diag)
+/* Replaces a zstd body by its content (at most max bytes), decoded as
+ * strictly as payloads are: exactly one frame with its declared size. */
+static int unzstd(strata_http *h, strata_http_response *r, size_t max, strata_diag *diag)
 {
-    unsigned long long n = ZSTD_getFrameContentSize(r->body, r->len);
-    if (n == ZSTD_CONTENTSIZE_ERROR || n == ZSTD_CONTENTSIZE_UNKNOWN)
-        return strata_diag_set(diag, STRATA_EPROTO, "zstd body without a valid frame header");
-    if (n > max)
-        return strata_diag_set(diag, STRATA_ETOOBIG, "zstd body declares %llu bytes (limit %zu)", n,
-                               max);
-    uint8_t *out = malloc((size_t)n + 1);
-    if (out == NULL)
-        return STRATA_ENOMEM;
-    size_t got = ZSTD_decompress(out, (size_t)n, r->body, r->len);
-    if (ZSTD_isError(got) || got != n) {
+    int rc;
+    if (h->zctx == NULL && (rc = strata_zctx_new(&h->zctx)) < 0)
+        return rc;
+    uint8_t *out = NULL;
+    size_t n = 0;
+    if ((rc = strata_zframe_decompress(h->zctx, r->body, r->len, 0, max, &out, &n, diag)) < 0)
+        return rc;
+    /* Room for the NUL the response contract promises. */
+    uint8_t *grown = realloc(out, n + 1);
+    if (grown == NULL) {
         free(out);
-        return strata_diag_set(diag, STRATA_EPROTO, "zstd body is corrupt");
+        return STRATA_ENOMEM;
     }
-    out[n] = '\0';
+    grown[n] = '\0';
     free(r->body);
-    r->body = out;
-    r->len = (size_t)n;
+    r->body = grown;
+    r->len = n;
+    return STRATA_OK;
+}
+
+/* Sets one curl option, turning a refusal into an error with its name. */
+#define SETOPT(c, opt, val)                                                                        \
+    do {                                                                                           \
+        CURLcode e_ = curl_easy_setopt((c), (opt), (val));                                         \
+        if (e_ != CURLE_OK)                                                                        \
+            return strata_diag_set(diag,                                                           \
+                                   e_ == CURLE_OUT_OF_MEMORY ? STRATA_ENOMEM : STRATA_EINVAL,      \
+                                   "curl option %s: %s", #opt, curl_easy_strerror(e_));            \
+    } while (0)
+
+/* Configures the reset handle c for one request. */
+static int configure(strata_http *h, CURL *c, const char *method, const char *url,
+                     struct curl_slist *hdr, const uint8_t *body, size_t len, sink *s,
+                     strata_http_response *resp, strata_diag *diag)
+{
+    SETOPT(c, CURLOPT_URL, url);
+    SETOPT(c, CURLOPT_NOSIGNAL, 1L);
+    SETOPT(c, CURLOPT_CONNECTTIMEOUT, 10L);
+    SETOPT(c, CURLOPT_LOW_SPEED_LIMIT, 1L);
+    SETOPT(c, CURLOPT_LOW_SPEED_TIME, 60L);
+    SETOPT(c, CURLOPT_HTTPHEADER, hdr);
+    SETOPT(c, CURLOPT_WRITEFUNCTION, on_body);
+    SETOPT(c, CURLOPT_WRITEDATA, s);
+    SETOPT(c, CURLOPT_HEADERFUNCTION, on_header);
+    SETOPT(c, CURLOPT_HEADERDATA, resp);
+    SETOPT(c, CURLOPT_XFERINFOFUNCTION, on_progress);
+    SETOPT(c, CURLOPT_XFERINFODATA, h);
+    SETOPT(c, CURLOPT_NOPROGRESS, 0L);
+    SETOPT(c, CURLOPT_SSL_VERIFYPEER, 1L);
+    SETOPT(c, CURLOPT_SSL_VERIFYHOST, 2L);
+    if (h->ca_cert != NULL)
+        SETOPT(c, CURLOPT_CAINFO, h->ca_cert);
+    if (strcmp(method, "GET") == 0) {
+        SETOPT(c, CURLOPT_HTTPGET, 1L);
+    } else {
+        SETOPT(c, CURLOPT_CUSTOMREQUEST, method);
+        SETOPT(c, CURLOPT_POST, 1L);
+        SETOPT(c, CURLOPT_POSTFIELDS, body ? (const char *)body : "");
+        SETOPT(c, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)len);
+    }
+    return STRATA_OK;
+}
+
+/* Appends one header line; on failure the list stays as it was. */
+static int add_header(struct curl_slist **hdr, const char *line)
+{
+    struct curl_slist *n = curl_slist_append(*hdr, line);
+    if (n == NULL)
+        return STRATA_ENOMEM;
+    *hdr = n;
     return STRATA_OK;
 }
 
@@ -191,53 +239,34 @@ int strata_http_request(strata_http *h, const char *method, const char *path,
         return STRATA_ENOMEM;
     snprintf(url, ulen, "%s%s", h->base, path);
     struct curl_slist *hdr = NULL;
+    sink s = {.too_big = 0};
+    strata_buf_init(&s.buf, max_body);
     char line[256];
+    int rc = STRATA_OK;
     if (h->token != NULL) {
         snprintf(line, sizeof(line), "Authorization: Bearer %s", h->token);
-        hdr = curl_slist_append(hdr, line);
+        rc = add_header(&hdr, line);
     }
-    if (content_type != NULL) {
+    if (rc == STRATA_OK && content_type != NULL) {
         snprintf(line, sizeof(line), "Content-Type: %s", content_type);
-        hdr = curl_slist_append(hdr, line);
+        rc = add_header(&hdr, line);
     }
-    if (if_none_match != NULL && if_none_match[0] != '\0') {
+    if (rc == STRATA_OK && if_none_match != NULL && if_none_match[0] != '\0') {
         snprintf(line, sizeof(line), "If-None-Match: %s", if_none_match);
-        hdr = curl_slist_append(hdr, line);
+        rc = add_header(&hdr, line);
     }
-    if (accept_zstd)
-        hdr = curl_slist_append(hdr, "Accept-Encoding: zstd");
-    hdr = curl_slist_append(hdr, "Expect:"); /* no 100-continue round trip */
+    if (rc == STRATA_OK && accept_zstd)
+        rc = add_header(&hdr, "Accept-Encoding: zstd");
+    if (rc == STRATA_OK)
+        rc = add_header(&hdr, "Expect:"); /* no 100-continue round trip */
+    if (rc < 0)
+        goto out;
 
     CURL *c = h->curl;
     curl_easy_reset(c);
-    sink s = {.max = max_body};
-    curl_easy_setopt(c, CURLOPT_URL, url);
-    curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
-    curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT, 10L);
-    curl_easy_setopt(c, CURLOPT_LOW_SPEED_LIMIT, 1L);
-    curl_easy_setopt(c, CURLOPT_LOW_SPEED_TIME, 60L);
-    curl_easy_setopt(c, CURLOPT_HTTPHEADER, hdr);
-    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_body);
-    curl_easy_setopt(c, CURLOPT_WRITEDATA, &s);
-    curl_easy_setopt(c, CURLOPT_HEADERFUNCTION, on_header);
-    curl_easy_setopt(c, CURLOPT_HEADERDATA, resp);
-    curl_easy_setopt(c, CURLOPT_XFERINFOFUNCTION, on_progress);
-    curl_easy_setopt(c, CURLOPT_XFERINFODATA, h);
-    curl_easy_setopt(c, CURLOPT_NOPROGRESS, 0L);
-    curl_easy_setopt(c, CURLOPT_SSL_VERIFYPEER, 1L);
-    curl_easy_setopt(c, CURLOPT_SSL_VERIFYHOST, 2L);
-    if (h->ca_cert != NULL)
-        curl_easy_setopt(c, CURLOPT_CAINFO, h->ca_cert);
-    if (strcmp(method, "GET") == 0) {
-        curl_easy_setopt(c, CURLOPT_HTTPGET, 1L);
-    } else {
-        curl_easy_setopt(c, CURLOPT_CUSTOMREQUEST, method);
-        curl_easy_setopt(c, CURLOPT_POST, 1L);
-        curl_easy_setopt(c, CURLOPT_POSTFIELDS, body ? (const char *)body : "");
-        curl_easy_setopt(c, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)len);
-    }
+    if ((rc = configure(h, c, method, url, hdr, body, len, &s, resp, diag)) < 0)
+        goto out;
     CURLcode cc = curl_easy_perform(c);
-    int rc = STRATA_OK;
     if (cc != CURLE_OK) {
         if (s.too_big)
             rc = strata_diag_set(diag, STRATA_ETOOBIG, "%s %s: response larger than %zu bytes",
@@ -252,19 +281,23 @@ int strata_http_request(strata_http *h, const char *method, const char *path,
         else
             rc =
                 strata_diag_set(diag, STRATA_EIO, "%s %s: %s", method, url, curl_easy_strerror(cc));
-        free(s.buf);
-        s.buf = NULL;
-    } else {
-        curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &resp->status);
-        resp->body = s.buf ? s.buf : calloc(1, 1);
-        resp->len = s.len;
-        if (resp->body == NULL)
-            rc = STRATA_ENOMEM;
-        else
-            resp->body[resp->len] = '\0';
-        if (rc == STRATA_OK && strcasecmp(resp->content_encoding, "zstd") == 0)
-            rc = unzstd(resp, max_body, diag);
+        goto out;
     }
+    CURLcode ic = curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &resp->status);
+    if (ic != CURLE_OK) {
+        rc = strata_diag_set(diag, STRATA_EIO, "%s %s: no status: %s", method, url,
+                             curl_easy_strerror(ic));
+        goto out;
+    }
+    resp->body = s.buf.data ? strata_buf_take(&s.buf, &resp->len) : calloc(1, 1);
+    if (resp->body == NULL) {
+        rc = STRATA_ENOMEM;
+        goto out;
+    }
+    if (strcasecmp(resp->content_encoding, "zstd") == 0)
+        rc = unzstd(h, resp, max_body, diag);
+out:
+    strata_buf_cleanup(&s.buf);
     curl_slist_free_all(hdr);
     free(url);
     if (rc < 0 && rc != STRATA_EIO) {
@@ -279,13 +312,13 @@ int strata_http_sleep(strata_http *h, double seconds)
 {
     while (seconds > 0) {
         if (h->stop != NULL && *h->stop)
-            return -1;
+            return STRATA_ESTATE;
         double step = seconds < 0.1 ? seconds : 0.1;
         struct timespec ts = {(time_t)step, (long)((step - (double)(time_t)step) * 1e9)};
         nanosleep(&ts, NULL);
         seconds -= step;
     }
-    return (h->stop != NULL && *h->stop) ? -1 : 0;
+    return (h->stop != NULL && *h->stop) ? STRATA_ESTATE : STRATA_OK;
 }
 
 static double jitter01(strata_http *h)
@@ -323,9 +356,9 @@ int strata_http_request_retry(strata_http *h, const char *method, const char *pa
         double wait = jitter01(h) * ceiling;
         if (rc == STRATA_OK && resp->retry_after >= 0 && resp->retry_after > wait)
             wait = resp->retry_after;
-        fprintf(stderr, "strata-client: %s %s: %s; retrying in %.1f s (attempt %d)\n", method, path,
-                rc == STRATA_OK ? "server busy or failing" : strata_diag_msg(diag, rc), wait,
-                attempt);
+        strata_log_warn("%s %s: %s; retrying in %.1f s (attempt %d)", method, path,
+                        rc == STRATA_OK ? "server busy or failing" : strata_diag_msg(diag, rc),
+                        wait, attempt);
         strata_http_response_cleanup(resp);
         if (strata_http_sleep(h, wait) < 0)
             return STRATA_ESTATE;

@@ -33,7 +33,9 @@ int strata_http_set_token(strata_http *h, const char *token);
 
 /* One request. path starts with '/'. body may be NULL (len 0); content_type
  * and if_none_match may be NULL. accept_zstd asks for a zstd body, which is
- * then decompressed here (at most max_body bytes). Responses larger than
+ * then decoded here as strictly as payloads (exactly one frame declaring
+ * its size, at most max_body bytes). A curl option the library refuses is
+ * an error (STRATA_EINVAL or STRATA_ENOMEM, diag names it). Responses larger than
  * max_body are refused. Returns STRATA_OK when any HTTP response arrived
  * (check resp->status), STRATA_EIO for a transport failure (connection
  * refused, timeout, reset), STRATA_ETOOBIG for an oversize body,
@@ -56,8 +58,8 @@ int strata_http_request_retry(strata_http *h, const char *method, const char *pa
 
 void strata_http_response_cleanup(strata_http_response *r);
 
-/* Sleeps for seconds, waking early when stop becomes non-zero. Returns 0, or
- * -1 when stopped. */
+/* Sleeps for seconds, waking early when stop becomes non-zero. Returns
+ * STRATA_OK, or STRATA_ESTATE when stopped. */
 int strata_http_sleep(strata_http *h, double seconds);
 
 #endif

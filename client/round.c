@@ -1,0 +1,320 @@
+/* One round of the client: model download, training, error feedback,
+ * encoding, staging and upload, and the settling of a staged upload after a
+ * restart (see round.h). The state directory's files are state.c's. */
+#include "round.h"
+
+#include "session.h"
+
+#include "strata/clock.h"
+#include "strata/checkpoint.h"
+#include "strata/ef.h"
+#include "strata/log.h"
+#include "strata/payload.h"
+#include "strata/train.h"
+
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Fetches model `version`, using the state directory's cached copy when its
+ * ETag still matches; *downloaded is the body's size (0 for a cache hit). */
+static int fetch_model(const strata_client_round_ctx *c, uint64_t version, strata_model **m,
+                       size_t *downloaded)
+{
+    *m = NULL;
+    *downloaded = 0;
+    char url[64], etag[128];
+    strata_client_state_model_etag(c->state, etag, sizeof(etag));
+    snprintf(url, sizeof(url), "/v1/models/%llu", (unsigned long long)version);
+    strata_http_response r;
+    strata_diag d = {{0}};
+    int rc = strata_http_request_retry(c->http, "GET", url, NULL, NULL, 0, etag, 1,
+                                       STRATA_CLIENT_MAX_BODY, 0, 30.0, &r, &d);
+    if (rc < 0) {
+        strata_log_error("model %llu: %s", (unsigned long long)version, strata_diag_msg(&d, rc));
+        return rc;
+    }
+    if (r.status == 200) {
+        *downloaded = r.len;
+        rc = strata_checkpoint_decode(r.body, r.len, m, &d);
+        strata_diag cd = {{0}};
+        int crc;
+        if (rc == STRATA_OK &&
+            (crc = strata_client_state_save_model(c->state, r.body, r.len, r.etag, &cd)) < 0)
+            strata_log_warn("cannot cache the model in %s: %s", strata_client_state_dir(c->state),
+                            strata_diag_msg(&cd, crc));
+    } else if (r.status == 304) {
+        rc = strata_client_state_load_model(c->state, m, &d);
+    } else {
+        strata_log_error("model %llu: HTTP %ld: %s", (unsigned long long)version, r.status,
+                         (char *)r.body);
+        rc = STRATA_EPROTO;
+    }
+    if (rc < 0 && (r.status == 200 || r.status == 304))
+        strata_log_error("model %llu: %s", (unsigned long long)version, strata_diag_msg(&d, rc));
+    strata_http_response_cleanup(&r);
+    return rc;
+}
+
+typedef struct progress_ctx {
+    const strata_client_round_ctx *c;
+    uint32_t round;
+} progress_ctx;
+
+static int on_progress(void *ud, size_t done, size_t total)
+{
+    progress_ctx *p = ud;
+    int stop = p->c->stop != NULL && *p->c->stop != 0;
+    if (!p->c->progress || total == 0)
+        return stop;
+    int width = 30, filled = (int)((double)done / (double)total * width);
+    char bar[40];
+    for (int i = 0; i < width; i++)
+        bar[i] = i < filled ? '#' : '.';
+    bar[width] = '\0';
+    /* A terminal progress bar, redrawn in place: not a log line. */
+    fprintf(stderr, "\rround %u [%s] %5.1f%%", p->round, bar, 100.0 * (double)done / (double)total);
+    if (done >= total)
+        fputs("\r\033[K", stderr);
+    return stop; /* SIGINT/SIGTERM abandon the step after this batch */
+}
+
+static int stopped(const strata_client_round_ctx *c)
+{
+    return c->stop != NULL && *c->stop != 0;
+}
+
+/* Uploads the staged payload of `round` (wire, or the staged file when wire
+ * is NULL) and settles the stage: on 200 the receipt is recorded and the
+ * pending residual becomes current (ACKED); on a refusal (any status left
+ * after the retries of transient ones) the stage is dropped and the
+ * previous residual stays (REFUSED). A transport failure keeps the stage
+ * for the next start (error). */
+static int upload_staged(const strata_client_round_ctx *c, uint32_t round, const uint8_t *wire,
+                         size_t wire_len, strata_client_upload *result)
+{
+    *result = STRATA_CLIENT_ACKED;
+    uint8_t *file = NULL;
+    strata_diag d = {{0}};
+    int rc;
+    if (wire == NULL) {
+        if ((rc = strata_client_state_staged_payload(c->state, &file, &wire_len, &d)) < 0) {
+            strata_log_warn("staged upload of round %u is unreadable (%s); dropping it", round,
+                            strata_diag_msg(&d, rc));
+            if ((rc = strata_client_state_settle(c->state, round, NULL, &d)) < 0)
+                strata_log_warn("round %u: %s", round, strata_diag_msg(&d, rc));
+            *result = STRATA_CLIENT_REFUSED;
+            return STRATA_OK;
+        }
+        wire = file;
+    }
+    char url[64];
+    snprintf(url, sizeof(url), "/v1/rounds/%u/updates", round);
+    strata_http_response r;
+    rc = strata_http_request_retry(c->http, "POST", url, "application/octet-stream", wire, wire_len,
+                                   NULL, 0, STRATA_CLIENT_MAX_JSON, 0, 30.0, &r, &d);
+    free(file);
+    if (rc < 0) {
+        strata_log_error("round %u: upload failed: %s (kept for the next start)", round,
+                         strata_diag_msg(&d, rc));
+        return rc;
+    }
+    if (r.status == 200) {
+        json_t *j = json_loadb((const char *)r.body, r.len, 0, NULL);
+        const char *receipt = json_string_value(json_object_get(j, "receipt"));
+        int src = strata_client_state_settle(c->state, round, receipt ? receipt : "?", &d);
+        if (src < 0)
+            strata_log_warn("round %u: %s", round, strata_diag_msg(&d, src));
+        strata_log_info("round %u: receipt %s%s", round, receipt ? receipt : "?",
+                        json_is_true(json_object_get(j, "duplicate")) ? " (already held)" : "");
+        json_decref(j);
+    } else {
+        /* A refusal (transient statuses were retried above) is final for this
+         * update: drop the stage and keep the previous residuals. */
+        strata_log_warn("round %u: update refused (HTTP %ld): %s; dropping it", round, r.status,
+                        (char *)r.body);
+        int src = strata_client_state_settle(c->state, round, NULL, &d);
+        if (src < 0)
+            strata_log_warn("round %u: %s", round, strata_diag_msg(&d, src));
+        *result = STRATA_CLIENT_REFUSED;
+    }
+    strata_http_response_cleanup(&r);
+    return STRATA_OK;
+}
+
+int strata_client_round_settle(const strata_client_round_ctx *c, int *settled,
+                               strata_client_upload *result)
+{
+    *settled = 0;
+    *result = STRATA_CLIENT_ACKED;
+    uint32_t round;
+    int staged;
+    int rc = strata_client_state_staged(c->state, &staged, &round);
+    if (rc < 0 || !staged)
+        return rc;
+    strata_log_info("re-sending the staged update of round %u", round);
+    *settled = 1;
+    return upload_staged(c, round, NULL, 0, result);
+}
+
+/* The residuals for this round's step: the saved ones, or fresh ones when
+ * there are none or they belong to another run. */
+static int residuals_for(const strata_client_round_ctx *c, const strata_task *t,
+                         const strata_tensor_list *delta, strata_ef **ef)
+{
+    strata_diag d = {{0}};
+    int rc = strata_client_state_load_residuals(c->state, delta, ef, &d);
+    if (rc < 0) {
+        strata_log_error("%s", strata_diag_msg(&d, rc));
+        return rc;
+    }
+    uint32_t last;
+    if (*ef != NULL && strata_ef_last_round(*ef, &last) == STRATA_OK && last >= t->round) {
+        /* Residuals are installed only after an acknowledged upload, so a
+         * coordinator asking again for a round we already hold belongs to
+         * another run: those residuals mean nothing to it. */
+        strata_log_warn("round %u: the residuals are from round %u of another run; starting "
+                        "afresh",
+                        t->round, last);
+        strata_ef_free(*ef);
+        *ef = NULL;
+    }
+    if (*ef == NULL)
+        rc = strata_ef_new(delta, c->ef_beta, c->ef_max_staleness, ef);
+    return rc;
+}
+
+/* The payload's metadata: the training loss and the residual norms. */
+static int metadata_json(const strata_ef *ef, size_t n, double loss, char **out)
+{
+    *out = NULL;
+    double *norms = calloc(n ? n : 1, sizeof(double));
+    json_t *nj = json_array();
+    int rc = STRATA_ENOMEM;
+    if (norms == NULL || nj == NULL)
+        goto out;
+    if (strata_ef_residual_norms(ef, norms, n) == STRATA_OK)
+        for (size_t i = 0; i < n; i++)
+            json_array_append_new(nj, json_real(norms[i]));
+    json_t *mj = json_pack("{s:f,s:O}", "train_loss", loss, "residual_norms", nj);
+    *out = mj ? json_dumps(mj, JSON_COMPACT) : NULL;
+    json_decref(mj);
+    if (*out != NULL)
+        rc = STRATA_OK;
+out:
+    json_decref(nj);
+    free(norms);
+    return rc;
+}
+
+int strata_client_round_run(const strata_client_round_ctx *c, const strata_task *t,
+                            strata_client_upload *result)
+{
+    *result = STRATA_CLIENT_ACKED;
+    strata_model *m = NULL;
+    strata_sgd *opt = NULL;
+    strata_ef *ef = NULL;
+    strata_clayer *layers = NULL;
+    strata_tensor_list global, delta;
+    strata_tensor_list_init(&global);
+    strata_tensor_list_init(&delta);
+    uint8_t *wire = NULL;
+    size_t wire_len = 0, downloaded = 0;
+    char *meta = NULL;
+    int rc;
+    strata_diag d = {{0}};
+    int64_t t0 = strata_clock_mono_ms();
+
+    if ((rc = fetch_model(c, t->model_version, &m, &downloaded)) < 0)
+        goto out;
+    strata_tensor_list *params = strata_model_params(m);
+    if (t->num_layers != params->count) {
+        strata_log_error("round %u: task has %zu budgets for %zu tensors", t->round, t->num_layers,
+                         params->count);
+        rc = STRATA_EPROTO;
+        goto out;
+    }
+    if ((rc = strata_tensor_list_copy(&global, params)) < 0)
+        goto out;
+    strata_sgd_config cfg = {.lr = (float)t->train.lr,
+                             .momentum = (float)t->train.momentum,
+                             .weight_decay = (float)t->train.weight_decay,
+                             .prox_mu = (float)t->train.prox_mu};
+    if ((rc = strata_sgd_new(params, &cfg, &opt, &d)) < 0) {
+        strata_log_error("round %u: training settings: %s", t->round, strata_diag_msg(&d, rc));
+        goto out;
+    }
+    if (cfg.prox_mu > 0.0f)
+        strata_sgd_set_anchor(opt, &global);
+    strata_rng rng;
+    strata_rng_seed(&rng, t->seed, c->client_index + 1);
+    progress_ctx pc = {c, t->round};
+    strata_train_stats st = {0};
+    double loss = 0.0;
+    for (uint32_t e = 0; e < t->train.epochs && !stopped(c); e++) {
+        rc = strata_train_epoch(m, opt, c->data, c->mine, c->nmine, (size_t)t->train.batch,
+                                (size_t)t->train.max_steps, &rng, on_progress, &pc, &st);
+        if (rc < 0) {
+            strata_log_error("round %u: training failed: %s", t->round, strata_strerror(rc));
+            goto out;
+        }
+        loss = st.loss;
+    }
+    if (stopped(c)) {
+        rc = STRATA_ESTATE;
+        goto out;
+    }
+    /* delta = w_local - w_global */
+    if ((rc = strata_tensor_list_copy(&delta, params)) < 0)
+        goto out;
+    for (size_t i = 0; i < delta.count; i++)
+        for (size_t k = 0; k < delta.items[i].numel; k++)
+            delta.items[i].data[k] -= global.items[i].data[k];
+
+    if ((rc = residuals_for(c, t, &delta, &ef)) < 0)
+        goto out;
+    if ((rc = strata_ef_step(ef, &delta, t->budgets, t->values_format, t->round,
+                             t->seed ^ (uint64_t)c->id->client_id, &layers, &d)) < 0) {
+        strata_log_error("round %u: compression failed: %s", t->round, strata_diag_msg(&d, rc));
+        goto out;
+    }
+    if ((rc = metadata_json(ef, delta.count, loss, &meta)) < 0)
+        goto out;
+    strata_payload p = {.round = t->round,
+                        .model_version = t->model_version,
+                        .client_id = (uint64_t)c->id->client_id,
+                        .sample_count = c->nmine,
+                        .num_layers = delta.count,
+                        .layers = layers,
+                        .metadata_json = meta};
+    if ((rc = strata_payload_encode(&p, 1, &wire, &wire_len, &d)) < 0) {
+        strata_log_error("round %u: encoding failed: %s", t->round, strata_diag_msg(&d, rc));
+        goto out;
+    }
+    /* Stage, then upload: a client killed at any point re-sends the staged
+     * payload at its next start (state.h). */
+    if ((rc = strata_client_state_stage(c->state, ef, t->round, wire, wire_len, &d)) < 0) {
+        strata_log_error("round %u: cannot stage the upload in %s: %s", t->round,
+                         strata_client_state_dir(c->state), strata_diag_msg(&d, rc));
+        goto out;
+    }
+    if ((rc = upload_staged(c, t->round, wire, wire_len, result)) < 0)
+        goto out;
+    if (*result == STRATA_CLIENT_ACKED)
+        strata_log_info("round %u: %zu samples, loss %.4f, uploaded %zu bytes (model %zu bytes) "
+                        "in %.1f s",
+                        t->round, c->nmine, loss, wire_len, downloaded,
+                        (double)(strata_clock_mono_ms() - t0) / 1000.0);
+out:
+    free(meta);
+    free(wire);
+    if (layers)
+        strata_clayers_free(layers, delta.count);
+    strata_ef_free(ef);
+    strata_sgd_free(opt);
+    strata_tensor_list_cleanup(&global);
+    strata_tensor_list_cleanup(&delta);
+    strata_model_free(m);
+    return rc;
+}
