@@ -1,34 +1,36 @@
-/* strata-server's round engine: registered clients, the open round, the
- * streaming aggregate, the global model and its cache, counters. Every
- * srv_engine_* call is thread-safe (one mutex around the engine state); a
- * background thread opens and closes rounds. The HTTP layer (http.c) turns
- * requests into these calls and their srv_resp into responses. */
+/* strata-server's engine: registered clients, the open round, the
+ * aggregate, the global model and its cache, counters, behind one C API
+ * that knows nothing of HTTP. The HTTP layer (http.c) turns requests into
+ * these calls and their typed results (result.h) into responses; the unit
+ * tests drive the same calls directly.
+ *
+ * The engine is split by concept (each file says what it owns):
+ *   engine.c    composition: open, start, stop, free;
+ *   registry.c  registration, tokens, admin token, rate buckets;
+ *   round.c     round lifecycle, the round thread, resume, long-poll waiters;
+ *   upload.c    the upload pipeline and group commit;
+ *   models.c    model distribution (cache, versions, ETags);
+ *   metrics.c   counters and the /metrics text;
+ *   admin.c     pause / resume / stop and the configuration view;
+ *   views.c     the rounds and status views.
+ *
+ * Threads: every srv_engine_* call below is thread-safe (one engine mutex
+ * around the shared state) unless it says otherwise; none calls back into
+ * the caller except through the waiter callbacks. A background thread (the
+ * round thread) opens and closes rounds.
+ *
+ * Results: a call that answers a request fills a caller-owned srv_result
+ * (zeroed by the caller, released with srv_result_cleanup) and returns
+ * nothing: every refusal and failure is an outcome in the result. Calls
+ * that can fail in the C sense return a strata_err. */
 #ifndef STRATA_SERVER_ENGINE_H
 #define STRATA_SERVER_ENGINE_H
 
 #include "config.h"
+#include "result.h"
 
 #include <stddef.h>
 #include <stdint.h>
-
-/* A response: status, body (malloc'ed, may be NULL) and a few headers. */
-typedef struct srv_resp {
-    unsigned status;
-    uint8_t *body;
-    size_t len;
-    const char *ctype; /* static string */
-    char etag[32];     /* "" for none */
-    int zstd;          /* 1: Content-Encoding: zstd */
-    int retry_after;   /* seconds; 0: no Retry-After */
-    const char *code;  /* static error code of an error response, else NULL */
-} srv_resp;
-
-/* Frees the body and zeroes r. */
-void srv_resp_cleanup(srv_resp *r);
-
-/* Sets r to the JSON error object {"error":{"code":code,"message":...}}. */
-void srv_resp_error(srv_resp *r, unsigned status, const char *code, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
 
 typedef struct srv_engine srv_engine;
 
@@ -36,80 +38,157 @@ typedef struct srv_engine srv_engine;
  * resume wakes it (both must not block or call back into the engine). */
 typedef void (*srv_waiter_fn)(void *waiter);
 
-/* Opens the store, loads the test split, builds or resumes the model and
- * the open round. cfg is borrowed for the engine's lifetime. */
+/* ---- life cycle (engine.c) ---- */
+
+/* Opens the state directory (creating it on first start), loads the test
+ * split, builds or loads the model (the latest checkpoint), the registered
+ * clients, the admin token (creating its file on first start), the
+ * persisted controls and counters, and resumes the open round (see
+ * srv__round_resume in round.h). cfg is borrowed for the engine's lifetime.
+ * Blocks on disk. Errors: STRATA_EINVAL for a configuration the state
+ * directory or the data contradict (another architecture, an input size
+ * that does not match), the store's and the loaders' errors, STRATA_ENOMEM;
+ * diag says which. *out is NULL on error. */
 int srv_engine_open(const srv_config *cfg, srv_engine **out, strata_diag *diag);
 
-/* Sets the waiter callbacks (before srv_engine_start). */
+/* Sets the waiter callbacks (before srv_engine_start; not thread-safe). */
 void srv_engine_set_waiters(srv_engine *e, srv_waiter_fn suspend, srv_waiter_fn resume);
 
-/* Starts the round thread. */
+/* Starts the round thread. Errors: STRATA_ENOMEM (no thread). */
 int srv_engine_start(srv_engine *e);
 
-/* Stops the round thread and wakes every waiting connection. */
+/* Stops the round thread (waits for it, so it may block while a round
+ * closes) and wakes every parked connection. Idempotent. */
 void srv_engine_stop(srv_engine *e);
 
-/* Flushes counters, closes the store, frees everything. Accepts NULL. */
+/* Flushes counters, closes the store, frees everything. Accepts NULL. Call
+ * srv_engine_stop first; no other call may be in flight. */
 void srv_engine_free(srv_engine *e);
 
-/* Largest update body accepted. */
+/* Largest update body accepted, in bytes (fixed at open). */
 size_t srv_engine_max_body(const srv_engine *e);
 
-/* Adds to the bytes-received and bytes-sent counters. */
-void srv_engine_count_bytes(srv_engine *e, uint64_t in, uint64_t out);
+/* Largest JSON request body accepted, in bytes (fixed at open). */
+size_t srv_engine_max_json(const srv_engine *e);
 
-/* Checks an Authorization header value (may be NULL). Returns 0 and the
- * client id, or fills r with 401 and returns -1. */
-int srv_engine_auth(srv_engine *e, const char *authorization, uint64_t *client_id, srv_resp *r);
+/* ---- registry (registry.c) ---- */
 
-void srv_engine_register(srv_engine *e, const uint8_t *body, size_t len, srv_resp *r);
+/* Checks a client's Authorization header value (borrowed, may be NULL):
+ * "Bearer TOKEN" with a registered client's token. Returns STRATA_OK with
+ * *client_id set, or STRATA_EPROTO with *client_id 0 and r set to
+ * SRV_E_UNAUTHORIZED (missing, malformed or unknown token). No I/O. */
+int srv_engine_auth(srv_engine *e, const char *authorization, uint64_t *client_id, srv_result *r);
 
-/* Answers a task request. When there is no task now and now_ms < the wait
- * deadline, parks waiter (calls suspend under the lock) and returns 1: the
- * caller answers again after resume. Otherwise fills r and returns 0. */
+/* Checks an admin request's Authorization header: STRATA_OK when it carries
+ * the admin token; otherwise STRATA_EPROTO with r set to SRV_E_UNAUTHORIZED
+ * (missing or unknown token) or SRV_E_FORBIDDEN (a client's token). */
+int srv_engine_admin_auth(srv_engine *e, const char *authorization, srv_result *r);
+
+/* Registers a client from the JSON body of POST /v1/clients (borrowed):
+ * checks the enrolment secret, makes a random token, stores the client
+ * (durably, before answering) and indexes its token hash. r: SRV_CREATED
+ * with {"client_id", "token"}; SRV_E_BAD_REQUEST / SRV_E_TOO_LARGE (the
+ * body), SRV_E_BAD_SECRET, SRV_E_TOO_MANY_CLIENTS, SRV_E_INTERNAL. Blocks
+ * on the store's commit under the engine lock. */
+void srv_engine_register(srv_engine *e, const uint8_t *body, size_t len, srv_result *r);
+
+/* Takes one upload from the client's rate bucket (upload_rate per minute).
+ * Returns STRATA_OK, or STRATA_ESTATE with r set to SRV_E_RATE_LIMITED and
+ * its Retry-After (counted as a refused update). Unknown ids pass. */
+int srv_engine_rate_take(srv_engine *e, uint64_t client_id, srv_result *r);
+
+/* ---- rounds (round.c) ---- */
+
+/* Answers a task request of an authenticated client. When the client is
+ * selected for the open round and has not reported: r is SRV_OK with the
+ * task JSON. When the federation is finished or stopped: SRV_E_FINISHED.
+ * Otherwise, when waiter is not NULL and now is before deadline_ms (Unix
+ * ms), the waiter is parked (suspend is called under the lock) and
+ * *parked is 1: the caller asks again after resume (a round opened or
+ * closed, or the wait ended) and r is untouched. Else r is SRV_NO_CONTENT
+ * with Retry-After 1. Returns STRATA_OK (a failed allocation for the
+ * waiter list answers SRV_NO_CONTENT). Never blocks. */
 int srv_engine_task(srv_engine *e, uint64_t client_id, int64_t deadline_ms, void *waiter,
-                    srv_resp *r);
+                    int *parked, srv_result *r);
 
 /* Forgets a parked waiter (its connection ended). */
 void srv_engine_waiter_gone(srv_engine *e, void *waiter);
 
-void srv_engine_model(srv_engine *e, uint64_t version, int want_zstd, const char *if_none_match,
-                      srv_resp *r);
+/* ---- uploads (upload.c) ---- */
+
+/* Takes a client's update for round (from the URL) as the payload body
+ * (borrowed). Decodes it once (the model's sizes are the limits), checks
+ * that it is the client's, validates it once against the round's task, and
+ * stores it durably (group commit) before answering; an acknowledged update
+ * is aggregated (FedAvg) or kept for the round's robust rule. r: SRV_OK
+ * with {"round", "receipt", "duplicate"} (a repeat gets the original
+ * receipt); SRV_E_BAD_PAYLOAD, SRV_E_INVALID_UPDATE, SRV_E_FORBIDDEN (the
+ * payload names another client), SRV_E_NOT_SELECTED, SRV_E_ROUND_CLOSED,
+ * SRV_E_ROUND_NOT_OPEN, SRV_E_INTERNAL. Each refusal is counted. Blocks on
+ * disk (file write and fsync without the lock, the commit with it or on the
+ * second store connection). */
 void srv_engine_upload(srv_engine *e, uint64_t client_id, uint32_t round, const uint8_t *body,
-                       size_t len, srv_resp *r);
-/* Counts a refused upload by reason (for /metrics). */
-void srv_engine_count_reject(srv_engine *e, const char *reason);
+                       size_t len, srv_result *r);
 
-/* Counts a refused request by its error code (strata_requests_rejected_total). */
-void srv_engine_count_error(srv_engine *e, const char *code);
+/* ---- models (models.c) ---- */
 
-/* Takes one upload from the client's rate bucket. Returns 0, or fills r
- * with 429 (and Retry-After) and returns -1. */
-int srv_engine_rate_take(srv_engine *e, uint64_t client_id, srv_resp *r);
+/* Answers a request for model version (safetensors bytes; one zstd frame of
+ * them when want_zstd). if_none_match (borrowed, may be NULL) is the
+ * request's If-None-Match. r: SRV_OK with the bytes, the ETag "m<version>"
+ * (quoted) and the zstd flag; SRV_NOT_MODIFIED (with the ETag) when
+ * if_none_match is that ETag or "*"; SRV_E_NOT_FOUND for a version newer
+ * than the current one or no longer kept; SRV_E_INTERNAL. The current
+ * version comes from memory; an older one is read from its checkpoint
+ * (blocks on disk, without the engine lock). */
+void srv_engine_model(srv_engine *e, uint64_t version, int want_zstd, const char *if_none_match,
+                      srv_result *r);
 
-/* Checks an admin request's Authorization header: 0 when it carries the
- * admin token; otherwise fills r with 401 (missing or unknown token) or 403
- * (a client's token) and returns -1. */
-int srv_engine_admin_auth(srv_engine *e, const char *authorization, srv_resp *r);
+/* ---- admin (admin.c) ---- */
 
 /* Admin actions: "pause" (no new round opens; the open one runs on),
  * "resume", "stop" (ends the federation now; the open round is closed
- * without aggregation). Persistent across restarts. body: empty or
- * {"reason": "..."}, logged. */
+ * without aggregation; waits for a group commit in flight). Persistent
+ * across restarts. body (borrowed): empty or {"reason": "..."}, logged. r:
+ * SRV_OK with {"state"}; SRV_E_BAD_REQUEST / SRV_E_TOO_LARGE (the body),
+ * SRV_E_NOT_FOUND (unknown action), SRV_E_ROUND_CLOSING (stop while a round
+ * is being aggregated; Retry-After 1), SRV_E_INTERNAL. */
 void srv_engine_admin(srv_engine *e, const char *action, const uint8_t *body, size_t len,
-                      srv_resp *r);
+                      srv_result *r);
 
-/* The full configuration (admin view). */
-void srv_engine_admin_config(srv_engine *e, srv_resp *r);
+/* The full configuration (admin view): SRV_OK with {"config"}. */
+void srv_engine_admin_config(srv_engine *e, srv_result *r);
 
-/* Limits of JSON request bodies. */
-size_t srv_engine_max_json(const srv_engine *e);
-void srv_engine_rounds(srv_engine *e, uint32_t from, size_t limit, srv_resp *r);
-void srv_engine_round(srv_engine *e, uint32_t round, srv_resp *r);
-void srv_engine_status(srv_engine *e, srv_resp *r);
-void srv_engine_metrics(srv_engine *e, srv_resp *r);
+/* ---- views (views.c) ---- */
 
-/* Current time in Unix milliseconds. */
-int64_t srv_now_ms(void);
+/* Up to limit rounds from round from on: SRV_OK with {"rounds": [...]}
+ * (each a round summary), or SRV_E_INTERNAL. Reads the store under the
+ * engine lock. */
+void srv_engine_rounds(srv_engine *e, uint32_t from, size_t limit, srv_result *r);
+
+/* One round's summary: SRV_OK, SRV_E_NOT_FOUND or SRV_E_INTERNAL. */
+void srv_engine_round(srv_engine *e, uint32_t round, srv_result *r);
+
+/* The federation's state, round, model version, clients and public
+ * configuration: SRV_OK with a JSON object. */
+void srv_engine_status(srv_engine *e, srv_result *r);
+
+/* ---- metrics (metrics.c) ---- */
+
+/* The Prometheus text exposition of every counter and gauge: SRV_OK with
+ * SRV_MEDIA_EXPOSITION, or SRV_E_INTERNAL. */
+void srv_engine_metrics(srv_engine *e, srv_result *r);
+
+/* Adds to the bytes-received and bytes-sent counters. Lock-free. */
+void srv_engine_count_bytes(srv_engine *e, uint64_t in, uint64_t out);
+
+/* Counts a refused request by its outcome (an error outcome) in
+ * strata_requests_rejected_total{reason=...}. Lock-free. */
+void srv_engine_count_refused(srv_engine *e, srv_outcome o);
+
+/* Counts an upload the transport refused before srv_engine_upload (its
+ * credentials, media type or size) in strata_updates_rejected_total by the
+ * refusal's outcome; outcomes without such a counter are ignored.
+ * Lock-free. */
+void srv_engine_count_update_refused(srv_engine *e, srv_outcome o);
 
 #endif

@@ -1,5 +1,9 @@
 /* strata-server's HTTP layer (see http.h).
  *
+ * The only file that knows HTTP status codes and the JSON error envelope:
+ * the engine answers with typed results (result.h) and OUTCOMES below maps
+ * each outcome to its status and error code string.
+ *
  * Each request gets a small state (struct req) in MHD's per-connection
  * pointer, freed in the completion callback. Bodies are buffered up to a
  * per-route cap: an oversize Content-Length is answered with 413 on the
@@ -18,8 +22,12 @@
  * descriptor cannot have been reused. */
 #include "http.h"
 
+#include "strata/clock.h"
+#include "strata/fileio.h"
+
 #include <arpa/inet.h>
 #include <errno.h>
+#include <jansson.h>
 #include <microhttpd.h>
 #include <netinet/in.h>
 #include <pthread.h>
@@ -146,12 +154,82 @@ static route match(const char *url, unsigned long long *arg, const char **method
     return R_NONE;
 }
 
-static enum MHD_Result send_resp(srv_http *h, struct MHD_Connection *c, srv_resp *r,
+/* The one table from outcome to HTTP status and error code string. */
+static const struct {
+    unsigned status;
+    const char *code; /* NULL for successes */
+} OUTCOMES[SRV_OUTCOME_COUNT] = {
+    [SRV_OK] = {200, NULL},
+    [SRV_CREATED] = {201, NULL},
+    [SRV_NO_CONTENT] = {204, NULL},
+    [SRV_NOT_MODIFIED] = {304, NULL},
+    [SRV_E_BAD_REQUEST] = {400, "bad_request"},
+    [SRV_E_BAD_PAYLOAD] = {400, "bad_payload"},
+    [SRV_E_TOO_LARGE] = {413, "too_large"},
+    [SRV_E_UNAUTHORIZED] = {401, "unauthorized"},
+    [SRV_E_BAD_SECRET] = {401, "bad_secret"},
+    [SRV_E_FORBIDDEN] = {403, "forbidden"},
+    [SRV_E_NOT_FOUND] = {404, "not_found"},
+    [SRV_E_METHOD_NOT_ALLOWED] = {405, "method_not_allowed"},
+    [SRV_E_UNSUPPORTED_MEDIA_TYPE] = {415, "unsupported_media_type"},
+    [SRV_E_INVALID_UPDATE] = {422, "invalid_update"},
+    [SRV_E_NOT_SELECTED] = {403, "not_selected"},
+    [SRV_E_ROUND_CLOSED] = {409, "round_closed"},
+    [SRV_E_ROUND_NOT_OPEN] = {409, "round_not_open"},
+    [SRV_E_RATE_LIMITED] = {429, "rate_limited"},
+    [SRV_E_TOO_MANY_CLIENTS] = {429, "too_many_clients"},
+    [SRV_E_FINISHED] = {410, "finished"},
+    [SRV_E_ROUND_CLOSING] = {409, "round_closing"},
+    [SRV_E_REQUEST_TIMEOUT] = {408, "request_timeout"},
+    [SRV_E_INTERNAL] = {500, "internal"},
+};
+
+static const char *media_type(srv_media m)
+{
+    switch (m) {
+    case SRV_MEDIA_JSON:
+        return "application/json";
+    case SRV_MEDIA_BINARY:
+        return "application/octet-stream";
+    case SRV_MEDIA_TEXT:
+        return "text/plain";
+    case SRV_MEDIA_EXPOSITION:
+        return "text/plain; version=0.0.4; charset=utf-8";
+    case SRV_MEDIA_NONE:
+        break;
+    }
+    return NULL;
+}
+
+/* Replaces an error result's body with the JSON error envelope
+ * {"error":{"code":...,"message":...}}. */
+static void error_envelope(srv_result *r)
+{
+    json_t *j = json_pack("{s:{s:s,s:s}}", "error", "code", OUTCOMES[r->outcome].code, "message",
+                          r->message);
+    char *s = j ? json_dumps(j, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
+    json_decref(j);
+    if (s == NULL) {
+        r->outcome = SRV_E_INTERNAL;
+        s = strdup("{\"error\":{\"code\":\"internal\",\"message\":\"out of memory\"}}");
+    }
+    free(r->body);
+    r->body = (uint8_t *)s;
+    r->len = s ? strlen(s) : 0;
+    r->media = SRV_MEDIA_JSON;
+}
+
+static enum MHD_Result send_resp(srv_http *h, struct MHD_Connection *c, srv_result *r,
                                  const char *allow)
 {
+    if ((unsigned)r->outcome >= SRV_OUTCOME_COUNT)
+        srv_result_error(r, SRV_E_INTERNAL, "internal error");
+    if (srv_outcome_is_error(r->outcome))
+        error_envelope(r);
+    unsigned status = OUTCOMES[r->outcome].status;
     struct MHD_Response *resp;
     size_t len = r->len;
-    if (r->body != NULL && r->status != 204 && r->status != 304) {
+    if (r->body != NULL && status != 204 && status != 304) {
         resp = MHD_create_response_from_buffer(r->len, r->body, MHD_RESPMEM_MUST_FREE);
         if (resp != NULL)
             r->body = NULL; /* owned by the response now */
@@ -160,11 +238,12 @@ static enum MHD_Result send_resp(srv_http *h, struct MHD_Connection *c, srv_resp
         resp = MHD_create_response_from_buffer(0, (void *)"", MHD_RESPMEM_PERSISTENT);
     }
     if (resp == NULL) {
-        srv_resp_cleanup(r);
+        srv_result_cleanup(r);
         return MHD_NO;
     }
-    if (r->ctype != NULL && r->status != 204)
-        MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, r->ctype);
+    const char *ctype = media_type(r->media);
+    if (ctype != NULL && status != 204)
+        MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, ctype);
     if (r->etag[0] != '\0')
         MHD_add_response_header(resp, MHD_HTTP_HEADER_ETAG, r->etag);
     if (r->zstd)
@@ -176,14 +255,14 @@ static enum MHD_Result send_resp(srv_http *h, struct MHD_Connection *c, srv_resp
     }
     if (allow != NULL)
         MHD_add_response_header(resp, MHD_HTTP_HEADER_ALLOW, allow);
-    if (r->status == 401)
+    if (status == 401)
         MHD_add_response_header(resp, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer");
-    if (r->status >= 400 && r->status < 500)
-        srv_engine_count_error(h->e, r->code);
-    enum MHD_Result ok = MHD_queue_response(c, r->status, resp);
+    if (status >= 400 && status < 500)
+        srv_engine_count_refused(h->e, r->outcome);
+    enum MHD_Result ok = MHD_queue_response(c, status, resp);
     MHD_destroy_response(resp);
     srv_engine_count_bytes(h->e, 0, len);
-    srv_resp_cleanup(r);
+    srv_result_cleanup(r);
     return ok;
 }
 
@@ -214,17 +293,16 @@ static int query_ulong(struct MHD_Connection *c, const char *key, unsigned long 
     return parse_id(v, strlen(v), max, out);
 }
 
-static void dispatch(srv_http *h, struct MHD_Connection *c, req *q, srv_resp *r, int *parked)
+static void dispatch(srv_http *h, struct MHD_Connection *c, req *q, srv_result *r, int *parked)
 {
     srv_engine *e = h->e;
     unsigned long long a = 0, b = 0;
     switch (q->rt) {
-    case R_HEALTH:
-        r->status = 200;
-        r->ctype = "text/plain";
-        r->body = (uint8_t *)strdup("ok");
-        r->len = r->body ? 2 : 0;
+    case R_HEALTH: {
+        char *ok = strdup("ok");
+        srv_result_take(r, SRV_OK, SRV_MEDIA_TEXT, (uint8_t *)ok, 2);
         break;
+    }
     case R_METRICS:
         srv_engine_metrics(e, r);
         break;
@@ -237,14 +315,14 @@ static void dispatch(srv_http *h, struct MHD_Connection *c, req *q, srv_resp *r,
     case R_TASKS:
         if (!q->waited) {
             if (query_ulong(c, "wait", 0, MAX_WAIT_S, &a) < 0) {
-                srv_resp_error(r, 400, "bad_request", "wait: expected an integer 0 to %d",
-                               MAX_WAIT_S);
+                srv_result_error(r, SRV_E_BAD_REQUEST, "wait: expected an integer 0 to %d",
+                                 MAX_WAIT_S);
                 break;
             }
-            q->wait_deadline = srv_now_ms() + (int64_t)a * 1000;
+            q->wait_deadline = strata_clock_unix_ms() + (int64_t)a * 1000;
         }
         q->waited = 1;
-        *parked = srv_engine_task(e, q->client_id, q->wait_deadline, c, r);
+        srv_engine_task(e, q->client_id, q->wait_deadline, c, parked, r);
         break;
     case R_MODEL:
         srv_engine_model(
@@ -254,8 +332,8 @@ static void dispatch(srv_http *h, struct MHD_Connection *c, req *q, srv_resp *r,
     case R_ROUNDS:
         if (query_ulong(c, "from", 0, UINT32_MAX, &a) < 0 ||
             query_ulong(c, "limit", 100, 1000, &b) < 0 || b == 0) {
-            srv_resp_error(r, 400, "bad_request",
-                           "from: expected a round number; limit: expected 1 to 1000");
+            srv_result_error(r, SRV_E_BAD_REQUEST,
+                             "from: expected a round number; limit: expected 1 to 1000");
             break;
         }
         srv_engine_rounds(e, (uint32_t)a, (size_t)b, r);
@@ -273,7 +351,7 @@ static void dispatch(srv_http *h, struct MHD_Connection *c, req *q, srv_resp *r,
         srv_engine_admin(e, q->action, q->body, q->len, r);
         break;
     case R_NONE:
-        srv_resp_error(r, 404, "not_found", "no such endpoint");
+        srv_result_error(r, SRV_E_NOT_FOUND, "no such endpoint");
         break;
     }
 }
@@ -303,7 +381,7 @@ static void set_deadline(srv_http *h, struct MHD_Connection *c, int arm)
     if (k == NULL)
         return;
     pthread_mutex_lock(&h->mu);
-    k->deadline_ms = arm ? srv_now_ms() + (int64_t)h->cfg->request_timeout * 1000 : 0;
+    k->deadline_ms = arm ? strata_clock_unix_ms() + (int64_t)h->cfg->request_timeout * 1000 : 0;
     pthread_mutex_unlock(&h->mu);
 }
 
@@ -311,7 +389,7 @@ static void set_deadline(srv_http *h, struct MHD_Connection *c, int arm)
  * credentials, content type, declared size, upload rate. Returns 0 to read
  * the body, or -1 with r filled (and *allow for a 405). */
 static int check_headers(srv_http *h, struct MHD_Connection *c, req *q, const char *url,
-                         const char *method, srv_resp *r, const char **allow)
+                         const char *method, srv_result *r, const char **allow)
 {
     const char *allowed;
     q->rt = match(url, &q->arg, &allowed);
@@ -322,14 +400,14 @@ static int check_headers(srv_http *h, struct MHD_Connection *c, req *q, const ch
     q->max = q->rt == R_UPDATES ? srv_engine_max_body(h->e) : srv_engine_max_json(h->e);
     if (q->rt != R_NONE && strcmp(method, allowed) != 0) {
         *allow = allowed;
-        srv_resp_error(r, 405, "method_not_allowed", "%s %s: use %s", method, url, allowed);
+        srv_result_error(r, SRV_E_METHOD_NOT_ALLOWED, "%s %s: use %s", method, url, allowed);
         return -1;
     }
     const char *auth =
         MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
     if (q->acc == A_CLIENT && srv_engine_auth(h->e, auth, &q->client_id, r) < 0) {
         if (q->rt == R_UPDATES)
-            srv_engine_count_reject(h->e, "unauthorized");
+            srv_engine_count_update_refused(h->e, SRV_E_UNAUTHORIZED);
         return -1;
     }
     if (q->acc == A_ADMIN && srv_engine_admin_auth(h->e, auth, r) < 0)
@@ -338,22 +416,23 @@ static int check_headers(srv_http *h, struct MHD_Connection *c, req *q, const ch
         MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
     const char *ct = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_TYPE);
     if (q->rt == R_UPDATES && !ctype_is(c, "application/octet-stream")) {
-        srv_engine_count_reject(h->e, "unsupported_media_type");
-        srv_resp_error(r, 415, "unsupported_media_type",
-                       "Content-Type: expected application/octet-stream, got %s", ct ? ct : "none");
+        srv_engine_count_update_refused(h->e, SRV_E_UNSUPPORTED_MEDIA_TYPE);
+        srv_result_error(r, SRV_E_UNSUPPORTED_MEDIA_TYPE,
+                         "Content-Type: expected application/octet-stream, got %s",
+                         ct ? ct : "none");
         return -1;
     }
     if ((q->rt == R_CLIENTS || q->rt == R_ADMIN_ACTION) && ct != NULL &&
         !ctype_is(c, "application/json")) {
-        srv_resp_error(r, 415, "unsupported_media_type",
-                       "Content-Type: expected application/json, got %s", ct);
+        srv_result_error(r, SRV_E_UNSUPPORTED_MEDIA_TYPE,
+                         "Content-Type: expected application/json, got %s", ct);
         return -1;
     }
     if (cl != NULL && strtoull(cl, NULL, 10) > q->max) {
         if (q->rt == R_UPDATES)
-            srv_engine_count_reject(h->e, "too_large");
-        srv_resp_error(r, 413, "too_large", "body of %s bytes is above the limit of %zu", cl,
-                       q->max);
+            srv_engine_count_update_refused(h->e, SRV_E_TOO_LARGE);
+        srv_result_error(r, SRV_E_TOO_LARGE, "body of %s bytes is above the limit of %zu", cl,
+                         q->max);
         return -1;
     }
     if (q->rt == R_UPDATES && srv_engine_rate_take(h->e, q->client_id, r) < 0)
@@ -368,7 +447,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     (void)version;
     srv_http *h = cls;
     req *q = *con_cls;
-    srv_resp r;
+    srv_result r;
     memset(&r, 0, sizeof(r));
     if (q == NULL) {
         q = calloc(1, sizeof(*q));
@@ -415,8 +494,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         return MHD_YES;
     if (q->too_big) {
         if (q->rt == R_UPDATES)
-            srv_engine_count_reject(h->e, "too_large");
-        srv_resp_error(&r, 413, "too_large", "body above the limit of %zu bytes", q->max);
+            srv_engine_count_update_refused(h->e, SRV_E_TOO_LARGE);
+        srv_result_error(&r, SRV_E_TOO_LARGE, "body above the limit of %zu bytes", q->max);
         return send_resp(h, c, &r, NULL);
     }
     int parked = 0;
@@ -456,7 +535,7 @@ static void on_connection(void *cls, struct MHD_Connection *c, void **socket_con
         }
         k->fd = ci->connect_fd;
         pthread_mutex_lock(&h->mu);
-        k->deadline_ms = srv_now_ms() + (int64_t)h->cfg->request_timeout * 1000;
+        k->deadline_ms = strata_clock_unix_ms() + (int64_t)h->cfg->request_timeout * 1000;
         k->next = h->conns;
         if (h->conns != NULL)
             h->conns->prev = k;
@@ -484,12 +563,12 @@ static void *watchdog(void *arg)
     srv_http *h = arg;
     pthread_mutex_lock(&h->mu);
     while (!h->stopping) {
-        int64_t now = srv_now_ms();
+        int64_t now = strata_clock_unix_ms();
         for (conn *k = h->conns; k != NULL; k = k->next)
             if (k->deadline_ms != 0 && now > k->deadline_ms) {
                 k->deadline_ms = 0;
                 shutdown(k->fd, SHUT_RDWR);
-                srv_engine_count_error(h->e, "request_timeout");
+                srv_engine_count_refused(h->e, SRV_E_REQUEST_TIMEOUT);
             }
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);
@@ -517,21 +596,20 @@ static void resume_conn(void *conn)
 /* Reads a whole PEM file (MHD takes the contents, not a path). */
 static int read_pem(const char *what, const char *path, char **out, strata_diag *diag)
 {
-    FILE *f = fopen(path, "rb");
-    if (f == NULL)
-        return strata_diag_set(diag, STRATA_EIO, "%s: %s: %s", what, path, strerror(errno));
-    char *buf = malloc(PEM_MAX + 1);
-    size_t n = buf ? fread(buf, 1, PEM_MAX + 1, f) : 0;
-    int err = ferror(f);
-    fclose(f);
-    if (buf == NULL)
-        return STRATA_ENOMEM;
-    if (err || n == 0 || n > PEM_MAX || strstr((buf[n] = '\0', buf), "-----BEGIN ") == NULL) {
+    uint8_t *buf = NULL;
+    size_t n = 0;
+    strata_diag fd = {{0}};
+    int rc = strata_file_read_all(path, PEM_MAX, &buf, &n, &fd);
+    if (rc == STRATA_ENOMEM)
+        return rc;
+    if (rc == STRATA_ESTATE || rc == STRATA_EIO)
+        return strata_diag_set(diag, STRATA_EIO, "%s: %s", what, strata_diag_msg(&fd, rc));
+    if (rc < 0 || n == 0 || strstr((char *)buf, "-----BEGIN ") == NULL) {
         free(buf);
         return strata_diag_set(diag, STRATA_EINVAL, "%s: %s: not a PEM file of at most %d bytes",
                                what, path, PEM_MAX);
     }
-    *out = buf;
+    *out = (char *)buf;
     return 0;
 }
 

@@ -5,6 +5,8 @@
 #include "engine.h"
 #include "http.h"
 
+#include "strata/log.h"
+
 #include <malloc.h>
 #include <signal.h>
 #include <stdio.h>
@@ -21,6 +23,7 @@ static void on_signal(int sig)
 
 int main(int argc, char **argv)
 {
+    strata_log_setup("strata-server", STRATA_LOG_INFO, STRATA_LOG_TEXT);
     srv_config cfg;
     srv_config_init(&cfg);
     strata_diag d = {{0}};
@@ -31,7 +34,7 @@ int main(int argc, char **argv)
         return 0;
     }
     if (rc < 0) {
-        fprintf(stderr, "strata-server: %s\n(see strata-server --help)\n", strata_diag_msg(&d, rc));
+        strata_log_error("%s (see strata-server --help)", strata_diag_msg(&d, rc));
         srv_config_cleanup(&cfg);
         return 2;
     }
@@ -58,24 +61,26 @@ int main(int argc, char **argv)
     int code = 1;
     unsigned port = 0;
     if ((rc = srv_engine_open(&cfg, &e, &d)) < 0) {
-        fprintf(stderr, "strata-server: %s\n", strata_diag_msg(&d, rc));
+        strata_log_error("%s", strata_diag_msg(&d, rc));
         goto out;
     }
     if ((rc = srv_http_start(e, &cfg, (unsigned)cfg.http_threads, &h, &port, &d)) < 0) {
-        fprintf(stderr, "strata-server: %s\n", strata_diag_msg(&d, rc));
+        strata_log_error("%s", strata_diag_msg(&d, rc));
         goto out;
     }
     if ((rc = srv_engine_start(e)) < 0) {
-        fprintf(stderr, "strata-server: cannot start the round thread\n");
+        strata_log_error("cannot start the round thread");
         goto out;
     }
+    /* This line stays on stdout, in this form: tests and strata-sim read
+     * the address from it. */
     printf("strata-server: listening on %s://%s:%u\n", cfg.tls_cert ? "https" : "http", cfg.host,
            port);
     fflush(stdout);
     pthread_sigmask(SIG_UNBLOCK, &set, NULL);
     while (!g_stop)
         pause();
-    fprintf(stderr, "strata-server: stopping\n");
+    strata_log_info("stopping");
     code = 0;
 out:
     if (e != NULL)

@@ -1,6 +1,7 @@
 /* The coordinator's JSON request parsing (see request.h). */
 #include "request.h"
 
+#include <jansson.h>
 #include <string.h>
 
 /* Longest key of the client's body quoted in a diag. */

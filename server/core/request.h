@@ -27,9 +27,12 @@
 
 #include "strata/error.h"
 
-#include <jansson.h>
 #include <stddef.h>
 #include <stdint.h>
+
+/* jansson's value type, kept opaque here: only request.c and its callers' .c
+ * files include <jansson.h>. */
+struct json_t;
 
 /* ---- Limits and the generic parser ---- */
 
@@ -66,7 +69,7 @@ void srv_json_limits_init(srv_json_limits *lim);
  * JSON body accepts "no body" exactly as it accepts "{}", and rejects it,
  * if it must, for a missing key. A body of only white space is not empty
  * and is STRATA_EPROTO. */
-int srv_json_parse(const uint8_t *body, size_t len, const srv_json_limits *lim, json_t **out,
+int srv_json_parse(const uint8_t *body, size_t len, const srv_json_limits *lim, struct json_t **out,
                    strata_diag *diag);
 
 /* ---- POST /v1/clients ---- */

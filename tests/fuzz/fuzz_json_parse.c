@@ -21,6 +21,8 @@
  * Anything else aborts. */
 #include "request.h"
 
+#include <jansson.h>
+
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>

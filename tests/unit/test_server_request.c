@@ -1,4 +1,6 @@
 #include "request.h"
+
+#include <jansson.h>
 #include "test_util.h"
 
 #include <stdio.h>

@@ -1,0 +1,155 @@
+/* The coordinator engine's shared state: struct srv_engine, with each
+ * module's part marked, and the cross-file helpers (srv__*) of the engine's
+ * modules. Only the engine's .c files (engine, round, upload, registry,
+ * metrics, models, admin, views, result) include it; nothing here is API.
+ *
+ * Locking (unchanged by the split into modules):
+ *   - one engine mutex, mu, guards every field below unless a field says
+ *     otherwise; counters are atomics and need no lock;
+ *   - the round thread (round.c) opens and closes rounds; while it closes a
+ *     round it drops mu to save the checkpoint, evaluate and encode the
+ *     model (closing = 1 keeps uploads of that round out meanwhile), and,
+ *     for a robust rule, to read the round's stored updates on wstore;
+ *   - group commits (upload.c) run on the second store connection, wstore,
+ *     with mu released; one committer at a time (committing), and the round
+ *     cannot start closing while one is in flight (srv__round_ready_to_close);
+ *   - the model itself (model, opt) is touched only by the round thread and
+ *     by start-up.
+ * A helper documented "lock held" must be called with mu held and returns
+ * with it held. */
+#ifndef STRATA_SERVER_ENGINE_INTERNAL_H
+#define STRATA_SERVER_ENGINE_INTERNAL_H
+
+#include "engine.h"
+#include "metrics.h"
+#include "models.h"
+#include "registry.h"
+#include "round.h"
+#include "upload.h"
+
+#include "aggregate.h"
+#include "request.h"
+#include "robust.h"
+#include "store.h"
+
+#include "strata/data.h"
+#include "strata/model.h"
+#include "strata/payload.h"
+#include "strata/policy.h"
+#include "strata/zframe.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
+struct json_t;
+
+/* A client's token hash and id (registry.c's index, ascending by hash). */
+typedef struct srv_tok_entry {
+    uint8_t hash[STRATA_STORE_HASH_LEN];
+    uint64_t id;
+} srv_tok_entry;
+
+/* A parked long-poll connection (round.c). */
+typedef struct srv_waiter {
+    void *conn;
+    int64_t deadline_ms;
+} srv_waiter;
+
+typedef struct srv_pending_upload srv_pending_upload;
+
+struct srv_engine {
+    /* ---- engine.c: composition, threads ---- */
+    const srv_config *cfg; /* borrowed */
+    pthread_mutex_t mu;
+    pthread_cond_t cv; /* wakes the round thread */
+    pthread_t thread;
+    int started, stopping;
+    srv_waiter_fn suspend, resume;
+    strata_store *store;
+    strata_store *wstore; /* second connection: group commits, outside the lock */
+    strata_dataset test;
+    strata_model *model;   /* touched only by the round thread (and start-up) */
+    strata_policy *policy; /* NULL for --policy none */
+    strata_agg *agg;       /* FedAvg's streaming aggregate (unused by robust rules) */
+    strata_server_opt *opt;
+    size_t nlayers, total_params, max_body;
+    size_t *numel;
+    char **names; /* borrowed from the model */
+    strata_payload_limits limits;
+    srv_json_limits jlim;
+    strata_robust_method method;
+
+    /* ---- registry.c: registered clients, ascending ids, with each one's
+     * upload-rate bucket (tokens, refilled at upload_rate per minute up to
+     * upload_rate), and the same clients by token hash (ascending), so that
+     * authenticating a request needs no database lookup. ---- */
+    uint64_t *clients;
+    double *tokens;
+    int64_t *refilled_ms;
+    size_t nclients, capclients;
+    srv_tok_entry *toks;
+    uint8_t admin_hash[STRATA_STORE_HASH_LEN];
+
+    /* ---- admin.c: controls (persisted as store counters) ---- */
+    int paused, stopped;
+    int stopping_round; /* an admin stop waits for the group commit in flight */
+
+    /* ---- round.c: the open round ---- */
+    uint32_t next_round; /* the open round, or the next to open */
+    uint64_t version;    /* current global model version */
+    int open, closing, finished;
+    uint64_t *selected; /* ascending */
+    size_t nselected;
+    uint8_t *reported; /* per selected client */
+    size_t nreported;
+    strata_budget *budgets;
+    char *task_json;
+    int64_t opened_ms, deadline_ms;
+    uint64_t uplink, downlink;
+    double last_acc, last_loss, last_agg_s, last_round_s; /* the last round closed */
+    int have_last;
+    srv_waiter *waiters; /* parked long-polls */
+    size_t nwaiters, capwaiters;
+
+    /* ---- models.c: the current version, encoded ---- */
+    srv_model_blob cache;   /* version `version`, raw and zstd */
+    strata_zctx *zctx;      /* the cache's encoder: start-up and the round thread */
+    strata_zctx *old_zctx;  /* older versions' encoder, under old_mu */
+    pthread_mutex_t old_mu; /* guards old_zctx only */
+
+    /* ---- metrics.c: counters (atomics; no lock) ---- */
+    _Atomic int64_t ctr[SRV_CTR_COUNT], pending[SRV_CTR_COUNT];
+
+    /* ---- upload.c: group commit. Prepared uploads queue here; one uploader
+     * at a time (committing) commits all queued ones in one transaction. ---- */
+    srv_pending_upload *queue, *queue_tail;
+    int committing;
+    pthread_cond_t commit_cv;
+};
+
+/* ---- result.c ---- */
+
+/* Sets r to outcome o with j (a jansson value, stolen; may be NULL after a
+ * failed allocation, then r is SRV_E_INTERNAL) dumped compactly in key
+ * order as the JSON body. */
+void srv__result_json(srv_result *r, srv_outcome o, struct json_t *j);
+
+/* ---- engine.c ---- */
+
+/* Writes the path of the server optimiser's state saved with model version
+ * v (STATE_DIR/checkpoints/server-opt-V.safetensors) into buf: the one place
+ * that composes it. */
+void srv__opt_path(const srv_engine *e, uint64_t v, char *buf, size_t cap);
+
+/* ---- admin.c ---- */
+
+/* The federation's state name for /v1/status and admin answers: "stopped",
+ * "finished", "paused", "running" or "waiting". Lock held. */
+const char *srv__state_name(const srv_engine *e);
+
+/* Reads the persisted controls (paused, stopped) at start-up. */
+int srv__admin_load(srv_engine *e, strata_diag *d);
+
+#endif

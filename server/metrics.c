@@ -1,0 +1,214 @@
+/* The coordinator's counters and the /metrics text (see metrics.h and
+ * srv_engine_metrics in engine.h).
+ *
+ * May call: the store (counters), result.c, libstrata (buf, log). */
+#include "metrics.h"
+
+#include "engine_internal.h"
+
+#include "strata/buf.h"
+#include "strata/log.h"
+
+#include <stdio.h>
+#include <string.h>
+
+static const char *const NAMES[SRV_CTR_COUNT] = {
+    [SRV_CTR_ROUNDS] = "rounds_completed_total",
+    [SRV_CTR_ACCEPTED] = "updates_accepted_total",
+    [SRV_CTR_BYTES_RX] = "bytes_received_total",
+    [SRV_CTR_BYTES_TX] = "bytes_sent_total",
+#define UPD(c, reason) [SRV_CTR_UPD_##c] = "updates_rejected_total{reason=\"" reason "\"}"
+    UPD(BAD_PAYLOAD, "bad_payload"),
+    UPD(TOO_LARGE, "too_large"),
+    UPD(INVALID, "invalid_update"),
+    UPD(NOT_SELECTED, "not_selected"),
+    UPD(ROUND_CLOSED, "round_closed"),
+    UPD(ROUND_NOT_OPEN, "round_not_open"),
+    UPD(UNAUTHORIZED, "unauthorized"),
+    UPD(FORBIDDEN, "forbidden"),
+    UPD(RATE_LIMITED, "rate_limited"),
+    UPD(MEDIA_TYPE, "unsupported_media_type"),
+#undef UPD
+#define REQ(c, reason) [SRV_CTR_REQ_##c] = "requests_rejected_total{reason=\"" reason "\"}"
+    REQ(BAD_REQUEST, "bad_request"),
+    REQ(BAD_PAYLOAD, "bad_payload"),
+    REQ(TOO_LARGE, "too_large"),
+    REQ(UNAUTHORIZED, "unauthorized"),
+    REQ(BAD_SECRET, "bad_secret"),
+    REQ(FORBIDDEN, "forbidden"),
+    REQ(NOT_FOUND, "not_found"),
+    REQ(METHOD_NOT_ALLOWED, "method_not_allowed"),
+    REQ(UNSUPPORTED_MEDIA_TYPE, "unsupported_media_type"),
+    REQ(INVALID_UPDATE, "invalid_update"),
+    REQ(NOT_SELECTED, "not_selected"),
+    REQ(ROUND_CLOSED, "round_closed"),
+    REQ(ROUND_NOT_OPEN, "round_not_open"),
+    REQ(RATE_LIMITED, "rate_limited"),
+    REQ(TOO_MANY_CLIENTS, "too_many_clients"),
+    REQ(FINISHED, "finished"),
+    REQ(ROUND_CLOSING, "round_closing"),
+    REQ(REQUEST_TIMEOUT, "request_timeout"),
+    REQ(OTHER, "other"),
+#undef REQ
+};
+
+/* requests_rejected_total by outcome; SRV_CTR_REQ_OTHER for an outcome
+ * without its own counter. 0 (SRV_CTR_ROUNDS) marks "none" here: it is
+ * never a refusal's counter. */
+static const srv_counter REQ_OF[SRV_OUTCOME_COUNT] = {
+    [SRV_E_BAD_REQUEST] = SRV_CTR_REQ_BAD_REQUEST,
+    [SRV_E_BAD_PAYLOAD] = SRV_CTR_REQ_BAD_PAYLOAD,
+    [SRV_E_TOO_LARGE] = SRV_CTR_REQ_TOO_LARGE,
+    [SRV_E_UNAUTHORIZED] = SRV_CTR_REQ_UNAUTHORIZED,
+    [SRV_E_BAD_SECRET] = SRV_CTR_REQ_BAD_SECRET,
+    [SRV_E_FORBIDDEN] = SRV_CTR_REQ_FORBIDDEN,
+    [SRV_E_NOT_FOUND] = SRV_CTR_REQ_NOT_FOUND,
+    [SRV_E_METHOD_NOT_ALLOWED] = SRV_CTR_REQ_METHOD_NOT_ALLOWED,
+    [SRV_E_UNSUPPORTED_MEDIA_TYPE] = SRV_CTR_REQ_UNSUPPORTED_MEDIA_TYPE,
+    [SRV_E_INVALID_UPDATE] = SRV_CTR_REQ_INVALID_UPDATE,
+    [SRV_E_NOT_SELECTED] = SRV_CTR_REQ_NOT_SELECTED,
+    [SRV_E_ROUND_CLOSED] = SRV_CTR_REQ_ROUND_CLOSED,
+    [SRV_E_ROUND_NOT_OPEN] = SRV_CTR_REQ_ROUND_NOT_OPEN,
+    [SRV_E_RATE_LIMITED] = SRV_CTR_REQ_RATE_LIMITED,
+    [SRV_E_TOO_MANY_CLIENTS] = SRV_CTR_REQ_TOO_MANY_CLIENTS,
+    [SRV_E_FINISHED] = SRV_CTR_REQ_FINISHED,
+    [SRV_E_ROUND_CLOSING] = SRV_CTR_REQ_ROUND_CLOSING,
+    [SRV_E_REQUEST_TIMEOUT] = SRV_CTR_REQ_REQUEST_TIMEOUT,
+};
+
+/* updates_rejected_total by outcome; SRV_CTR_ROUNDS: not counted there. */
+static const srv_counter UPD_OF[SRV_OUTCOME_COUNT] = {
+    [SRV_E_BAD_PAYLOAD] = SRV_CTR_UPD_BAD_PAYLOAD,
+    [SRV_E_TOO_LARGE] = SRV_CTR_UPD_TOO_LARGE,
+    [SRV_E_INVALID_UPDATE] = SRV_CTR_UPD_INVALID,
+    [SRV_E_NOT_SELECTED] = SRV_CTR_UPD_NOT_SELECTED,
+    [SRV_E_ROUND_CLOSED] = SRV_CTR_UPD_ROUND_CLOSED,
+    [SRV_E_ROUND_NOT_OPEN] = SRV_CTR_UPD_ROUND_NOT_OPEN,
+    [SRV_E_UNAUTHORIZED] = SRV_CTR_UPD_UNAUTHORIZED,
+    [SRV_E_FORBIDDEN] = SRV_CTR_UPD_FORBIDDEN,
+    [SRV_E_RATE_LIMITED] = SRV_CTR_UPD_RATE_LIMITED,
+    [SRV_E_UNSUPPORTED_MEDIA_TYPE] = SRV_CTR_UPD_MEDIA_TYPE,
+};
+
+void srv__ctr_add(srv_engine *e, srv_counter c, int64_t d)
+{
+    atomic_fetch_add(&e->ctr[c], d);
+    atomic_fetch_add(&e->pending[c], d);
+}
+
+void srv__metrics_flush(srv_engine *e)
+{
+    strata_store_counter deltas[SRV_CTR_COUNT];
+    size_t n = 0;
+    int64_t taken[SRV_CTR_COUNT];
+    for (int c = 0; c < SRV_CTR_COUNT; c++) {
+        taken[c] =
+            c == SRV_CTR_ROUNDS || c == SRV_CTR_ACCEPTED ? 0 : atomic_exchange(&e->pending[c], 0);
+        if (taken[c] != 0) {
+            snprintf(deltas[n].name, sizeof(deltas[n].name), "%s", NAMES[c]);
+            deltas[n++].value = taken[c];
+        }
+    }
+    strata_diag d = {{0}};
+    if (n > 0 && strata_store_counter_add_many(e->store, deltas, n, &d) < 0) {
+        strata_log_error("saving counters: %s", d.msg);
+        for (int c = 0; c < SRV_CTR_COUNT; c++)
+            atomic_fetch_add(&e->pending[c], taken[c]);
+    }
+}
+
+int srv__metrics_load(srv_engine *e, strata_diag *d)
+{
+    for (int c = 0; c < SRV_CTR_COUNT; c++) {
+        int64_t v = 0;
+        int rc = strata_store_counter_get(e->store, NAMES[c], &v, d);
+        if (rc < 0)
+            return rc;
+        e->ctr[c] = v;
+    }
+    return 0;
+}
+
+void srv_engine_count_bytes(srv_engine *e, uint64_t in, uint64_t out)
+{
+    if (in)
+        srv__ctr_add(e, SRV_CTR_BYTES_RX, (int64_t)in);
+    if (out)
+        srv__ctr_add(e, SRV_CTR_BYTES_TX, (int64_t)out);
+}
+
+void srv_engine_count_refused(srv_engine *e, srv_outcome o)
+{
+    srv_counter c = o >= SRV_E_FIRST && o < SRV_OUTCOME_COUNT ? REQ_OF[o] : SRV_CTR_ROUNDS;
+    srv__ctr_add(e, c != SRV_CTR_ROUNDS ? c : SRV_CTR_REQ_OTHER, 1);
+}
+
+void srv_engine_count_update_refused(srv_engine *e, srv_outcome o)
+{
+    srv_counter c = o >= SRV_E_FIRST && o < SRV_OUTCOME_COUNT ? UPD_OF[o] : SRV_CTR_ROUNDS;
+    if (c != SRV_CTR_ROUNDS)
+        srv__ctr_add(e, c, 1);
+}
+
+void srv_engine_metrics(srv_engine *e, srv_result *r)
+{
+    static const char *const help[][2] = {
+        {"rounds_completed_total", "Rounds closed."},
+        {"updates_accepted_total", "Updates accepted."},
+        {"bytes_received_total", "Request body bytes received."},
+        {"bytes_sent_total", "Response body bytes sent."},
+        {"updates_rejected_total", "Updates refused, by reason."},
+        {"requests_rejected_total", "Requests answered with an error, by error code."}};
+    strata_buf b;
+    strata_buf_init(&b, 1 << 20);
+    int rc = strata_buf_reserve(&b, 16384);
+    pthread_mutex_lock(&e->mu);
+    char prev[64] = "";
+    for (int c = 0; rc == 0 && c < SRV_CTR_COUNT; c++) {
+        char base[64];
+        snprintf(base, sizeof(base), "%s", NAMES[c]);
+        base[strcspn(base, "{")] = '\0';
+        if (strcmp(base, prev) != 0) {
+            const char *h = "";
+            for (size_t i = 0; i < sizeof(help) / sizeof(help[0]); i++)
+                if (strcmp(help[i][0], base) == 0)
+                    h = help[i][1];
+            rc = strata_buf_appendf(&b, "# HELP strata_%s %s\n# TYPE strata_%s counter\n", base, h,
+                                    base);
+            snprintf(prev, sizeof(prev), "%s", base);
+        }
+        if (rc == 0)
+            rc = strata_buf_appendf(&b, "strata_%s %lld\n", NAMES[c],
+                                    (long long)atomic_load(&e->ctr[c]));
+    }
+    if (rc == 0)
+        rc = strata_buf_appendf(
+            &b,
+            "# HELP strata_paused 1 while an operator has paused the federation.\n"
+            "# TYPE strata_paused gauge\nstrata_paused %d\n"
+            "# HELP strata_aggregation_seconds Server aggregation time of the last round.\n"
+            "# TYPE strata_aggregation_seconds gauge\nstrata_aggregation_seconds %.6f\n"
+            "# HELP strata_round_duration_seconds Duration of the last round.\n"
+            "# TYPE strata_round_duration_seconds gauge\nstrata_round_duration_seconds %.3f\n"
+            "# HELP strata_accuracy Test accuracy of the last evaluation.\n"
+            "# TYPE strata_accuracy gauge\nstrata_accuracy %.6f\n"
+            "# HELP strata_loss Test loss of the last evaluation.\n"
+            "# TYPE strata_loss gauge\nstrata_loss %.6f\n"
+            "# HELP strata_registered_clients Registered clients.\n"
+            "# TYPE strata_registered_clients gauge\nstrata_registered_clients %zu\n"
+            "# HELP strata_round Current (open or next) round.\n"
+            "# TYPE strata_round gauge\nstrata_round %u\n"
+            "# HELP strata_model_version Current global model version.\n"
+            "# TYPE strata_model_version gauge\nstrata_model_version %llu\n",
+            e->paused, e->last_agg_s, e->last_round_s, e->last_acc, e->last_loss, e->nclients,
+            e->next_round, (unsigned long long)e->version);
+    pthread_mutex_unlock(&e->mu);
+    if (rc < 0) {
+        strata_buf_cleanup(&b);
+        srv_result_internal(r, "metrics text too long");
+        return;
+    }
+    size_t len = 0;
+    uint8_t *text = strata_buf_take(&b, &len);
+    srv_result_take(r, SRV_OK, SRV_MEDIA_EXPOSITION, text, len);
+}

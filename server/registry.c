@@ -1,0 +1,309 @@
+/* The client registry: registration, the in-memory token index (clients by
+ * token hash, so that authenticating a request needs no database lookup),
+ * bearer-token parsing, the admin token, and the per-client upload-rate
+ * buckets. Its part of struct srv_engine is marked in engine_internal.h.
+ *
+ * May call: the store (clients, SHA-256), request.h (the registration body),
+ * libstrata (fileio: token files and random tokens; clock; log). */
+#include "registry.h"
+
+#include "engine_internal.h"
+
+#include "strata/clock.h"
+#include "strata/fileio.h"
+#include "strata/log.h"
+
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#define TOKEN_MAX 256
+
+static int cmp_u64(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+ptrdiff_t srv__id_find(const uint64_t *v, size_t n, uint64_t x)
+{
+    const uint64_t *p = n ? bsearch(&x, v, n, sizeof(*v), cmp_u64) : NULL;
+    return p ? p - v : -1;
+}
+
+void srv__id_sort(uint64_t *v, size_t n)
+{
+    qsort(v, n, sizeof(*v), cmp_u64);
+}
+
+static int cmp_tok(const void *a, const void *b)
+{
+    return memcmp(a, b, STRATA_STORE_HASH_LEN);
+}
+
+/* Adds a registered client (ids arrive ascending) and its token hash. Lock
+ * held (or start-up). */
+static int add_client(srv_engine *e, uint64_t id, const uint8_t hash[STRATA_STORE_HASH_LEN])
+{
+    if (e->nclients == e->capclients) {
+        size_t cap = e->capclients ? e->capclients * 2 : 64;
+        uint64_t *p = realloc(e->clients, cap * sizeof(*p));
+        if (p != NULL)
+            e->clients = p;
+        double *t = realloc(e->tokens, cap * sizeof(*t));
+        if (t != NULL)
+            e->tokens = t;
+        int64_t *m = realloc(e->refilled_ms, cap * sizeof(*m));
+        if (m != NULL)
+            e->refilled_ms = m;
+        srv_tok_entry *k = realloc(e->toks, cap * sizeof(*k));
+        if (k != NULL)
+            e->toks = k;
+        if (p == NULL || t == NULL || m == NULL || k == NULL)
+            return STRATA_ENOMEM;
+        e->capclients = cap;
+    }
+    size_t at = 0, hi = e->nclients; /* insertion point by hash */
+    while (at < hi) {
+        size_t mid = at + (hi - at) / 2;
+        if (memcmp(e->toks[mid].hash, hash, STRATA_STORE_HASH_LEN) < 0)
+            at = mid + 1;
+        else
+            hi = mid;
+    }
+    memmove(&e->toks[at + 1], &e->toks[at], (e->nclients - at) * sizeof(*e->toks));
+    memcpy(e->toks[at].hash, hash, STRATA_STORE_HASH_LEN);
+    e->toks[at].id = id;
+    e->tokens[e->nclients] = (double)e->cfg->upload_rate;
+    e->refilled_ms[e->nclients] = strata_clock_unix_ms();
+    e->clients[e->nclients++] = id; /* ids grow, the array stays sorted */
+    return 0;
+}
+
+/* 1 when tok is 1 to TOKEN_MAX printable characters without spaces. */
+static int bearer_token_ok(const char *tok)
+{
+    size_t n = strlen(tok);
+    if (n == 0 || n > TOKEN_MAX)
+        return 0;
+    for (size_t i = 0; i < n; i++)
+        if (tok[i] <= 0x20 || tok[i] >= 0x7f)
+            return 0;
+    return 1;
+}
+
+/* The token of an "Authorization: Bearer TOKEN" value, or NULL. */
+static const char *bearer(const char *h)
+{
+    if (h == NULL || strncasecmp(h, "Bearer ", 7) != 0)
+        return NULL;
+    return bearer_token_ok(h + 7) ? h + 7 : NULL;
+}
+
+static int hash_equal(const uint8_t *a, const uint8_t *b)
+{
+    unsigned diff = 0;
+    for (int i = 0; i < STRATA_STORE_HASH_LEN; i++)
+        diff |= (unsigned)(a[i] ^ b[i]);
+    return diff == 0;
+}
+
+/* Looks a bearer token up among the clients: 1 and the id when found, 0
+ * when not. Takes the lock. */
+static int client_of_token(srv_engine *e, const char *tok, uint64_t *client_id)
+{
+    uint8_t hash[STRATA_STORE_HASH_LEN];
+    strata_store_sha256(tok, strlen(tok), hash);
+    pthread_mutex_lock(&e->mu);
+    const srv_tok_entry *k =
+        e->nclients ? bsearch(hash, e->toks, e->nclients, sizeof(*e->toks), cmp_tok) : NULL;
+    *client_id = k ? k->id : 0;
+    pthread_mutex_unlock(&e->mu);
+    return k != NULL;
+}
+
+int srv_engine_auth(srv_engine *e, const char *h, uint64_t *client_id, srv_result *r)
+{
+    *client_id = 0;
+    const char *tok = bearer(h);
+    if (tok == NULL) {
+        srv_result_error(r, SRV_E_UNAUTHORIZED, "missing or malformed bearer token");
+        return STRATA_EPROTO;
+    }
+    if (!client_of_token(e, tok, client_id)) {
+        srv_result_error(r, SRV_E_UNAUTHORIZED, "unknown token");
+        return STRATA_EPROTO;
+    }
+    return STRATA_OK;
+}
+
+int srv_engine_admin_auth(srv_engine *e, const char *h, srv_result *r)
+{
+    const char *tok = bearer(h);
+    if (tok == NULL) {
+        srv_result_error(r, SRV_E_UNAUTHORIZED, "missing or malformed admin bearer token");
+        return STRATA_EPROTO;
+    }
+    uint8_t hash[STRATA_STORE_HASH_LEN];
+    strata_store_sha256(tok, strlen(tok), hash);
+    if (hash_equal(hash, e->admin_hash))
+        return STRATA_OK;
+    uint64_t id = 0;
+    if (client_of_token(e, tok, &id))
+        srv_result_error(r, SRV_E_FORBIDDEN, "client %llu's token cannot use admin endpoints",
+                         (unsigned long long)id);
+    else
+        srv_result_error(r, SRV_E_UNAUTHORIZED, "unknown admin token");
+    return STRATA_EPROTO;
+}
+
+int srv_engine_rate_take(srv_engine *e, uint64_t client_id, srv_result *r)
+{
+    double per_ms = (double)e->cfg->upload_rate / 60000.0, cap = (double)e->cfg->upload_rate;
+    pthread_mutex_lock(&e->mu);
+    ptrdiff_t k = srv__id_find(e->clients, e->nclients, client_id);
+    int ok = 1;
+    double wait_ms = 0;
+    if (k >= 0) {
+        int64_t now = strata_clock_unix_ms();
+        double t = e->tokens[k] + (double)(now - e->refilled_ms[k]) * per_ms;
+        t = t > cap ? cap : t;
+        e->refilled_ms[k] = now;
+        ok = t >= 1.0;
+        e->tokens[k] = ok ? t - 1.0 : t;
+        wait_ms = ok ? 0 : (1.0 - t) / per_ms;
+    }
+    pthread_mutex_unlock(&e->mu);
+    if (ok)
+        return STRATA_OK;
+    srv__ctr_add(e, SRV_CTR_UPD_RATE_LIMITED, 1);
+    srv_result_error(r, SRV_E_RATE_LIMITED, "more than %ld uploads in a minute from this client",
+                     e->cfg->upload_rate);
+    r->retry_after = (int)ceil(wait_ms / 1000.0);
+    if (r->retry_after < 1)
+        r->retry_after = 1;
+    return STRATA_ESTATE;
+}
+
+void srv_engine_register(srv_engine *e, const uint8_t *body, size_t len, srv_result *r)
+{
+    srv_register_req rq;
+    strata_diag pd = {{0}};
+    int prc = srv_request_register(body, len, &e->jlim, &rq, &pd);
+    if (prc < 0) {
+        srv_result_error(r, prc == STRATA_ETOOBIG ? SRV_E_TOO_LARGE : SRV_E_BAD_REQUEST, "%s",
+                         strata_diag_msg(&pd, prc));
+        return;
+    }
+    if (!srv_secret_equal(rq.secret, e->cfg->enrolment_secret)) {
+        srv_result_error(r, SRV_E_BAD_SECRET, "wrong enrolment_secret");
+        return;
+    }
+    const char *name = rq.has_name ? rq.name : NULL;
+    uint8_t hash[STRATA_STORE_HASH_LEN];
+    char tok[STRATA_TOKEN_HEX + 1];
+    strata_diag td = {{0}};
+    if (strata_random_token(tok, &td) < 0) {
+        srv_result_internal(r, strata_diag_msg(&td, STRATA_EIO));
+        return;
+    }
+    strata_store_sha256(tok, STRATA_TOKEN_HEX, hash);
+    uint64_t id = 0;
+    strata_diag d = {{0}};
+    pthread_mutex_lock(&e->mu);
+    if (e->nclients >= (size_t)e->cfg->max_clients) {
+        pthread_mutex_unlock(&e->mu);
+        srv_result_error(r, SRV_E_TOO_MANY_CLIENTS, "the federation is full (%ld clients)",
+                         e->cfg->max_clients);
+        return;
+    }
+    int rc = strata_store_client_add(e->store, hash, name, &id, &d);
+    if (rc == 0)
+        rc = add_client(e, id, hash);
+    pthread_cond_broadcast(&e->cv);
+    pthread_mutex_unlock(&e->mu);
+    if (rc < 0)
+        srv_result_internal(r, strata_diag_msg(&d, rc));
+    else
+        srv__result_json(r, SRV_CREATED,
+                         json_pack("{s:I,s:s}", "client_id", (json_int_t)id, "token", tok));
+}
+
+/* Every registered client of the store, by id. */
+static int load_clients(srv_engine *e, strata_diag *d)
+{
+    uint64_t count = 0;
+    int rc = strata_store_client_count(e->store, &count, d);
+    /* Ids are assigned ascending from 1 and never deleted; allow gaps. */
+    for (uint64_t id = 1, misses = 0; rc == 0 && e->nclients < count && misses < 100000; id++) {
+        strata_store_client cl;
+        int found = 0;
+        rc = strata_store_client_get(e->store, id, &cl, &found, d);
+        if (rc == 0 && found)
+            rc = add_client(e, id, cl.token_hash);
+        else
+            misses++;
+    }
+    return rc;
+}
+
+/* The admin token file: cfg admin_token_file, else STATE_DIR/admin.token.
+ * The one place that composes this path. */
+static void admin_token_path(const srv_engine *e, char *buf, size_t cap)
+{
+    if (e->cfg->admin_token_file != NULL)
+        snprintf(buf, cap, "%s", e->cfg->admin_token_file);
+    else
+        snprintf(buf, cap, "%s/admin.token", strata_store_dir(e->store));
+}
+
+/* Reads the admin token file, creating it with a random token (mode 0600)
+ * when it does not exist, and keeps the token's hash. */
+static int load_admin_token(srv_engine *e, strata_diag *d)
+{
+    char path[4200];
+    admin_token_path(e, path, sizeof(path));
+    char tok[TOKEN_MAX + 2];
+    size_t n = 0;
+    int rc = strata_file_read_line(path, tok, sizeof(tok), &n, d);
+    if (rc == STRATA_ESTATE) { /* first start: make one */
+        if ((rc = strata_random_token(tok, d)) < 0)
+            return rc;
+        tok[STRATA_TOKEN_HEX] = '\n';
+        if ((rc = strata_file_write_atomic(path, tok, STRATA_TOKEN_HEX + 1, 0600, d)) < 0)
+            return rc;
+        strata_log_info("new admin token in %s", path);
+        rc = strata_file_read_line(path, tok, sizeof(tok), &n, d);
+    }
+    if (rc < 0 && rc != STRATA_ETOOBIG)
+        return rc; /* diag names the file and the error */
+    if (rc < 0 || n < 16 || bearer_token_ok(tok) == 0)
+        return strata_diag_set(d, STRATA_EINVAL,
+                               "admin_token_file: %s: the first line must be a token of 16 to %d "
+                               "printable characters without spaces",
+                               path, TOKEN_MAX);
+    strata_store_sha256(tok, n, e->admin_hash);
+    return 0;
+}
+
+int srv__registry_load(srv_engine *e, strata_diag *d)
+{
+    int rc = load_clients(e, d);
+    return rc < 0 ? rc : load_admin_token(e, d);
+}
+
+void srv__registry_cleanup(srv_engine *e)
+{
+    free(e->clients);
+    free(e->tokens);
+    free(e->refilled_ms);
+    free(e->toks);
+    e->clients = NULL;
+    e->tokens = NULL;
+    e->refilled_ms = NULL;
+    e->toks = NULL;
+    e->nclients = e->capclients = 0;
+}

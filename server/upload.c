@@ -1,0 +1,339 @@
+/* The upload pipeline (see upload.h and srv_engine_upload in engine.h).
+ *
+ * An upload is decoded once (strata_payload_decode, the model's limits) and
+ * validated once against the round's task under the lock. When it looks
+ * acceptable, the slow half of the durable write (the payload file, written
+ * and fsync'ed) runs before the lock, so uploads overlap their fsyncs, and
+ * the upload joins a group commit: one transaction for every upload queued
+ * meanwhile, on the second store connection, with the lock released. An
+ * upload a batch did not take (no longer acceptable when the batch formed,
+ * or no prepared file) goes on alone, never beside a group commit, so that
+ * the store's order stays the aggregation's. Either way an acknowledged
+ * update passes through accept_update exactly once. */
+#include "upload.h"
+
+#include "engine_internal.h"
+
+#include "strata/log.h"
+
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* An upload whose payload file is prepared, waiting for a group commit. */
+struct srv_pending_upload {
+    strata_store_pending *pend;
+    const strata_payload *p;
+    uint32_t round;
+    uint64_t client_id;
+    size_t len;
+    ptrdiff_t k; /* index among the selected clients */
+    int done;    /* decided */
+    int taken;   /* committed in a batch (else: the caller goes on alone) */
+    int rc;      /* the batch's result for it */
+    strata_store_receipt rec;
+    strata_store_verdict v;
+    char msg[256]; /* the error, when rc < 0 */
+    struct srv_pending_upload *next;
+};
+
+/* Checks a decoded update against the open round's task. Lock held.
+ * Returns 0, or -1 with the reason in msg. */
+static int validate(const srv_engine *e, const strata_payload *p, uint32_t round, char *msg,
+                    size_t mlen)
+{
+    if (p->round != round) {
+        snprintf(msg, mlen, "header round %u does not match the URL's round %u", p->round, round);
+        return -1;
+    }
+    if (p->model_version != e->version) {
+        snprintf(msg, mlen, "header model_version %llu, the round's model is version %llu",
+                 (unsigned long long)p->model_version, (unsigned long long)e->version);
+        return -1;
+    }
+    if (p->sample_count == 0 || (double)p->sample_count > STRATA_AGG_MAX_WEIGHT) {
+        snprintf(msg, mlen, "sample_count %llu: expected 1 to 1e12",
+                 (unsigned long long)p->sample_count);
+        return -1;
+    }
+    if (p->num_layers != e->nlayers) {
+        snprintf(msg, mlen, "%zu layers, the model has %zu", p->num_layers, e->nlayers);
+        return -1;
+    }
+    for (size_t i = 0; i < e->nlayers; i++) {
+        const strata_clayer *l = &p->layers[i];
+        const strata_budget *b = &e->budgets[i];
+        const char *nm = e->names[i];
+        if (l->layer_index != i) {
+            snprintf(msg, mlen, "layer %zu (%s) is missing", i, nm);
+            return -1;
+        }
+        if (l->numel != e->numel[i]) {
+            snprintf(msg, mlen, "layer %zu (%s): %llu elements, expected %zu", i, nm,
+                     (unsigned long long)l->numel, e->numel[i]);
+            return -1;
+        }
+        if (l->comp != b->comp) {
+            snprintf(msg, mlen, "layer %zu (%s): compressor %s, the task says %s", i, nm,
+                     strata_comp_name(l->comp), strata_comp_name(b->comp));
+            return -1;
+        }
+        int uses_vf = l->comp == STRATA_COMP_NONE || l->comp == STRATA_COMP_TOPK ||
+                      l->comp == STRATA_COMP_RANDK || l->comp == STRATA_COMP_POWERSGD;
+        if (uses_vf && l->values_format != e->cfg->values_format) {
+            snprintf(msg, mlen, "layer %zu (%s): values %s, the task says %s", i, nm,
+                     strata_values_name(l->values_format),
+                     strata_values_name(e->cfg->values_format));
+            return -1;
+        }
+        if ((l->comp == STRATA_COMP_TOPK || l->comp == STRATA_COMP_RANDK) &&
+            l->count != strata_comp_kept(b->density, l->numel)) {
+            snprintf(msg, mlen,
+                     "layer %zu (%s): %llu kept elements, the budget (density %g) is %llu", i, nm,
+                     (unsigned long long)l->count, b->density,
+                     (unsigned long long)strata_comp_kept(b->density, l->numel));
+            return -1;
+        }
+        if ((l->comp == STRATA_COMP_QSGD && l->levels != b->levels) ||
+            (l->comp == STRATA_COMP_POWERSGD && l->rank != b->rank)) {
+            snprintf(msg, mlen, "layer %zu (%s): levels/rank differ from the budget", i, nm);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* The one accept step: an update the store just acknowledged (not a
+ * duplicate) of the selected client k joins the round. FedAvg streams it
+ * into the aggregate; a robust rule reads the stored update at close
+ * instead. Lock held. */
+static void accept_update(srv_engine *e, const strata_payload *p, uint32_t round, ptrdiff_t k,
+                          size_t len)
+{
+    if (e->method == STRATA_ROBUST_FEDAVG) {
+        strata_diag d = {{0}};
+        int rc = strata_agg_add_clipped(e->agg, p->layers, p->num_layers, (double)p->sample_count,
+                                        e->cfg->clip_norm, NULL, &d);
+        if (rc < 0) /* validate() and the decoder make this unreachable */
+            strata_log_error("round %u: stored update not aggregated: %s", round,
+                             strata_diag_msg(&d, rc));
+    }
+    e->reported[k] = 1;
+    e->nreported++;
+    e->uplink += len;
+    srv__ctr_add(e, SRV_CTR_ACCEPTED, 1);
+    pthread_cond_broadcast(&e->cv);
+}
+
+static void receipt_result(srv_result *r, uint32_t round, const strata_store_receipt *rc)
+{
+    srv__result_json(r, SRV_OK,
+                     json_pack("{s:I,s:s,s:b}", "round", (json_int_t)round, "receipt", rc->id,
+                               "duplicate", rc->duplicate ? 1 : 0));
+}
+
+/* Answers a store refusal, counted. */
+static void verdict_result(srv_engine *e, srv_result *r, uint32_t round, strata_store_verdict v)
+{
+    if (v == STRATA_STORE_REJECT_NOT_SELECTED) {
+        srv__ctr_add(e, SRV_CTR_UPD_NOT_SELECTED, 1);
+        srv_result_error(r, SRV_E_NOT_SELECTED, "this client was not selected for round %u", round);
+    } else if (v == STRATA_STORE_REJECT_ROUND_CLOSED) {
+        srv__ctr_add(e, SRV_CTR_UPD_ROUND_CLOSED, 1);
+        srv_result_error(r, SRV_E_ROUND_CLOSED, "round %u is closed", round);
+    } else {
+        srv__ctr_add(e, SRV_CTR_UPD_ROUND_NOT_OPEN, 1);
+        srv_result_error(r, SRV_E_ROUND_NOT_OPEN, "round %u has not opened", round);
+    }
+}
+
+/* The result of a store put or commit: receipt, refusal or internal. */
+static void stored_result(srv_engine *e, srv_result *r, uint32_t round, int rc,
+                          const strata_store_receipt *rec, strata_store_verdict v, const char *msg)
+{
+    if (rc == STRATA_ESTATE)
+        verdict_result(e, r, round, v);
+    else if (rc < 0)
+        srv_result_internal(r, msg);
+    else
+        receipt_result(r, round, rec);
+}
+
+/* Queues u and returns once it is decided (lock held on entry and exit).
+ * The first waiting uploader that finds no commit in flight becomes the
+ * committer: it takes the queued uploads that are still acceptable (the
+ * open round, not closing, client selected and not yet reported), commits
+ * them in one transaction on the second store connection with the lock
+ * released (so that more uploads queue meanwhile), then, under the lock,
+ * accepts the acknowledged ones. The round cannot start closing while a
+ * batch is in flight (ready_to_close), so every acknowledged update is
+ * aggregated. An upload no longer acceptable is handed back untaken. */
+static void group_commit(srv_engine *e, srv_pending_upload *u)
+{
+    u->next = NULL;
+    if (e->queue_tail != NULL)
+        e->queue_tail->next = u;
+    else
+        e->queue = u;
+    e->queue_tail = u;
+    while (!u->done) {
+        if (e->committing) {
+            pthread_cond_wait(&e->commit_cv, &e->mu);
+            continue;
+        }
+        e->committing = 1;
+        srv_pending_upload *batch[SRV_BATCH_MAX];
+        strata_store_pending *pp[SRV_BATCH_MAX];
+        size_t n = 0;
+        while (e->queue != NULL && n < SRV_BATCH_MAX) {
+            srv_pending_upload *q = e->queue;
+            e->queue = q->next;
+            if (e->queue == NULL)
+                e->queue_tail = NULL;
+            q->k = e->open && q->round == e->next_round && !e->closing && !e->stopping_round
+                       ? srv__id_find(e->selected, e->nselected, q->client_id)
+                       : -1;
+            if (q->k < 0 || e->reported[q->k]) {
+                q->done = 1; /* untaken: its uploader answers alone */
+                continue;
+            }
+            pp[n] = q->pend;
+            batch[n++] = q;
+        }
+        if (n > 0) {
+            strata_store_receipt recs[SRV_BATCH_MAX];
+            strata_store_verdict vs[SRV_BATCH_MAX];
+            int results[SRV_BATCH_MAX];
+            strata_diag d = {{0}};
+            pthread_mutex_unlock(&e->mu);
+            int rc = strata_store_update_commit_many(e->wstore, pp, n, recs, vs, results, &d);
+            pthread_mutex_lock(&e->mu);
+            for (size_t i = 0; i < n; i++) {
+                srv_pending_upload *q = batch[i];
+                q->pend = NULL; /* the commit took it */
+                q->taken = 1;
+                q->rc = results[i];
+                q->rec = recs[i];
+                q->v = vs[i];
+                if (rc < 0)
+                    snprintf(q->msg, sizeof(q->msg), "%s", strata_diag_msg(&d, rc));
+                if (q->rc == 0 && !q->rec.duplicate && !e->reported[q->k])
+                    accept_update(e, q->p, q->round, q->k, q->len);
+                q->done = 1;
+            }
+        }
+        e->committing = 0;
+        pthread_cond_broadcast(&e->commit_cv);
+        pthread_cond_broadcast(&e->cv);
+    }
+}
+
+/* Decides an upload that no batch took, alone (lock held on entry and
+ * exit): pend is its prepared file or NULL (taken by a commit, or freed by
+ * the caller when still set on return via *pend). */
+static void upload_alone(srv_engine *e, uint64_t cid, uint32_t round, const strata_payload *p,
+                         const uint8_t *body, size_t len, strata_store_pending **pend,
+                         srv_result *r)
+{
+    /* Never beside a group commit, so the store's order stays the
+     * aggregation's. */
+    while (e->committing)
+        pthread_cond_wait(&e->commit_cv, &e->mu);
+    strata_diag d = {{0}};
+    strata_store_receipt rec;
+    strata_store_verdict v = STRATA_STORE_ACCEPTED;
+    char msg[512];
+    ptrdiff_t k =
+        e->open && round == e->next_round ? srv__id_find(e->selected, e->nselected, cid) : -1;
+    if (e->open && round == e->next_round && !e->closing && (k < 0 || !e->reported[k])) {
+        if (k < 0) {
+            verdict_result(e, r, round, STRATA_STORE_REJECT_NOT_SELECTED);
+            return;
+        }
+        if (validate(e, p, round, msg, sizeof(msg)) < 0) {
+            srv__ctr_add(e, SRV_CTR_UPD_INVALID, 1);
+            srv_result_error(r, SRV_E_INVALID_UPDATE, "%s", msg);
+            return;
+        }
+        int rc = *pend != NULL ? strata_store_update_commit(e->store, *pend, &rec, &v, &d)
+                               : strata_store_update_put(e->store, round, cid, body, len,
+                                                         p->sample_count, &rec, &v, &d);
+        *pend = NULL; /* the commit took it */
+        if (rc == 0 && !rec.duplicate)
+            accept_update(e, p, round, k, len);
+        stored_result(e, r, round, rc, &rec, v, strata_diag_msg(&d, rc));
+    } else if (e->closing && round == e->next_round && (k < 0 || !e->reported[k])) {
+        verdict_result(e, r, round,
+                       k < 0 ? STRATA_STORE_REJECT_NOT_SELECTED : STRATA_STORE_REJECT_ROUND_CLOSED);
+    } else if (!e->open && round >= e->next_round) {
+        verdict_result(e, r, round, STRATA_STORE_REJECT_UNKNOWN_ROUND);
+    } else {
+        /* A closed round (or a repeat for the open one): the store answers
+         * duplicates with the original receipt and refuses the rest. */
+        int rc =
+            strata_store_update_put(e->store, round, cid, body, len, p->sample_count, &rec, &v, &d);
+        stored_result(e, r, round, rc, &rec, v, strata_diag_msg(&d, rc));
+    }
+}
+
+void srv_engine_upload(srv_engine *e, uint64_t cid, uint32_t round, const uint8_t *body, size_t len,
+                       srv_result *r)
+{
+    strata_diag d = {{0}};
+    strata_payload *p = NULL;
+    int rc = len > 0 ? strata_payload_decode(body, len, &e->limits, &p, &d) : STRATA_EPROTO;
+    if (rc == STRATA_ETOOBIG) {
+        /* The decoder's limits are the model's sizes: a well-formed payload
+         * that is larger than the model does not match it. */
+        srv__ctr_add(e, SRV_CTR_UPD_INVALID, 1);
+        srv_result_error(r, SRV_E_INVALID_UPDATE, "larger than the model: %s",
+                         strata_diag_msg(&d, rc));
+        return;
+    }
+    if (rc < 0) {
+        srv__ctr_add(e, SRV_CTR_UPD_BAD_PAYLOAD, 1);
+        srv_result_error(r, SRV_E_BAD_PAYLOAD, "%s",
+                         len == 0 ? "empty body" : strata_diag_msg(&d, rc));
+        return;
+    }
+    if (p->client_id != cid) {
+        srv__ctr_add(e, SRV_CTR_UPD_FORBIDDEN, 1);
+        srv_result_error(r, SRV_E_FORBIDDEN,
+                         "the payload is for client %llu; this token belongs to client %llu",
+                         (unsigned long long)p->client_id, (unsigned long long)cid);
+        strata_payload_free(p);
+        return;
+    }
+    /* The slow half of the durable write (the payload file, written and
+     * fsync'ed) runs before the lock when the upload looks acceptable, so
+     * uploads overlap their fsyncs; the commit under the lock decides. When
+     * it is not needed after all, or fails here, it is discarded and the
+     * checks of upload_alone answer as they would without it. */
+    strata_store_pending *pend = NULL;
+    pthread_mutex_lock(&e->mu);
+    ptrdiff_t k = e->open && round == e->next_round && !e->closing
+                      ? srv__id_find(e->selected, e->nselected, cid)
+                      : -1;
+    char msg[512];
+    int candidate = k >= 0 && !e->reported[k] && validate(e, p, round, msg, sizeof(msg)) == 0;
+    pthread_mutex_unlock(&e->mu);
+    if (candidate && strata_store_update_prepare(e->store, round, cid, body, len, p->sample_count,
+                                                 &pend, &d) < 0)
+        pend = NULL;
+    pthread_mutex_lock(&e->mu);
+    int taken = 0;
+    if (pend != NULL) {
+        srv_pending_upload u = {.pend = pend, .p = p, .round = round, .client_id = cid, .len = len};
+        group_commit(e, &u);
+        pend = u.pend; /* NULL when taken */
+        taken = u.taken;
+        if (taken)
+            stored_result(e, r, round, u.rc, &u.rec, u.v, u.msg);
+    }
+    if (!taken)
+        upload_alone(e, cid, round, p, body, len, &pend, r);
+    pthread_mutex_unlock(&e->mu);
+    strata_store_pending_free(pend);
+    strata_payload_free(p);
+}

@@ -1,0 +1,107 @@
+/* The client registry through the engine's C API: registration, token
+ * authentication, the admin token, the rate buckets. */
+#include "server_fixture.h"
+
+static void test_register_and_auth(void)
+{
+    char *dir = strata_test_tmpdir();
+    CU_ASSERT_PTR_NOT_NULL_FATAL(dir);
+    fix_engine f;
+    CU_ASSERT_EQUAL_FATAL(fix_open(&f, dir, 0, NULL), 0);
+    uint64_t a = 0, b = 0, x = 0;
+    char auth_a[128], auth_b[128];
+    CU_ASSERT_EQUAL(fix_register(&f, FIX_SECRET, &a, auth_a), SRV_CREATED);
+    CU_ASSERT_EQUAL(fix_register(&f, FIX_SECRET, &b, auth_b), SRV_CREATED);
+    CU_ASSERT(a >= 1 && b > a);
+    CU_ASSERT_EQUAL(fix_register(&f, "wrong", &x, NULL), SRV_E_BAD_SECRET);
+
+    srv_result r = {0};
+    const char *bad = "{\"enrolment_secret\":1}";
+    srv_engine_register(f.e, (const uint8_t *)bad, strlen(bad), &r);
+    CU_ASSERT_EQUAL(r.outcome, SRV_E_BAD_REQUEST);
+    CU_ASSERT_PTR_NOT_NULL(strstr(r.message, "enrolment_secret"));
+    srv_result_cleanup(&r);
+
+    uint64_t id = 99;
+    CU_ASSERT_EQUAL(srv_engine_auth(f.e, auth_a, &id, &r), STRATA_OK);
+    CU_ASSERT_EQUAL(id, a);
+    CU_ASSERT_EQUAL(srv_engine_auth(f.e, auth_b, &id, &r), STRATA_OK);
+    CU_ASSERT_EQUAL(id, b);
+    CU_ASSERT_EQUAL(srv_engine_auth(f.e, "Bearer 0123456789abcdef", &id, &r), STRATA_EPROTO);
+    CU_ASSERT_EQUAL(id, 0);
+    CU_ASSERT_EQUAL(r.outcome, SRV_E_UNAUTHORIZED);
+    CU_ASSERT_STRING_EQUAL(r.message, "unknown token");
+    srv_result_cleanup(&r);
+    CU_ASSERT_EQUAL(srv_engine_auth(f.e, NULL, &id, &r), STRATA_EPROTO);
+    CU_ASSERT_EQUAL(r.outcome, SRV_E_UNAUTHORIZED);
+    srv_result_cleanup(&r);
+    CU_ASSERT_EQUAL(srv_engine_auth(f.e, "Basic abc", &id, &r), STRATA_EPROTO);
+    srv_result_cleanup(&r);
+
+    /* A client's token is not the admin's. */
+    CU_ASSERT_EQUAL(srv_engine_admin_auth(f.e, auth_a, &r), STRATA_EPROTO);
+    CU_ASSERT_EQUAL(r.outcome, SRV_E_FORBIDDEN);
+    srv_result_cleanup(&r);
+    char path[4200], tok[300], admin[320];
+    snprintf(path, sizeof(path), "%s/admin.token", dir);
+    FILE *fp = fopen(path, "r");
+    CU_ASSERT_PTR_NOT_NULL_FATAL(fp);
+    CU_ASSERT_PTR_NOT_NULL(fgets(tok, sizeof(tok), fp));
+    fclose(fp);
+    tok[strcspn(tok, "\n")] = '\0';
+    snprintf(admin, sizeof(admin), "Bearer %s", tok);
+    CU_ASSERT_EQUAL(srv_engine_admin_auth(f.e, admin, &r), STRATA_OK);
+    CU_ASSERT_EQUAL(srv_engine_auth(f.e, admin, &id, &r), STRATA_EPROTO);
+    srv_result_cleanup(&r);
+    fix_close(&f);
+
+    /* Tokens survive a restart (the index is rebuilt from the store). */
+    CU_ASSERT_EQUAL_FATAL(fix_open(&f, dir, 0, NULL), 0);
+    CU_ASSERT_EQUAL(srv_engine_auth(f.e, auth_b, &id, &r), STRATA_OK);
+    CU_ASSERT_EQUAL(id, b);
+    CU_ASSERT_EQUAL(srv_engine_admin_auth(f.e, admin, &r), STRATA_OK);
+    fix_close(&f);
+    strata_test_rmtree(dir);
+    free(dir);
+}
+
+static void test_rate_limit_and_capacity(void)
+{
+    char *dir = strata_test_tmpdir();
+    CU_ASSERT_PTR_NOT_NULL_FATAL(dir);
+    fix_engine f;
+    const char *extra[] = {"--upload-rate", "3", "--max-clients", "2", NULL};
+    CU_ASSERT_EQUAL_FATAL(fix_open(&f, dir, 0, extra), 0);
+    uint64_t a = 0, b = 0, c = 0;
+    CU_ASSERT_EQUAL(fix_register(&f, FIX_SECRET, &a, NULL), SRV_CREATED);
+    CU_ASSERT_EQUAL(fix_register(&f, FIX_SECRET, &b, NULL), SRV_CREATED);
+    CU_ASSERT_EQUAL(fix_register(&f, FIX_SECRET, &c, NULL), SRV_E_TOO_MANY_CLIENTS);
+    srv_result r = {0};
+    for (int i = 0; i < 3; i++)
+        CU_ASSERT_EQUAL(srv_engine_rate_take(f.e, a, &r), STRATA_OK);
+    CU_ASSERT_EQUAL(srv_engine_rate_take(f.e, a, &r), STRATA_ESTATE);
+    CU_ASSERT_EQUAL(r.outcome, SRV_E_RATE_LIMITED);
+    CU_ASSERT(r.retry_after >= 1 && r.retry_after <= 20);
+    srv_result_cleanup(&r);
+    /* Buckets are per client. */
+    CU_ASSERT_EQUAL(srv_engine_rate_take(f.e, b, &r), STRATA_OK);
+    srv_engine_metrics(f.e, &r);
+    CU_ASSERT_EQUAL(r.media, SRV_MEDIA_EXPOSITION);
+    CU_ASSERT_PTR_NOT_NULL(
+        strstr((char *)r.body, "strata_updates_rejected_total{reason=\"rate_limited\"} 1\n"));
+    CU_ASSERT_PTR_NOT_NULL(strstr((char *)r.body, "strata_registered_clients 2\n"));
+    srv_result_cleanup(&r);
+    fix_close(&f);
+    strata_test_rmtree(dir);
+    free(dir);
+}
+
+int main(void)
+{
+    CU_TestInfo tests[] = {{"register and authenticate", test_register_and_auth},
+                           {"rate limit and capacity", test_rate_limit_and_capacity},
+                           CU_TEST_INFO_NULL};
+    CU_SuiteInfo suites[] = {{"server_registry", NULL, NULL, NULL, NULL, tests},
+                             CU_SUITE_INFO_NULL};
+    return strata_test_run(suites);
+}
