@@ -22,18 +22,32 @@ const char *strata_comp_name(strata_compressor_id id)
     return COMP_NAMES[id];
 }
 
+static const char *const VALUES_NAMES[STRATA_VALUES_COUNT] = {"fp32", "fp16", "bf16"};
+
+const char *strata_values_format_name(strata_values_format f)
+{
+    if ((unsigned)f >= STRATA_VALUES_COUNT)
+        return "?";
+    return VALUES_NAMES[f];
+}
+
+int strata_values_format_parse(const char *name, strata_values_format *out)
+{
+    if (out != NULL)
+        *out = STRATA_VALUES_FP32;
+    if (name == NULL || out == NULL)
+        return STRATA_EINVAL;
+    for (int i = 0; i < STRATA_VALUES_COUNT; i++)
+        if (strcmp(name, VALUES_NAMES[i]) == 0) {
+            *out = (strata_values_format)i;
+            return STRATA_OK;
+        }
+    return STRATA_EINVAL;
+}
+
 const char *strata_values_name(strata_values_format f)
 {
-    switch (f) {
-    case STRATA_VALUES_FP32:
-        return "fp32";
-    case STRATA_VALUES_FP16:
-        return "fp16";
-    case STRATA_VALUES_BF16:
-        return "bf16";
-    default:
-        return "?";
-    }
+    return strata_values_format_name(f);
 }
 
 int strata_comp_from_name(const char *name, strata_compressor_id *out)

@@ -33,7 +33,7 @@ static const char *comp_name(unsigned id)
 
 static const char *format_name(unsigned f)
 {
-    return strata_values_name((strata_values_format)f);
+    return strata_values_format_name((strata_values_format)f);
 }
 
 static size_t format_width(strata_values_format f)
@@ -222,7 +222,7 @@ static int check_params(const strata_clayer *c, int err, strata_diag *diag, cons
 {
     if ((unsigned)c->comp >= STRATA_COMP_COUNT)
         return strata_diag_set(diag, err, "%s: unknown compressor id %u", where, (unsigned)c->comp);
-    if ((unsigned)c->values_format > STRATA_VALUES_BF16)
+    if ((unsigned)c->values_format >= STRATA_VALUES_COUNT)
         return strata_diag_set(diag, err, "%s: unknown values format %u", where,
                                (unsigned)c->values_format);
     if (c->numel == 0 || c->numel > STRATA_CLAYER_MAX_NUMEL)

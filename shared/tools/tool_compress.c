@@ -87,19 +87,6 @@ static int parse_compressor_spec(const char *spec, strata_budget *b, int *found)
     return STRATA_OK;
 }
 
-static int parse_values(const char *s, strata_values_format *vf)
-{
-    if (strcmp(s, "fp32") == 0)
-        *vf = STRATA_VALUES_FP32;
-    else if (strcmp(s, "fp16") == 0)
-        *vf = STRATA_VALUES_FP16;
-    else if (strcmp(s, "bf16") == 0)
-        *vf = STRATA_VALUES_BF16;
-    else
-        return -1;
-    return 0;
-}
-
 static size_t *layer_sizes(const strata_tensor_list *t)
 {
     size_t *n = malloc((t->count ? t->count : 1) * sizeof(size_t));
@@ -208,7 +195,7 @@ int tool_compress(int argc, char **argv)
                 return tool_usage_error("--density: expected a number in (0, 1], got '%s'", optarg);
             break;
         case 'v':
-            if (parse_values(optarg, &vf))
+            if (strata_values_format_parse(optarg, &vf) < 0)
                 return tool_usage_error("--values: expected fp32, fp16 or bf16, got '%s'", optarg);
             break;
         case 'R':
@@ -544,7 +531,7 @@ int tool_inspect(int argc, char **argv)
         json_t *lj =
             json_pack("{s:i,s:s,s:s,s:s,s:I,s:I,s:I}", "index", (int)l->layer_index, "name", name,
                       "compressor", strata_comp_name(l->comp), "values",
-                      strata_values_name(l->values_format), "elements", (json_int_t)l->numel,
+                      strata_values_format_name(l->values_format), "elements", (json_int_t)l->numel,
                       "kept", (json_int_t)kept, "array_bytes", (json_int_t)raw);
         if (l->comp == STRATA_COMP_QSGD)
             json_object_set_new(lj, "levels", json_integer(l->levels));

@@ -120,6 +120,26 @@ static void test_names(void)
     CU_ASSERT_STRING_EQUAL(strata_comp_name((strata_compressor_id)-1), "?");
     strata_clayer_cleanup(NULL);
     strata_clayers_free(NULL, 3);
+
+    static const char *formats[] = {"fp32", "fp16", "bf16"};
+    for (int i = 0; i < STRATA_VALUES_COUNT; i++) {
+        strata_values_format f = STRATA_VALUES_BF16;
+        CU_ASSERT_STRING_EQUAL(strata_values_format_name((strata_values_format)i), formats[i]);
+        CU_ASSERT_STRING_EQUAL(strata_values_name((strata_values_format)i), formats[i]);
+        CU_ASSERT_EQUAL(strata_values_format_parse(formats[i], &f), STRATA_OK);
+        CU_ASSERT_EQUAL((int)f, i);
+    }
+    CU_ASSERT_STRING_EQUAL(strata_values_format_name((strata_values_format)3), "?");
+    CU_ASSERT_STRING_EQUAL(strata_values_format_name((strata_values_format)-1), "?");
+    static const char *bad[] = {"FP16", "fp", "fp160", "", "float32", " fp32", "?"};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        strata_values_format f = STRATA_VALUES_BF16;
+        CU_ASSERT_EQUAL(strata_values_format_parse(bad[i], &f), STRATA_EINVAL);
+        CU_ASSERT_EQUAL(f, STRATA_VALUES_FP32);
+    }
+    strata_values_format f;
+    CU_ASSERT_EQUAL(strata_values_format_parse(NULL, &f), STRATA_EINVAL);
+    CU_ASSERT_EQUAL(strata_values_format_parse("fp16", NULL), STRATA_EINVAL);
 }
 
 static void test_kept(void)
@@ -1077,7 +1097,7 @@ static void test_qsgd_huge_values_finite(void)
 int main(void)
 {
     CU_TestInfo basic[] = {
-        {"names", test_names},
+        {"compressor and values-format names", test_names},
         {"kept count formula", test_kept},
         {"fp16/bf16 table", test_f16_table},
         {"fp16/bf16 exhaustive rounding", test_half_exhaustive},

@@ -44,6 +44,8 @@ typedef enum {
     STRATA_VALUES_BF16 = 2
 } strata_values_format;
 
+#define STRATA_VALUES_COUNT 3
+
 /* Largest tensor a compressed layer may describe (indices are 32-bit). */
 #define STRATA_CLAYER_MAX_NUMEL ((uint64_t)UINT32_MAX)
 
@@ -74,7 +76,19 @@ typedef struct strata_budget {
 /* Returns the compressor's name ("topk"), or "?" for an unknown id. */
 const char *strata_comp_name(strata_compressor_id id);
 
-/* Returns a values format's name ("fp32", "fp16", "bf16"), or "?". */
+/* Returns a values format's name ("fp32", "fp16", "bf16"), or "?" for an
+ * unknown value. These names are the only spelling of the formats on every
+ * interface (command lines, configuration, the task JSON, diagnostics).
+ * Static strings; thread-safe. */
+const char *strata_values_format_name(strata_values_format f);
+
+/* Parses a values format name ("fp32", "fp16" or "bf16", exactly, case
+ * sensitive) into *out. *out is set to STRATA_VALUES_FP32 on entry. Returns
+ * STRATA_EINVAL for NULL arguments or any other string. Thread-safe. */
+int strata_values_format_parse(const char *name, strata_values_format *out);
+
+/* The same as strata_values_format_name; kept for the callers that still use
+ * the old name. */
 const char *strata_values_name(strata_values_format f);
 
 /* Parses a compressor name; returns STRATA_EINVAL for an unknown one. */

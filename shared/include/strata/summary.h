@@ -1,0 +1,131 @@
+/* The round summary: what the coordinator records about one round and shows
+ * in GET /v1/rounds and GET /v1/rounds/{round} (schemas/api.md, the
+ * RoundSummary schema of schemas/openapi.yaml), as a struct and its JSON
+ * codec. This module is the only place that knows the summary's keys; what
+ * a summary says (stopped, recovered) is read from its fields, never by
+ * searching the text.
+ *
+ * The JSON is one compact object whose keys come in this order, each group
+ * present only as the struct says:
+ *   always       "round", "state" ("open" or "closed"), "model_version",
+ *                "selected", "participants"
+ *   has_stats    "accuracy", "loss" (numbers, or null when not known),
+ *                "uplink_bytes", "downlink_bytes", "dense_uplink_bytes",
+ *                "duration_ms"
+ *   has_densities "densities": {"<layer>": density, ...} in layer order
+ *   stopped      "stopped": true (closed unaggregated by an admin stop)
+ *   recovered    "recovered": true (closed during crash recovery, having
+ *                been aggregated before the crash)
+ * The coordinator's four forms are: a closed round (stats and densities), a
+ * stopped one and a recovered one (neither stats nor densities), and the
+ * view of a round without a stored summary (stats with null accuracy and
+ * loss; densities only for the open round).
+ *
+ * Non-finite numbers: JSON has no NaN or infinity, so a non-finite accuracy
+ * or loss (a diverged model) is written as null, and null decodes to NaN;
+ * +-infinity therefore reads back as NaN. Every other double must be finite.
+ *
+ * Field ranges, which both the encoder and the decoder enforce:
+ *   round             [0, 2^32 - 1]
+ *   model_version     [0, 2^63 - 1]
+ *   selected          [1, 2^63 - 1]
+ *   participants, uplink_bytes, downlink_bytes, dense_uplink_bytes,
+ *   duration_ms       [0, 2^63 - 1]
+ *   densities         at most max_layers entries; names 1 to max_name_bytes
+ *                     bytes of UTF-8 without control characters, distinct;
+ *                     values in (0, 1]
+ *   stopped, recovered booleans (false is accepted and means absent)
+ * The decoder refuses unknown and duplicate keys, missing keys of the
+ * always-present group, a stats group given in part, wrong types and values
+ * out of range.
+ *
+ * No function here keeps state; distinct summaries may be encoded and
+ * decoded from distinct threads at once. */
+#ifndef STRATA_SUMMARY_H
+#define STRATA_SUMMARY_H
+
+#include "strata/error.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Default limits, used for every field of strata_summary_limits left at 0. */
+#define STRATA_SUMMARY_DEFAULT_MAX_BYTES ((size_t)8 << 20) /* 8 MiB of JSON */
+#define STRATA_SUMMARY_DEFAULT_MAX_LAYERS 65536u
+#define STRATA_SUMMARY_DEFAULT_MAX_NAME_BYTES 127u /* strata/tensor.h: STRATA_MAX_NAME - 1 */
+
+/* Deepest nesting of a valid summary (object, densities object). */
+#define STRATA_SUMMARY_MAX_DEPTH 2
+
+typedef enum { STRATA_ROUND_OPEN = 0, STRATA_ROUND_CLOSED = 1 } strata_round_state;
+
+/* One round's summary. After strata_round_summary_decode the struct owns
+ * layer_names (each name and the array) and densities (release with
+ * strata_round_summary_cleanup); for strata_round_summary_encode everything
+ * is only read, so the caller may lend arrays it keeps. */
+typedef struct strata_round_summary {
+    uint32_t round;
+    strata_round_state state;
+    uint64_t model_version; /* the model version the round trained */
+    uint64_t selected;      /* clients sampled for the round */
+    uint64_t participants;  /* accepted updates */
+
+    int has_stats;               /* the six fields below are present */
+    double accuracy;             /* on the held-out set; NaN: unknown (null) */
+    double loss;                 /* NaN: unknown (null) */
+    uint64_t uplink_bytes;       /* bytes of the accepted uploads */
+    uint64_t downlink_bytes;     /* bytes of model downloads */
+    uint64_t dense_uplink_bytes; /* participants x parameters x 4 */
+    uint64_t duration_ms;
+
+    int has_densities;  /* "densities" is present (possibly empty) */
+    size_t num_layers;  /* entries of layer_names and densities */
+    char **layer_names; /* NUL-terminated, distinct */
+    double *densities;  /* each in (0, 1] */
+
+    int stopped;   /* closed unaggregated by an admin stop */
+    int recovered; /* closed during crash recovery */
+} strata_round_summary;
+
+/* Limits applied by strata_round_summary_decode; a field left at 0 takes
+ * its default:
+ *   max_bytes       STRATA_SUMMARY_DEFAULT_MAX_BYTES (8 MiB), checked before
+ *                   anything is parsed
+ *   max_layers      STRATA_SUMMARY_DEFAULT_MAX_LAYERS (65536), checked
+ *                   before the density arrays are allocated
+ *   max_name_bytes  STRATA_SUMMARY_DEFAULT_MAX_NAME_BYTES (127) */
+typedef struct strata_summary_limits {
+    size_t max_bytes;
+    size_t max_layers;
+    size_t max_name_bytes;
+} strata_summary_limits;
+
+/* Encodes s (borrowed) as the summary JSON described above into a new
+ * malloc'ed NUL-terminated string: *json_out (free with free()) and *len_out
+ * (without the NUL), both zeroed on entry. Non-finite accuracy and loss
+ * become null. Errors: STRATA_EINVAL for a NULL argument (layer_names and
+ * densities may be NULL only when num_layers is 0 or has_densities is 0), a
+ * field out of range, or duplicate layer names (diag, may be NULL, names
+ * the field); STRATA_ENOMEM. Whatever encodes also decodes with default
+ * limits when it has at most 65536 layers with names of at most 127 bytes. */
+int strata_round_summary_encode(const strata_round_summary *s, char **json_out, size_t *len_out,
+                                strata_diag *diag);
+
+/* Decodes len untrusted bytes at json (borrowed; need not be
+ * NUL-terminated) into *out, which is zeroed on entry and owns its arrays on
+ * success (release with strata_round_summary_cleanup); on error it is left
+ * zeroed. lim (borrowed) may be NULL for every default. The size is checked
+ * before jansson runs, then the nesting depth; duplicate keys are refused.
+ * Errors: STRATA_EINVAL for a NULL argument; STRATA_ETOOBIG for a text
+ * above max_bytes or more densities than max_layers; STRATA_EPROTO for
+ * anything else, with diag (may be NULL) naming the field and quoting input
+ * text as printable ASCII; STRATA_ENOMEM. */
+int strata_round_summary_decode(const char *json, size_t len, const strata_summary_limits *lim,
+                                strata_round_summary *out, strata_diag *diag);
+
+/* Frees the arrays of a decoded summary and zeroes it. Accepts NULL and a
+ * zeroed summary. Not for a summary whose arrays the caller lent to
+ * strata_round_summary_encode. */
+void strata_round_summary_cleanup(strata_round_summary *s);
+
+#endif

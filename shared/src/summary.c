@@ -1,0 +1,349 @@
+/* The round summary JSON codec (strata/summary.h).
+ *
+ * Encoding builds the object with jansson in the documented key order and
+ * serialises it compactly in insertion order; decoding checks size and depth
+ * before jansson runs, then each key group in that order. */
+#include "strata/summary.h"
+
+#include "json_strict.h"
+
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MAX_I64 INT64_MAX
+#define COUNT(a) (sizeof(a) / sizeof((a)[0]))
+
+static const char *const KEYS[] = {
+    "round",       "state",     "model_version", "selected",       "participants",
+    "accuracy",    "loss",      "uplink_bytes",  "downlink_bytes", "dense_uplink_bytes",
+    "duration_ms", "densities", "stopped",       "recovered"};
+
+/* The stats group: present together or not at all. */
+static const char *const STATS_KEYS[] = {
+    "accuracy", "loss", "uplink_bytes", "downlink_bytes", "dense_uplink_bytes", "duration_ms"};
+
+typedef struct limits {
+    size_t max_bytes, max_layers, max_name_bytes;
+} limits;
+
+static limits resolve_limits(const strata_summary_limits *in)
+{
+    limits l = {STRATA_SUMMARY_DEFAULT_MAX_BYTES, STRATA_SUMMARY_DEFAULT_MAX_LAYERS,
+                STRATA_SUMMARY_DEFAULT_MAX_NAME_BYTES};
+    if (in != NULL) {
+        if (in->max_bytes != 0)
+            l.max_bytes = in->max_bytes;
+        if (in->max_layers != 0)
+            l.max_layers = in->max_layers;
+        if (in->max_name_bytes != 0)
+            l.max_name_bytes = in->max_name_bytes;
+    }
+    return l;
+}
+
+static const char *state_name(strata_round_state s)
+{
+    return s == STRATA_ROUND_OPEN ? "open" : "closed";
+}
+
+/* ------------------------------------------------------------------------ */
+/* Encoding                                                                 */
+/* ------------------------------------------------------------------------ */
+
+static int check_summary(const strata_round_summary *s, strata_diag *diag)
+{
+    if (s->state != STRATA_ROUND_OPEN && s->state != STRATA_ROUND_CLOSED)
+        return strata_diag_set(diag, STRATA_EINVAL, "state: unknown value %d", (int)s->state);
+    if (s->selected < 1)
+        return strata_diag_set(diag, STRATA_EINVAL, "selected: must be at least 1");
+    const struct {
+        const char *name;
+        uint64_t v;
+        int used;
+    } ints[] = {{"model_version", s->model_version, 1},
+                {"selected", s->selected, 1},
+                {"participants", s->participants, 1},
+                {"uplink_bytes", s->uplink_bytes, s->has_stats},
+                {"downlink_bytes", s->downlink_bytes, s->has_stats},
+                {"dense_uplink_bytes", s->dense_uplink_bytes, s->has_stats},
+                {"duration_ms", s->duration_ms, s->has_stats}};
+    for (size_t i = 0; i < COUNT(ints); i++)
+        if (ints[i].used && ints[i].v > (uint64_t)MAX_I64)
+            return strata_diag_set(diag, STRATA_EINVAL, "%s: %" PRIu64 " above 2^63 - 1",
+                                   ints[i].name, ints[i].v);
+    if (!s->has_densities)
+        return STRATA_OK;
+    if (s->num_layers > 0 && (s->layer_names == NULL || s->densities == NULL))
+        return strata_diag_set(diag, STRATA_EINVAL, "densities: NULL arrays for %zu layers",
+                               s->num_layers);
+    for (size_t i = 0; i < s->num_layers; i++) {
+        const char *name = s->layer_names[i];
+        char what[48];
+        snprintf(what, sizeof(what), "densities: layer %zu", i);
+        int rc = strata__json_check_name(name, name != NULL ? strlen(name) : 0,
+                                         STRATA_SUMMARY_DEFAULT_MAX_NAME_BYTES, STRATA_EINVAL, what,
+                                         diag);
+        if (rc < 0)
+            return rc;
+        double d = s->densities[i];
+        if (!(d > 0.0 && d <= 1.0))
+            return strata_diag_set(diag, STRATA_EINVAL,
+                                   "densities: layer %zu: %.17g is not in (0, 1]", i, d);
+    }
+    return STRATA_OK;
+}
+
+/* A finite double as a JSON real, anything else as null. */
+static json_t *real_or_null(double x)
+{
+    return isfinite(x) ? json_real(x) : json_null();
+}
+
+/* Sets key on o to v (stolen); returns -1 when v is NULL or setting fails. */
+static int put(json_t *o, const char *key, json_t *v)
+{
+    return v != NULL ? json_object_set_new(o, key, v) : -1;
+}
+
+static int put_int(json_t *o, const char *key, uint64_t v)
+{
+    return put(o, key, json_integer((json_int_t)v));
+}
+
+/* Builds the densities object; *dup is set when two layers share a name. */
+static json_t *densities_json(const strata_round_summary *s, int *dup)
+{
+    json_t *o = json_object();
+    for (size_t i = 0; o != NULL && i < s->num_layers; i++) {
+        if (json_object_get(o, s->layer_names[i]) != NULL) {
+            *dup = 1;
+            json_decref(o);
+            return NULL;
+        }
+        if (put(o, s->layer_names[i], json_real(s->densities[i])) < 0) {
+            json_decref(o);
+            o = NULL;
+        }
+    }
+    return o;
+}
+
+int strata_round_summary_encode(const strata_round_summary *s, char **json_out, size_t *len_out,
+                                strata_diag *diag)
+{
+    if (json_out != NULL)
+        *json_out = NULL;
+    if (len_out != NULL)
+        *len_out = 0;
+    if (diag != NULL)
+        diag->msg[0] = '\0';
+    if (s == NULL || json_out == NULL || len_out == NULL)
+        return strata_diag_set(diag, STRATA_EINVAL, "round summary encode: NULL argument");
+    int rc = check_summary(s, diag);
+    if (rc < 0)
+        return rc;
+    json_t *o = json_object();
+    int bad = o == NULL || put_int(o, "round", s->round) < 0 ||
+              put(o, "state", json_string(state_name(s->state))) < 0 ||
+              put_int(o, "model_version", s->model_version) < 0 ||
+              put_int(o, "selected", s->selected) < 0 ||
+              put_int(o, "participants", s->participants) < 0;
+    if (!bad && s->has_stats)
+        bad = put(o, "accuracy", real_or_null(s->accuracy)) < 0 ||
+              put(o, "loss", real_or_null(s->loss)) < 0 ||
+              put_int(o, "uplink_bytes", s->uplink_bytes) < 0 ||
+              put_int(o, "downlink_bytes", s->downlink_bytes) < 0 ||
+              put_int(o, "dense_uplink_bytes", s->dense_uplink_bytes) < 0 ||
+              put_int(o, "duration_ms", s->duration_ms) < 0;
+    int dup = 0;
+    if (!bad && s->has_densities)
+        bad = put(o, "densities", densities_json(s, &dup)) < 0;
+    if (!bad && s->stopped)
+        bad = put(o, "stopped", json_true()) < 0;
+    if (!bad && s->recovered)
+        bad = put(o, "recovered", json_true()) < 0;
+    rc = bad ? STRATA_ENOMEM : strata__json_dump(o, json_out, len_out);
+    json_decref(o);
+    if (dup)
+        return strata_diag_set(diag, STRATA_EINVAL, "densities: a layer name appears twice");
+    if (rc < 0)
+        return strata_diag_set(diag, rc,
+                               "round summary encode: out of memory (or a layer name that is "
+                               "not UTF-8)");
+    return STRATA_OK;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Decoding                                                                 */
+/* ------------------------------------------------------------------------ */
+
+static int get_count(const json_t *o, const char *key, int64_t min, uint64_t *out,
+                     strata_diag *diag)
+{
+    int64_t v = 0;
+    int rc = strata__json_int(o, key, min, MAX_I64, "summary", &v, diag);
+    *out = (uint64_t)v;
+    return rc;
+}
+
+/* A number, or null for NaN. */
+static int get_metric(const json_t *o, const char *key, double *out, strata_diag *diag)
+{
+    *out = 0.0;
+    const json_t *v = json_object_get(o, key);
+    if (json_is_null(v)) {
+        *out = NAN;
+        return STRATA_OK;
+    }
+    return strata__json_number(o, key, -HUGE_VAL, 0, HUGE_VAL, 0, "summary", out, diag);
+}
+
+static int get_flag(const json_t *o, const char *key, int *out, strata_diag *diag)
+{
+    *out = 0;
+    const json_t *v = json_object_get(o, key);
+    if (v == NULL)
+        return STRATA_OK;
+    if (!json_is_boolean(v))
+        return strata_diag_set(diag, STRATA_EPROTO, "summary.%s: expected true or false", key);
+    *out = json_is_true(v);
+    return STRATA_OK;
+}
+
+static int get_stats(const json_t *o, strata_round_summary *s, strata_diag *diag)
+{
+    size_t present = 0;
+    for (size_t i = 0; i < COUNT(STATS_KEYS); i++)
+        present += json_object_get(o, STATS_KEYS[i]) != NULL;
+    if (present == 0)
+        return STRATA_OK;
+    for (size_t i = 0; i < COUNT(STATS_KEYS); i++)
+        if (json_object_get(o, STATS_KEYS[i]) == NULL)
+            return strata_diag_set(diag, STRATA_EPROTO,
+                                   "summary.%s: missing (the round statistics come together)",
+                                   STATS_KEYS[i]);
+    s->has_stats = 1;
+    int rc;
+    if ((rc = get_metric(o, "accuracy", &s->accuracy, diag)) < 0 ||
+        (rc = get_metric(o, "loss", &s->loss, diag)) < 0 ||
+        (rc = get_count(o, "uplink_bytes", 0, &s->uplink_bytes, diag)) < 0 ||
+        (rc = get_count(o, "downlink_bytes", 0, &s->downlink_bytes, diag)) < 0 ||
+        (rc = get_count(o, "dense_uplink_bytes", 0, &s->dense_uplink_bytes, diag)) < 0 ||
+        (rc = get_count(o, "duration_ms", 0, &s->duration_ms, diag)) < 0)
+        return rc;
+    return STRATA_OK;
+}
+
+static int get_densities(const json_t *o, const limits *lim, strata_round_summary *s,
+                         strata_diag *diag)
+{
+    const json_t *d = json_object_get(o, "densities");
+    if (d == NULL)
+        return STRATA_OK;
+    if (!json_is_object(d))
+        return strata_diag_set(diag, STRATA_EPROTO, "summary.densities: expected an object");
+    s->has_densities = 1;
+    size_t n = json_object_size(d);
+    if (n > lim->max_layers)
+        return strata_diag_set(diag, STRATA_ETOOBIG,
+                               "summary.densities: %zu entries, above the limit of %zu layers", n,
+                               lim->max_layers);
+    if (n == 0)
+        return STRATA_OK;
+    s->layer_names = calloc(n, sizeof(*s->layer_names));
+    s->densities = calloc(n, sizeof(*s->densities));
+    if (s->layer_names == NULL || s->densities == NULL)
+        return strata_diag_set(diag, STRATA_ENOMEM, "summary: out of memory (%zu layers)", n);
+    s->num_layers = n;
+    size_t i = 0;
+    const char *key;
+    json_t *v;
+    json_object_foreach((json_t *)d, key, v)
+    {
+        char what[48];
+        snprintf(what, sizeof(what), "summary.densities key %zu", i);
+        int rc = strata__json_check_name(key, strlen(key), lim->max_name_bytes, STRATA_EPROTO, what,
+                                         diag);
+        if (rc == 0 && (rc = strata__json_strdup(key, &s->layer_names[i])) < 0)
+            strata_diag_set(diag, rc, "summary: out of memory");
+        if (rc < 0)
+            return rc;
+        char q[STRATA__JSON_QUOTE_SIZE];
+        strata__json_quote(key, strlen(key), q);
+        if (!json_is_number(v))
+            return strata_diag_set(diag, STRATA_EPROTO, "summary.densities.%s: expected a number",
+                                   q);
+        double x = json_number_value(v);
+        if (!(x > 0.0 && x <= 1.0))
+            return strata_diag_set(diag, STRATA_EPROTO,
+                                   "summary.densities.%s: %.17g is not in (0, 1]", q, x);
+        s->densities[i++] = x;
+    }
+    return STRATA_OK;
+}
+
+static int get_summary(const json_t *o, const limits *lim, strata_round_summary *s,
+                       strata_diag *diag)
+{
+    int64_t round = 0;
+    int rc;
+    if ((rc = strata__json_known_keys(o, KEYS, COUNT(KEYS), "summary", diag)) < 0 ||
+        (rc = strata__json_int(o, "round", 0, UINT32_MAX, "summary", &round, diag)) < 0)
+        return rc;
+    s->round = (uint32_t)round;
+    const json_t *st = json_object_get(o, "state");
+    if (st == NULL)
+        return strata_diag_set(diag, STRATA_EPROTO, "summary.state: missing");
+    const char *sv = json_string_value(st);
+    if (sv != NULL && strcmp(sv, "open") == 0)
+        s->state = STRATA_ROUND_OPEN;
+    else if (sv != NULL && strcmp(sv, "closed") == 0)
+        s->state = STRATA_ROUND_CLOSED;
+    else
+        return strata_diag_set(diag, STRATA_EPROTO,
+                               "summary.state: expected \"open\" or \"closed\"");
+    if ((rc = get_count(o, "model_version", 0, &s->model_version, diag)) < 0 ||
+        (rc = get_count(o, "selected", 1, &s->selected, diag)) < 0 ||
+        (rc = get_count(o, "participants", 0, &s->participants, diag)) < 0 ||
+        (rc = get_stats(o, s, diag)) < 0 || (rc = get_densities(o, lim, s, diag)) < 0 ||
+        (rc = get_flag(o, "stopped", &s->stopped, diag)) < 0 ||
+        (rc = get_flag(o, "recovered", &s->recovered, diag)) < 0)
+        return rc;
+    return STRATA_OK;
+}
+
+int strata_round_summary_decode(const char *json, size_t len, const strata_summary_limits *lim,
+                                strata_round_summary *out, strata_diag *diag)
+{
+    if (out != NULL)
+        memset(out, 0, sizeof(*out));
+    if (diag != NULL)
+        diag->msg[0] = '\0';
+    if (out == NULL || (json == NULL && len > 0))
+        return strata_diag_set(diag, STRATA_EINVAL, "round summary decode: NULL argument");
+    limits l = resolve_limits(lim);
+    json_t *root = NULL;
+    int rc = strata__json_load(json != NULL ? json : "", len, l.max_bytes, STRATA_SUMMARY_MAX_DEPTH,
+                               "summary", &root, diag);
+    if (rc < 0)
+        return rc;
+    rc = get_summary(root, &l, out, diag);
+    json_decref(root);
+    if (rc < 0)
+        strata_round_summary_cleanup(out);
+    return rc;
+}
+
+void strata_round_summary_cleanup(strata_round_summary *s)
+{
+    if (s == NULL)
+        return;
+    for (size_t i = 0; s->layer_names != NULL && i < s->num_layers; i++)
+        free(s->layer_names[i]);
+    free(s->layer_names);
+    free(s->densities);
+    memset(s, 0, sizeof(*s));
+}

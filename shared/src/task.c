@@ -1,0 +1,355 @@
+/* The task JSON codec (strata/task.h).
+ *
+ * The field ranges live once in the constants below: the encoder checks the
+ * struct against them (check_task), the decoder checks each JSON value
+ * against them as it reads it. Encoding builds the object with jansson and
+ * serialises it compactly in insertion order. */
+#include "strata/task.h"
+
+#include "json_strict.h"
+
+#include <float.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MAX_I32 ((int64_t)INT32_MAX)
+#define MAX_I64 INT64_MAX
+#define MAX_SEED ((int64_t)((UINT64_C(1) << 53) - 1))
+#define MAX_RATE ((double)FLT_MAX) /* lr, weight_decay, prox_mu */
+
+static const char *const TASK_KEYS[] = {
+    "round",  "total_rounds", "model_version", "deadline_unix_ms",
+    "values", "budgets",      "train",         "seed"};
+static const char *const BUDGET_KEYS[] = {"layer", "compressor", "density", "levels", "rank"};
+static const char *const TRAIN_KEYS[] = {"epochs",       "batch",   "lr",       "momentum",
+                                         "weight_decay", "prox_mu", "max_steps"};
+
+#define COUNT(a) (sizeof(a) / sizeof((a)[0]))
+
+typedef struct limits {
+    size_t max_bytes, max_layers, max_name_bytes;
+} limits;
+
+static limits resolve_limits(const strata_task_limits *in)
+{
+    limits l = {STRATA_TASK_DEFAULT_MAX_BYTES, STRATA_TASK_DEFAULT_MAX_LAYERS,
+                STRATA_TASK_DEFAULT_MAX_NAME_BYTES};
+    if (in != NULL) {
+        if (in->max_bytes != 0)
+            l.max_bytes = in->max_bytes;
+        if (in->max_layers != 0)
+            l.max_layers = in->max_layers;
+        if (in->max_name_bytes != 0)
+            l.max_name_bytes = in->max_name_bytes;
+    }
+    return l;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Encoding                                                                 */
+/* ------------------------------------------------------------------------ */
+
+static int in_range(double x, double lo, int lo_open, double hi, int hi_open)
+{
+    return (lo_open ? x > lo : x >= lo) && (hi_open ? x < hi : x <= hi);
+}
+
+/* Checks budget i of t against the ranges of strata/task.h. */
+static int check_budget(const strata_task *t, size_t i, strata_diag *diag)
+{
+    const strata_budget *b = &t->budgets[i];
+    const char *name = t->layer_names[i];
+    char what[48];
+    snprintf(what, sizeof(what), "budgets[%zu].layer", i);
+    int rc = strata__json_check_name(name, name != NULL ? strlen(name) : 0,
+                                     STRATA_TASK_DEFAULT_MAX_NAME_BYTES, STRATA_EINVAL, what, diag);
+    if (rc < 0)
+        return rc;
+    if ((unsigned)b->comp >= STRATA_COMP_COUNT)
+        return strata_diag_set(diag, STRATA_EINVAL, "budgets[%zu].compressor: unknown id %d", i,
+                               (int)b->comp);
+    if (!in_range(b->density, 0.0, 1, 1.0, 0))
+        return strata_diag_set(diag, STRATA_EINVAL, "budgets[%zu].density: %.17g is not in (0, 1]",
+                               i, b->density);
+    if (b->levels > (uint32_t)MAX_I32 || b->rank > (uint32_t)MAX_I32)
+        return strata_diag_set(diag, STRATA_EINVAL,
+                               "budgets[%zu]: levels %" PRIu32 " or rank %" PRIu32
+                               " above 2^31 - 1",
+                               i, b->levels, b->rank);
+    strata_diag inner = {{0}};
+    if (strata_budget_check(b, &inner) < 0)
+        return strata_diag_set(diag, STRATA_EINVAL, "budgets[%zu]: %s", i, inner.msg);
+    return STRATA_OK;
+}
+
+static int check_task(const strata_task *t, strata_diag *diag)
+{
+    if (t->total_rounds < 1)
+        return strata_diag_set(diag, STRATA_EINVAL, "total_rounds: must be at least 1");
+    if (t->model_version > (uint64_t)MAX_I64)
+        return strata_diag_set(diag, STRATA_EINVAL, "model_version: %" PRIu64 " above 2^63 - 1",
+                               t->model_version);
+    if (t->deadline_unix_ms < 0)
+        return strata_diag_set(diag, STRATA_EINVAL, "deadline_unix_ms: %" PRId64 " is negative",
+                               t->deadline_unix_ms);
+    if ((unsigned)t->values_format >= STRATA_VALUES_COUNT)
+        return strata_diag_set(diag, STRATA_EINVAL, "values: unknown format %d",
+                               (int)t->values_format);
+    if (t->num_layers > 0 && (t->layer_names == NULL || t->budgets == NULL))
+        return strata_diag_set(diag, STRATA_EINVAL, "budgets: NULL arrays for %zu layers",
+                               t->num_layers);
+    for (size_t i = 0; i < t->num_layers; i++) {
+        int rc = check_budget(t, i, diag);
+        if (rc < 0)
+            return rc;
+    }
+    const strata_task_train *tr = &t->train;
+    if (tr->epochs < 1 || tr->epochs > (uint32_t)MAX_I32)
+        return strata_diag_set(diag, STRATA_EINVAL,
+                               "train.epochs: %" PRIu32 " is not in [1, %" PRId64 "]", tr->epochs,
+                               MAX_I32);
+    if (tr->batch < 1 || tr->batch > (uint32_t)MAX_I32)
+        return strata_diag_set(diag, STRATA_EINVAL,
+                               "train.batch: %" PRIu32 " is not in [1, %" PRId64 "]", tr->batch,
+                               MAX_I32);
+    const struct {
+        const char *name;
+        double v;
+        double hi;
+        int hi_open;
+    } reals[] = {{"lr", tr->lr, MAX_RATE, 0},
+                 {"momentum", tr->momentum, 1.0, 1},
+                 {"weight_decay", tr->weight_decay, MAX_RATE, 0},
+                 {"prox_mu", tr->prox_mu, MAX_RATE, 0}};
+    for (size_t i = 0; i < COUNT(reals); i++)
+        if (!in_range(reals[i].v, 0.0, 0, reals[i].hi, reals[i].hi_open))
+            return strata_diag_set(diag, STRATA_EINVAL, "train.%s: %.17g is not in [0, %.17g%c",
+                                   reals[i].name, reals[i].v, reals[i].hi,
+                                   reals[i].hi_open ? ')' : ']');
+    if (tr->max_steps > (uint64_t)MAX_I64)
+        return strata_diag_set(diag, STRATA_EINVAL, "train.max_steps: %" PRIu64 " above 2^63 - 1",
+                               tr->max_steps);
+    if (t->seed > (uint64_t)MAX_SEED)
+        return strata_diag_set(diag, STRATA_EINVAL, "seed: %" PRIu64 " above 2^53 - 1", t->seed);
+    return STRATA_OK;
+}
+
+static json_t *budgets_json(const strata_task *t)
+{
+    json_t *arr = json_array();
+    for (size_t i = 0; arr != NULL && i < t->num_layers; i++) {
+        const strata_budget *b = &t->budgets[i];
+        json_t *o = json_pack("{s:s,s:s,s:f,s:i,s:i}", "layer", t->layer_names[i], "compressor",
+                              strata_comp_name(b->comp), "density", b->density, "levels",
+                              (int)b->levels, "rank", (int)b->rank);
+        if (json_array_append_new(arr, o) < 0) {
+            json_decref(arr);
+            arr = NULL;
+        }
+    }
+    return arr;
+}
+
+int strata_task_encode(const strata_task *t, char **json_out, size_t *len_out, strata_diag *diag)
+{
+    if (json_out != NULL)
+        *json_out = NULL;
+    if (len_out != NULL)
+        *len_out = 0;
+    if (diag != NULL)
+        diag->msg[0] = '\0';
+    if (t == NULL || json_out == NULL || len_out == NULL)
+        return strata_diag_set(diag, STRATA_EINVAL, "task encode: NULL argument");
+    int rc = check_task(t, diag);
+    if (rc < 0)
+        return rc;
+    const strata_task_train *tr = &t->train;
+    /* "o" steals the budgets array, also when json_pack fails. */
+    json_t *j = json_pack(
+        "{s:I,s:I,s:I,s:I,s:s,s:o,s:{s:I,s:I,s:f,s:f,s:f,s:f,s:I},s:I}", "round",
+        (json_int_t)t->round, "total_rounds", (json_int_t)t->total_rounds, "model_version",
+        (json_int_t)t->model_version, "deadline_unix_ms", (json_int_t)t->deadline_unix_ms, "values",
+        strata_values_format_name(t->values_format), "budgets", budgets_json(t), "train", "epochs",
+        (json_int_t)tr->epochs, "batch", (json_int_t)tr->batch, "lr", tr->lr, "momentum",
+        tr->momentum, "weight_decay", tr->weight_decay, "prox_mu", tr->prox_mu, "max_steps",
+        (json_int_t)tr->max_steps, "seed", (json_int_t)t->seed);
+    rc = j != NULL ? strata__json_dump(j, json_out, len_out) : STRATA_ENOMEM;
+    json_decref(j);
+    if (rc < 0)
+        return strata_diag_set(diag, rc, "task encode: out of memory");
+    return STRATA_OK;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Decoding                                                                 */
+/* ------------------------------------------------------------------------ */
+
+/* Reads budget i from the array element v into t (whose arrays are
+ * allocated). */
+static int get_budget(const json_t *v, size_t i, const limits *lim, strata_task *t,
+                      strata_diag *diag)
+{
+    char where[48];
+    snprintf(where, sizeof(where), "budgets[%zu]", i);
+    if (!json_is_object(v))
+        return strata_diag_set(diag, STRATA_EPROTO, "%s: expected an object", where);
+    int rc = strata__json_known_keys(v, BUDGET_KEYS, COUNT(BUDGET_KEYS), where, diag);
+    if (rc < 0)
+        return rc;
+    char what[80];
+    snprintf(what, sizeof(what), "%s.layer", where);
+    const json_t *lv = json_object_get(v, "layer");
+    if (lv == NULL)
+        return strata_diag_set(diag, STRATA_EPROTO, "%s: missing", what);
+    const char *name = NULL;
+    if ((rc = strata__json_name(lv, lim->max_name_bytes, what, &name, diag)) < 0)
+        return rc;
+    strata_budget *b = &t->budgets[i];
+    const json_t *cv = json_object_get(v, "compressor");
+    if (cv == NULL)
+        return strata_diag_set(diag, STRATA_EPROTO, "%s.compressor: missing", where);
+    if (!json_is_string(cv))
+        return strata_diag_set(diag, STRATA_EPROTO, "%s.compressor: expected a string", where);
+    if (strata_comp_from_name(json_string_value(cv), &b->comp) < 0) {
+        char q[STRATA__JSON_QUOTE_SIZE];
+        strata__json_quote(json_string_value(cv), json_string_length(cv), q);
+        return strata_diag_set(diag, STRATA_EPROTO, "%s.compressor: unknown compressor \"%s\"",
+                               where, q);
+    }
+    int64_t levels = 0, rank = 0;
+    if ((rc = strata__json_number(v, "density", 0.0, 1, 1.0, 0, where, &b->density, diag)) < 0 ||
+        (rc = strata__json_int(v, "levels", 0, MAX_I32, where, &levels, diag)) < 0 ||
+        (rc = strata__json_int(v, "rank", 0, MAX_I32, where, &rank, diag)) < 0)
+        return rc;
+    b->levels = (uint32_t)levels;
+    b->rank = (uint32_t)rank;
+    strata_diag inner = {{0}};
+    if (strata_budget_check(b, &inner) < 0)
+        return strata_diag_set(diag, STRATA_EPROTO, "%s: %s", where, inner.msg);
+    if ((rc = strata__json_strdup(name, &t->layer_names[i])) < 0)
+        return strata_diag_set(diag, rc, "task: out of memory");
+    return STRATA_OK;
+}
+
+static int get_budgets(const json_t *root, const limits *lim, strata_task *t, strata_diag *diag)
+{
+    const json_t *arr = json_object_get(root, "budgets");
+    if (arr == NULL)
+        return strata_diag_set(diag, STRATA_EPROTO, "task.budgets: missing");
+    if (!json_is_array(arr))
+        return strata_diag_set(diag, STRATA_EPROTO, "task.budgets: expected an array");
+    size_t n = json_array_size(arr);
+    if (n > lim->max_layers)
+        return strata_diag_set(diag, STRATA_ETOOBIG,
+                               "task.budgets: %zu entries, above the limit of %zu layers", n,
+                               lim->max_layers);
+    if (n == 0)
+        return STRATA_OK;
+    t->layer_names = calloc(n, sizeof(*t->layer_names));
+    t->budgets = calloc(n, sizeof(*t->budgets));
+    if (t->layer_names == NULL || t->budgets == NULL)
+        return strata_diag_set(diag, STRATA_ENOMEM, "task: out of memory (%zu layers)", n);
+    t->num_layers = n;
+    for (size_t i = 0; i < n; i++) {
+        int rc = get_budget(json_array_get(arr, i), i, lim, t, diag);
+        if (rc < 0)
+            return rc;
+    }
+    return STRATA_OK;
+}
+
+static int get_train(const json_t *root, strata_task_train *tr, strata_diag *diag)
+{
+    const json_t *v = json_object_get(root, "train");
+    if (v == NULL)
+        return strata_diag_set(diag, STRATA_EPROTO, "task.train: missing");
+    if (!json_is_object(v))
+        return strata_diag_set(diag, STRATA_EPROTO, "task.train: expected an object");
+    const char *where = "train";
+    int64_t epochs = 0, batch = 0, steps = 0;
+    int rc;
+    if ((rc = strata__json_known_keys(v, TRAIN_KEYS, COUNT(TRAIN_KEYS), where, diag)) < 0 ||
+        (rc = strata__json_int(v, "epochs", 1, MAX_I32, where, &epochs, diag)) < 0 ||
+        (rc = strata__json_int(v, "batch", 1, MAX_I32, where, &batch, diag)) < 0 ||
+        (rc = strata__json_number(v, "lr", 0.0, 0, MAX_RATE, 0, where, &tr->lr, diag)) < 0 ||
+        (rc = strata__json_number(v, "momentum", 0.0, 0, 1.0, 1, where, &tr->momentum, diag)) < 0 ||
+        (rc = strata__json_number(v, "weight_decay", 0.0, 0, MAX_RATE, 0, where, &tr->weight_decay,
+                                  diag)) < 0 ||
+        (rc = strata__json_number(v, "prox_mu", 0.0, 0, MAX_RATE, 0, where, &tr->prox_mu, diag)) <
+            0 ||
+        (rc = strata__json_int(v, "max_steps", 0, MAX_I64, where, &steps, diag)) < 0)
+        return rc;
+    tr->epochs = (uint32_t)epochs;
+    tr->batch = (uint32_t)batch;
+    tr->max_steps = (uint64_t)steps;
+    return STRATA_OK;
+}
+
+static int get_task(const json_t *root, const limits *lim, strata_task *t, strata_diag *diag)
+{
+    const char *where = "task";
+    int64_t round = 0, total = 0, version = 0, deadline = 0, seed = 0;
+    int rc;
+    if ((rc = strata__json_known_keys(root, TASK_KEYS, COUNT(TASK_KEYS), where, diag)) < 0 ||
+        (rc = strata__json_int(root, "round", 0, UINT32_MAX, where, &round, diag)) < 0 ||
+        (rc = strata__json_int(root, "total_rounds", 1, UINT32_MAX, where, &total, diag)) < 0 ||
+        (rc = strata__json_int(root, "model_version", 0, MAX_I64, where, &version, diag)) < 0 ||
+        (rc = strata__json_int(root, "deadline_unix_ms", 0, MAX_I64, where, &deadline, diag)) < 0)
+        return rc;
+    t->round = (uint32_t)round;
+    t->total_rounds = (uint32_t)total;
+    t->model_version = (uint64_t)version;
+    t->deadline_unix_ms = deadline;
+    const json_t *vv = json_object_get(root, "values");
+    if (vv == NULL)
+        return strata_diag_set(diag, STRATA_EPROTO, "task.values: missing");
+    if (!json_is_string(vv))
+        return strata_diag_set(diag, STRATA_EPROTO, "task.values: expected a string");
+    if (strata_values_format_parse(json_string_value(vv), &t->values_format) < 0) {
+        char q[STRATA__JSON_QUOTE_SIZE];
+        strata__json_quote(json_string_value(vv), json_string_length(vv), q);
+        return strata_diag_set(diag, STRATA_EPROTO, "task.values: \"%s\" is not fp32, fp16 or bf16",
+                               q);
+    }
+    if ((rc = get_budgets(root, lim, t, diag)) < 0 || (rc = get_train(root, &t->train, diag)) < 0 ||
+        (rc = strata__json_int(root, "seed", 0, MAX_SEED, where, &seed, diag)) < 0)
+        return rc;
+    t->seed = (uint64_t)seed;
+    return STRATA_OK;
+}
+
+int strata_task_decode(const char *json, size_t len, const strata_task_limits *lim,
+                       strata_task *out, strata_diag *diag)
+{
+    if (out != NULL)
+        memset(out, 0, sizeof(*out));
+    if (diag != NULL)
+        diag->msg[0] = '\0';
+    if (out == NULL || (json == NULL && len > 0))
+        return strata_diag_set(diag, STRATA_EINVAL, "task decode: NULL argument");
+    limits l = resolve_limits(lim);
+    json_t *root = NULL;
+    int rc = strata__json_load(json != NULL ? json : "", len, l.max_bytes, STRATA_TASK_MAX_DEPTH,
+                               "task", &root, diag);
+    if (rc < 0)
+        return rc;
+    rc = get_task(root, &l, out, diag);
+    json_decref(root);
+    if (rc < 0)
+        strata_task_cleanup(out);
+    return rc;
+}
+
+void strata_task_cleanup(strata_task *t)
+{
+    if (t == NULL)
+        return;
+    for (size_t i = 0; t->layer_names != NULL && i < t->num_layers; i++)
+        free(t->layer_names[i]);
+    free(t->layer_names);
+    free(t->budgets);
+    memset(t, 0, sizeof(*t));
+}

@@ -1,0 +1,434 @@
+/* Unit tests of the round summary JSON codec (strata/summary.h): the
+ * coordinator's four forms byte for byte, non-finite metrics, round trips
+ * and table-driven refusals. */
+#include "strata/summary.h"
+#include "test_util.h"
+
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static char *NAMES[] = {"fc1.weight", "fc1.bias"};
+static double DENS[] = {0.0089, 1.0};
+
+static strata_round_summary closed_summary(void)
+{
+    strata_round_summary s = {.round = 3,
+                              .state = STRATA_ROUND_CLOSED,
+                              .model_version = 3,
+                              .selected = 10,
+                              .participants = 9,
+                              .has_stats = 1,
+                              .accuracy = 0.7712,
+                              .loss = 0.65,
+                              .uplink_bytes = 123456,
+                              .downlink_bytes = 7890123,
+                              .dense_uplink_bytes = 7968400,
+                              .duration_ms = 1234,
+                              .has_densities = 1,
+                              .num_layers = 2,
+                              .layer_names = NAMES,
+                              .densities = DENS};
+    return s;
+}
+
+static char *dump(json_t *j)
+{
+    char *t = json_dumps(j, JSON_COMPACT | JSON_PRESERVE_ORDER);
+    json_decref(j);
+    return t;
+}
+
+static json_t *legacy_densities(void)
+{
+    json_t *o = json_object();
+    for (size_t i = 0; i < 2; i++)
+        json_object_set_new(o, NAMES[i], json_real(DENS[i]));
+    return o;
+}
+
+static char *encode(const strata_round_summary *s)
+{
+    char *json = NULL;
+    size_t len = 0;
+    strata_diag d;
+    int rc = strata_round_summary_encode(s, &json, &len, &d);
+    if (rc != STRATA_OK)
+        fprintf(stderr, "\nencode: %s\n", d.msg);
+    CU_ASSERT_EQUAL_FATAL(rc, STRATA_OK);
+    CU_ASSERT_EQUAL(len, strlen(json));
+    return json;
+}
+
+static int same_double(double a, double b)
+{
+    return (isnan(a) && isnan(b)) || a == b;
+}
+
+static void assert_same(const strata_round_summary *a, const strata_round_summary *b)
+{
+    CU_ASSERT_EQUAL(a->round, b->round);
+    CU_ASSERT_EQUAL(a->state, b->state);
+    CU_ASSERT_EQUAL(a->model_version, b->model_version);
+    CU_ASSERT_EQUAL(a->selected, b->selected);
+    CU_ASSERT_EQUAL(a->participants, b->participants);
+    CU_ASSERT_EQUAL(a->has_stats, b->has_stats);
+    if (a->has_stats) {
+        CU_ASSERT(same_double(a->accuracy, b->accuracy));
+        CU_ASSERT(same_double(a->loss, b->loss));
+        CU_ASSERT_EQUAL(a->uplink_bytes, b->uplink_bytes);
+        CU_ASSERT_EQUAL(a->downlink_bytes, b->downlink_bytes);
+        CU_ASSERT_EQUAL(a->dense_uplink_bytes, b->dense_uplink_bytes);
+        CU_ASSERT_EQUAL(a->duration_ms, b->duration_ms);
+    }
+    CU_ASSERT_EQUAL(a->has_densities, b->has_densities);
+    if (!a->has_densities)
+        CU_ASSERT_EQUAL(b->num_layers, 0);
+    CU_ASSERT_EQUAL_FATAL(a->has_densities ? a->num_layers : 0, b->num_layers);
+    for (size_t i = 0; i < b->num_layers; i++) {
+        CU_ASSERT_STRING_EQUAL(a->layer_names[i], b->layer_names[i]);
+        CU_ASSERT_EQUAL(a->densities[i], b->densities[i]);
+    }
+    CU_ASSERT_EQUAL(a->stopped, b->stopped);
+    CU_ASSERT_EQUAL(a->recovered, b->recovered);
+}
+
+static void round_trip(const strata_round_summary *s)
+{
+    char *json = encode(s);
+    strata_round_summary back;
+    strata_diag d;
+    CU_ASSERT_EQUAL_FATAL(strata_round_summary_decode(json, strlen(json), NULL, &back, &d),
+                          STRATA_OK);
+    assert_same(s, &back);
+    strata_round_summary_cleanup(&back);
+    CU_ASSERT_PTR_NULL(back.layer_names);
+    free(json);
+}
+
+/* The four forms the coordinator wrote with its own format strings before
+ * the codec existed: the same keys, order and number spelling. */
+static void test_legacy_forms(void)
+{
+    strata_round_summary s = closed_summary();
+    char *want = dump(json_pack(
+        "{s:I,s:s,s:I,s:I,s:I,s:f,s:f,s:I,s:I,s:I,s:I,s:o}", "round", (json_int_t)3, "state",
+        "closed", "model_version", (json_int_t)3, "selected", (json_int_t)10, "participants",
+        (json_int_t)9, "accuracy", 0.7712, "loss", 0.65, "uplink_bytes", (json_int_t)123456,
+        "downlink_bytes", (json_int_t)7890123, "dense_uplink_bytes", (json_int_t)7968400,
+        "duration_ms", (json_int_t)1234, "densities", legacy_densities()));
+    char *got = encode(&s);
+    CU_ASSERT_STRING_EQUAL(got, want);
+    free(got);
+    free(want);
+    round_trip(&s);
+
+    strata_round_summary stop = {.round = 4,
+                                 .state = STRATA_ROUND_CLOSED,
+                                 .model_version = 4,
+                                 .selected = 10,
+                                 .participants = 2,
+                                 .stopped = 1};
+    want = dump(json_pack("{s:I,s:s,s:I,s:I,s:I,s:b}", "round", (json_int_t)4, "state", "closed",
+                          "model_version", (json_int_t)4, "selected", (json_int_t)10,
+                          "participants", (json_int_t)2, "stopped", 1));
+    got = encode(&stop);
+    CU_ASSERT_STRING_EQUAL(got, want);
+    CU_ASSERT_STRING_EQUAL(got, "{\"round\":4,\"state\":\"closed\",\"model_version\":4,"
+                                "\"selected\":10,\"participants\":2,\"stopped\":true}");
+    free(got);
+    free(want);
+    round_trip(&stop);
+
+    strata_round_summary rec = stop;
+    rec.stopped = 0;
+    rec.recovered = 1;
+    want = dump(json_pack("{s:I,s:s,s:I,s:I,s:I,s:b}", "round", (json_int_t)4, "state", "closed",
+                          "model_version", (json_int_t)4, "selected", (json_int_t)10,
+                          "participants", (json_int_t)2, "recovered", 1));
+    got = encode(&rec);
+    CU_ASSERT_STRING_EQUAL(got, want);
+    free(got);
+    free(want);
+    round_trip(&rec);
+
+    /* The view of a round without a stored summary: the open round with its
+     * densities, and a closed one without. */
+    strata_round_summary view = closed_summary();
+    view.state = STRATA_ROUND_OPEN;
+    view.accuracy = NAN;
+    view.loss = NAN;
+    json_t *v =
+        json_pack("{s:I,s:s,s:I,s:I,s:I,s:n,s:n,s:I,s:I,s:I,s:I}", "round", (json_int_t)3, "state",
+                  "open", "model_version", (json_int_t)3, "selected", (json_int_t)10,
+                  "participants", (json_int_t)9, "accuracy", "loss", "uplink_bytes",
+                  (json_int_t)123456, "downlink_bytes", (json_int_t)7890123, "dense_uplink_bytes",
+                  (json_int_t)7968400, "duration_ms", (json_int_t)1234);
+    json_object_set_new(v, "densities", legacy_densities());
+    want = dump(v);
+    got = encode(&view);
+    CU_ASSERT_STRING_EQUAL(got, want);
+    free(got);
+    free(want);
+    round_trip(&view);
+    view.state = STRATA_ROUND_CLOSED;
+    view.has_densities = 0;
+    got = encode(&view);
+    want =
+        dump(json_pack("{s:I,s:s,s:I,s:I,s:I,s:n,s:n,s:I,s:I,s:I,s:I}", "round", (json_int_t)3,
+                       "state", "closed", "model_version", (json_int_t)3, "selected",
+                       (json_int_t)10, "participants", (json_int_t)9, "accuracy", "loss",
+                       "uplink_bytes", (json_int_t)123456, "downlink_bytes", (json_int_t)7890123,
+                       "dense_uplink_bytes", (json_int_t)7968400, "duration_ms", (json_int_t)1234));
+    CU_ASSERT_STRING_EQUAL(got, want);
+    free(got);
+    free(want);
+    round_trip(&view);
+}
+
+static void test_non_finite(void)
+{
+    strata_round_summary s = closed_summary();
+    const double bad[] = {NAN, INFINITY, -INFINITY};
+    for (size_t i = 0; i < 3; i++) {
+        s.accuracy = bad[i];
+        s.loss = bad[2 - i];
+        char *json = encode(&s);
+        strata_round_summary back;
+        strata_diag d;
+        CU_ASSERT_EQUAL_FATAL(strata_round_summary_decode(json, strlen(json), NULL, &back, &d),
+                              STRATA_OK);
+        CU_ASSERT(isnan(back.accuracy));
+        CU_ASSERT(isnan(back.loss));
+        CU_ASSERT_EQUAL(back.has_stats, 1);
+        CU_ASSERT_EQUAL(back.num_layers, 2);
+        strata_round_summary_cleanup(&back);
+        free(json);
+    }
+    /* A stopped flag is a field, and false is the same as absent. */
+    const char *f = "{\"round\":1,\"state\":\"closed\",\"model_version\":1,\"selected\":1,"
+                    "\"participants\":0,\"stopped\":false,\"recovered\":true}";
+    strata_round_summary back;
+    CU_ASSERT_EQUAL_FATAL(strata_round_summary_decode(f, strlen(f), NULL, &back, NULL), STRATA_OK);
+    CU_ASSERT_EQUAL(back.stopped, 0);
+    CU_ASSERT_EQUAL(back.recovered, 1);
+    CU_ASSERT_EQUAL(back.has_stats, 0);
+    CU_ASSERT_EQUAL(back.has_densities, 0);
+    strata_round_summary_cleanup(&back);
+    strata_round_summary_cleanup(NULL);
+
+    /* Extremes and an empty densities object. */
+    strata_round_summary e = {.round = UINT32_MAX,
+                              .state = STRATA_ROUND_OPEN,
+                              .model_version = INT64_MAX,
+                              .selected = INT64_MAX,
+                              .participants = INT64_MAX,
+                              .has_stats = 1,
+                              .accuracy = -1e308,
+                              .loss = 4.9e-324,
+                              .uplink_bytes = INT64_MAX,
+                              .downlink_bytes = 0,
+                              .dense_uplink_bytes = INT64_MAX,
+                              .duration_ms = 0,
+                              .has_densities = 1,
+                              .stopped = 1,
+                              .recovered = 1};
+    round_trip(&e);
+}
+
+static const char BASE[] =
+    "{\"round\":3,\"state\":\"closed\",\"model_version\":3,\"selected\":10,\"participants\":9,"
+    "\"accuracy\":0.5,\"loss\":0.25,\"uplink_bytes\":100,\"downlink_bytes\":200,"
+    "\"dense_uplink_bytes\":300,\"duration_ms\":1234,\"densities\":{\"fc1.weight\":0.5,"
+    "\"fc1.bias\":1.0}}";
+
+/* BASE with the first occurrence of from replaced by to (malloc'ed): the
+ * inputs of the refusal table are built as edits of the valid text. */
+static char *mutate(const char *from, const char *to)
+{
+    const char *at = NULL;
+    size_t nf = strlen(from);
+    for (size_t i = 0; at == NULL && i + nf <= sizeof(BASE) - 1; i++)
+        if (memcmp(BASE + i, from, nf) == 0)
+            at = BASE + i;
+    CU_ASSERT_PTR_NOT_NULL_FATAL(at);
+    size_t pre = (size_t)(at - BASE), nt = strlen(to);
+    char *s = malloc(sizeof(BASE) - nf + nt);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(s);
+    memcpy(s, BASE, pre);
+    memcpy(s + pre, to, nt);
+    strcpy(s + pre + nt, at + nf);
+    return s;
+}
+
+static void test_refusals(void)
+{
+    strata_round_summary ok;
+    CU_ASSERT_EQUAL_FATAL(strata_round_summary_decode(BASE, strlen(BASE), NULL, &ok, NULL),
+                          STRATA_OK);
+    CU_ASSERT_STRING_EQUAL(ok.layer_names[1], "fc1.bias");
+    CU_ASSERT_EQUAL(ok.densities[0], 0.5);
+    strata_round_summary_cleanup(&ok);
+
+    static const struct {
+        const char *from, *to;
+        int rc;
+        const char *msg;
+    } cases[] = {
+        {"\"round\":3", "\"round\":3.0", STRATA_EPROTO, "summary.round: expected an integer"},
+        {"\"round\":3", "\"round\":-3", STRATA_EPROTO, "summary.round: -3 is not in"},
+        {"\"round\":3", "\"round\":4294967296", STRATA_EPROTO, "summary.round"},
+        {"\"state\":\"closed\"", "\"state\":\"done\"", STRATA_EPROTO,
+         "summary.state: expected \"open\" or \"closed\""},
+        {"\"state\":\"closed\"", "\"state\":1", STRATA_EPROTO, "summary.state"},
+        {"\"selected\":10", "\"selected\":0", STRATA_EPROTO, "summary.selected"},
+        {"\"participants\":9", "\"participants\":\"9\"", STRATA_EPROTO,
+         "summary.participants: expected an integer"},
+        {"\"model_version\":3", "\"model_version\":-1", STRATA_EPROTO, "summary.model_version"},
+        {"\"accuracy\":0.5", "\"accuracy\":\"high\"", STRATA_EPROTO,
+         "summary.accuracy: expected a number"},
+        {"\"loss\":0.25", "\"loss\":true", STRATA_EPROTO, "summary.loss: expected a number"},
+        {"\"uplink_bytes\":100", "\"uplink_bytes\":-100", STRATA_EPROTO, "summary.uplink_bytes"},
+        {"\"duration_ms\":1234", "\"duration_ms\":-1", STRATA_EPROTO, "summary.duration_ms"},
+        {"\"duration_ms\":1234", "\"duration_ms\":null", STRATA_EPROTO, "summary.duration_ms"},
+        {"\"densities\":{", "\"densities\":[{", STRATA_EPROTO, "nesting deeper than 2"},
+        {"\"densities\":{\"fc1.weight\":0.5,\"fc1.bias\":1.0}", "\"densities\":[]", STRATA_EPROTO,
+         "summary.densities: expected an object"},
+        {"\"fc1.weight\":0.5", "\"fc1.weight\":0", STRATA_EPROTO,
+         "summary.densities.fc1.weight: 0 is not in (0, 1]"},
+        {"\"fc1.bias\":1.0", "\"fc1.bias\":1.5", STRATA_EPROTO, "summary.densities.fc1.bias"},
+        {"\"fc1.bias\":1.0", "\"fc1.bias\":null", STRATA_EPROTO, "expected a number"},
+        {"\"fc1.bias\":1.0", "\"\":1.0", STRATA_EPROTO, "summary.densities key 1: 0 bytes"},
+        {"\"fc1.bias\":1.0", "\"a\\tb\":1.0", STRATA_EPROTO, "control character 0x09"},
+        {",\"loss\":0.25", "", STRATA_EPROTO,
+         "summary.loss: missing (the round statistics come together)"},
+        {"\"round\":3,", "", STRATA_EPROTO, "summary.round: missing"},
+        {"\"state\":\"closed\",", "", STRATA_EPROTO, "summary.state: missing"},
+        {"\"selected\":10,", "", STRATA_EPROTO, "summary.selected: missing"},
+        {"\"round\":3", "\"round\":3,\"extra\":0", STRATA_EPROTO, "summary: unknown key \"extra\""},
+        {"\"round\":3", "\"round\":3,\"round\":3", STRATA_EPROTO, "duplicate object key"},
+        {"\"fc1.bias\":1.0", "\"fc1.weight\":1.0", STRATA_EPROTO, "duplicate object key"},
+        {"\"round\":3", "\"round\":3,\"stopped\":1", STRATA_EPROTO,
+         "summary.stopped: expected true or false"},
+        {"\"round\":3", "\"round\":3,\"recovered\":\"yes\"", STRATA_EPROTO, "summary.recovered"},
+        {"\"accuracy\":0.5", "\"accuracy\":NaN", STRATA_EPROTO, "invalid JSON"},
+        {"\"loss\":0.25", "\"loss\":-Infinity", STRATA_EPROTO, "invalid JSON"},
+        {"\"loss\":0.25", "\"loss\":1e400", STRATA_EPROTO, "invalid JSON"},
+        {"1.0}}", "1.0}}]", STRATA_EPROTO, "invalid JSON"},
+        {"1.0}}", "1.0}", STRATA_EPROTO, "invalid JSON"},
+        {"\"round\":3", "\"round\":[[3]]", STRATA_EPROTO, "nesting deeper than 2"},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        char *s = mutate(cases[i].from, cases[i].to);
+        strata_round_summary out;
+        memset(&out, 0x5a, sizeof(out));
+        strata_diag d;
+        int rc = strata_round_summary_decode(s, strlen(s), NULL, &out, &d);
+        if (rc != cases[i].rc || strstr(d.msg, cases[i].msg) == NULL)
+            fprintf(stderr, "\ncase %zu (%s): rc %d, diag \"%s\"\n", i, cases[i].to, rc, d.msg);
+        CU_ASSERT_EQUAL(rc, cases[i].rc);
+        CU_ASSERT_PTR_NOT_NULL(strstr(d.msg, cases[i].msg));
+        CU_ASSERT_EQUAL(out.num_layers, 0);
+        CU_ASSERT_PTR_NULL(out.layer_names);
+        CU_ASSERT_PTR_NULL(out.densities);
+        free(s);
+    }
+
+    /* Truncated at every length, limits, arguments. */
+    strata_round_summary out;
+    strata_diag d;
+    size_t n = strlen(BASE);
+    for (size_t k = 0; k < n; k++)
+        CU_ASSERT_EQUAL(strata_round_summary_decode(BASE, k, NULL, &out, &d), STRATA_EPROTO);
+    strata_summary_limits lim = {.max_bytes = n - 1};
+    CU_ASSERT_EQUAL(strata_round_summary_decode(BASE, n, &lim, &out, &d), STRATA_ETOOBIG);
+    lim = (strata_summary_limits){.max_layers = 1};
+    CU_ASSERT_EQUAL(strata_round_summary_decode(BASE, n, &lim, &out, &d), STRATA_ETOOBIG);
+    CU_ASSERT_PTR_NOT_NULL(strstr(d.msg, "summary.densities: 2 entries, above the limit of 1"));
+    lim = (strata_summary_limits){.max_name_bytes = 9};
+    CU_ASSERT_EQUAL(strata_round_summary_decode(BASE, n, &lim, &out, &d), STRATA_EPROTO);
+    CU_ASSERT_PTR_NOT_NULL(strstr(d.msg, "key 0: 10 bytes, expected 1 to 9"));
+    CU_ASSERT_EQUAL(strata_round_summary_decode("7", 1, NULL, &out, &d), STRATA_EPROTO);
+    CU_ASSERT_PTR_NOT_NULL(strstr(d.msg, "summary: invalid JSON"));
+    CU_ASSERT_EQUAL(strata_round_summary_decode("[1]", 3, NULL, &out, &d), STRATA_EPROTO);
+    CU_ASSERT_PTR_NOT_NULL(strstr(d.msg, "summary: expected a JSON object"));
+    CU_ASSERT_EQUAL(strata_round_summary_decode(NULL, 3, NULL, &out, &d), STRATA_EINVAL);
+    CU_ASSERT_EQUAL(strata_round_summary_decode(BASE, n, NULL, NULL, &d), STRATA_EINVAL);
+}
+
+static void test_encode_refusals(void)
+{
+    char *json = (char *)&json;
+    size_t len = 3;
+    strata_diag d;
+    CU_ASSERT_EQUAL(strata_round_summary_encode(NULL, &json, &len, &d), STRATA_EINVAL);
+    CU_ASSERT_PTR_NULL(json);
+    CU_ASSERT_EQUAL(len, 0);
+    static char *dup[] = {"a", "a"};
+    static char *ctrl[] = {"a", "b\n"};
+    static double bad_d[] = {0.5, 0.0};
+    static const char *msgs[] = {
+        "state",         "selected",          "model_version",        "duration_ms",
+        "appears twice", "control character", "layer 1: 0 is not in", "densities: NULL"};
+    for (int i = 0; i < 8; i++) {
+        strata_round_summary s = closed_summary();
+        switch (i) {
+        case 0:
+            s.state = (strata_round_state)2;
+            break;
+        case 1:
+            s.selected = 0;
+            break;
+        case 2:
+            s.model_version = UINT64_MAX;
+            break;
+        case 3:
+            s.duration_ms = (uint64_t)INT64_MAX + 1;
+            break;
+        case 4:
+            s.layer_names = dup;
+            break;
+        case 5:
+            s.layer_names = ctrl;
+            break;
+        case 6:
+            s.densities = bad_d;
+            break;
+        case 7:
+            s.densities = NULL;
+            break;
+        }
+        int rc = strata_round_summary_encode(&s, &json, &len, &d);
+        if (rc != STRATA_EINVAL || strstr(d.msg, msgs[i]) == NULL)
+            fprintf(stderr, "\nencode case %d: rc %d, diag \"%s\"\n", i, rc, d.msg);
+        CU_ASSERT_EQUAL(rc, STRATA_EINVAL);
+        CU_ASSERT_PTR_NOT_NULL(strstr(d.msg, msgs[i]));
+        CU_ASSERT_PTR_NULL(json);
+    }
+    /* Unused groups are not checked: a stopped summary ignores its arrays. */
+    strata_round_summary s = closed_summary();
+    s.has_densities = 0;
+    s.densities = NULL;
+    s.has_stats = 0;
+    s.duration_ms = UINT64_MAX;
+    CU_ASSERT_EQUAL(strata_round_summary_encode(&s, &json, &len, &d), STRATA_OK);
+    free(json);
+}
+
+int main(void)
+{
+    CU_TestInfo tests[] = {
+        {"the coordinator's four forms, byte for byte", test_legacy_forms},
+        {"non-finite metrics become null, flags, extremes", test_non_finite},
+        {"refusals: types, ranges, keys, JSON, limits", test_refusals},
+        {"encoder refuses what the decoder would", test_encode_refusals},
+        CU_TEST_INFO_NULL,
+    };
+    CU_SuiteInfo suites[] = {
+        {"summary", NULL, NULL, NULL, NULL, tests},
+        CU_SUITE_INFO_NULL,
+    };
+    return strata_test_run(suites);
+}
