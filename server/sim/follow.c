@@ -111,20 +111,20 @@ static int read_rounds(sim_follow *f, sim_round_fn fn, void *ud, strata_diag *di
         char path[96];
         snprintf(path, sizeof(path), "/v1/rounds?from=%u&limit=%d", f->progress.next, ROUNDS_PAGE);
         strata_http_response resp;
-        sim_summary *list = NULL;
+        strata_round_summary *list = NULL;
         size_t n = 0;
-        int rc = get(f, path, SIM_SUMMARY_MAX_JSON, &resp, diag);
+        int rc = get(f, path, SIM_ROUNDS_MAX_JSON, &resp, diag);
         if (rc == 0)
             rc = sim_summary_list_decode((const char *)resp.body, resp.len, &list, &n, diag);
         strata_http_response_cleanup(&resp);
         int open = 0;
         for (size_t i = 0; rc == 0 && i < n && !open; i++) {
-            const sim_summary *s = &list[i];
+            const strata_round_summary *s = &list[i];
             if (s->round < f->progress.next) {
                 rc = strata_diag_set(diag, STRATA_EPROTO,
                                      "GET /v1/rounds: round %u before the asked-for %u", s->round,
                                      f->progress.next);
-            } else if (!s->closed) {
+            } else if (s->state != STRATA_ROUND_CLOSED) {
                 open = 1;
             } else {
                 f->progress.next = s->round + 1;

@@ -358,14 +358,15 @@ static int start_clients(const sim_opts *o, procs *p, const char *client_bin, co
 
 /* Shows one closed round: a status line on a terminal, a log line
  * otherwise. */
-static void show_round(void *ud, const sim_summary *s, uint32_t total)
+static void show_round(void *ud, const strata_round_summary *s, uint32_t total)
 {
     int *tty = ud;
     char line[256];
     snprintf(line, sizeof(line),
-             "round %u/%u: %ld updates, accuracy %.4f, loss %.4f, uplink %.0f bytes, %.0f ms",
-             s->round, total, s->participants, s->accuracy, s->loss, s->uplink_bytes,
-             s->duration_ms);
+             "round %u/%u: %llu updates, accuracy %.4f, loss %.4f, uplink %llu bytes, %llu ms",
+             s->round, total, (unsigned long long)s->participants, sim_summary_metric(s->accuracy),
+             sim_summary_metric(s->loss), (unsigned long long)s->uplink_bytes,
+             (unsigned long long)s->duration_ms);
     if (*tty) {
         fprintf(stderr, "\r\033[K%s", line);
         fflush(stderr);

@@ -16,7 +16,7 @@
 /* Decodes the summaries of the store's closed rounds into *out (*n of
  * them); a record whose summary does not decode is left out, with a
  * warning. */
-static int read_summaries(const char *state_dir, sim_summary **out, size_t *n)
+static int read_summaries(const char *state_dir, strata_round_summary **out, size_t *n)
 {
     *out = NULL;
     *n = 0;
@@ -31,7 +31,7 @@ static int read_summaries(const char *state_dir, sim_summary **out, size_t *n)
         strata_log_error("cannot read the coordinator's records: %s", strata_diag_msg(&d, rc));
         goto out;
     }
-    if (nr > 0 && (*out = calloc(nr, sizeof(sim_summary))) == NULL) {
+    if (nr > 0 && (*out = calloc(nr, sizeof(strata_round_summary))) == NULL) {
         strata_log_error("out of memory");
         rc = STRATA_ENOMEM;
         goto out;
@@ -39,11 +39,11 @@ static int read_summaries(const char *state_dir, sim_summary **out, size_t *n)
     for (size_t i = 0; i < nr; i++) {
         if (list[i].summary_json == NULL)
             continue;
-        sim_summary *sm = &(*out)[*n];
-        int src = sim_summary_decode(list[i].summary_json, strlen(list[i].summary_json), sm, &d);
+        strata_round_summary *sm = &(*out)[*n];
+        int src = strata_round_summary_decode(list[i].summary_json, strlen(list[i].summary_json),
+                                              NULL, sm, &d);
         if (src < 0) {
             strata_log_warn("round %u: %s", list[i].round, strata_diag_msg(&d, src));
-            sim_summary_cleanup(sm);
             continue;
         }
         (*n)++;
@@ -56,7 +56,7 @@ out:
 
 int sim_report_write(const char *state_dir, const char *out_dir, const sim_run_info *o, int json)
 {
-    sim_summary *list = NULL;
+    strata_round_summary *list = NULL;
     size_t nr = 0;
     int rc = read_summaries(state_dir, &list, &nr);
     if (rc < 0)
@@ -74,9 +74,9 @@ int sim_report_write(const char *state_dir, const char *out_dir, const sim_run_i
         /* One density column per layer, named after the first summary that
          * has densities. */
         for (size_t i = 0; i < nr; i++)
-            if (list[i].ndensities > 0) {
-                for (size_t k = 0; k < list[i].ndensities; k++)
-                    fprintf(fc, ",density:%s", list[i].density_names[k]);
+            if (list[i].has_densities) {
+                for (size_t k = 0; k < list[i].num_layers; k++)
+                    fprintf(fc, ",density:%s", list[i].layer_names[k]);
                 break;
             }
         fputc('\n', fc);
@@ -89,28 +89,30 @@ int sim_report_write(const char *state_dir, const char *out_dir, const sim_run_i
                 o->seed);
     }
     double up = 0, down = 0, dense = 0, acc = 0;
-    const sim_summary *last = NULL;
+    const strata_round_summary *last = NULL;
     for (size_t i = 0; fc && fm && i < nr; i++) {
-        const sim_summary *s = &list[i];
-        double u = s->uplink_bytes, de = s->dense_uplink_bytes;
-        acc = s->accuracy;
+        const strata_round_summary *s = &list[i];
+        double u = (double)s->uplink_bytes, dn = (double)s->downlink_bytes;
+        double de = (double)s->dense_uplink_bytes, loss = sim_summary_metric(s->loss);
+        long parts = (long)s->participants;
+        acc = sim_summary_metric(s->accuracy);
         up += u;
-        down += s->downlink_bytes;
+        down += dn;
         dense += de;
-        fprintf(fc, "%u,%ld,%.6f,%.6f,%.0f,%.0f,%.0f,%.2f", s->round, s->participants, acc, s->loss,
-                u, s->downlink_bytes, de, u > 0 ? de / u : 0.0);
-        for (size_t k = 0; k < s->ndensities; k++)
+        fprintf(fc, "%u,%ld,%.6f,%.6f,%.0f,%.0f,%.0f,%.2f", s->round, parts, acc, loss, u, dn, de,
+                u > 0 ? de / u : 0.0);
+        for (size_t k = 0; k < s->num_layers; k++)
             fprintf(fc, ",%.6f", s->densities[k]);
         fputc('\n', fc);
-        fprintf(fm, "| %u | %ld | %.4f | %.4f | %.0f | %.0f | %.1fx |\n", s->round, s->participants,
-                acc, s->loss, u, s->downlink_bytes, u > 0 ? de / u : 0.0);
+        fprintf(fm, "| %u | %ld | %.4f | %.4f | %.0f | %.0f | %.1fx |\n", s->round, parts, acc,
+                loss, u, dn, u > 0 ? de / u : 0.0);
         last = s;
     }
-    if (fm != NULL && last != NULL && last->ndensities > 0) {
+    if (fm != NULL && last != NULL && last->has_densities) {
         fprintf(fm, "\nPer-layer densities of the last round (every round's are in "
                     "report.csv):\n\n| tensor | density |\n|---|---|\n");
-        for (size_t k = 0; k < last->ndensities; k++)
-            fprintf(fm, "| %s | %.6f |\n", last->density_names[k], last->densities[k]);
+        for (size_t k = 0; k < last->num_layers; k++)
+            fprintf(fm, "| %s | %.6f |\n", last->layer_names[k], last->densities[k]);
     }
     if (fm != NULL)
         fprintf(fm,

@@ -1,10 +1,11 @@
-/* strata-sim's internal modules: round summaries as the sim reads them
- * (summary.c), following a run through the coordinator's REST API
- * (follow.c) and the report built from the coordinator's store (report.c). */
+/* strata-sim's internal modules: pages of round summaries (summary.c), following a run through the
+ * coordinator's REST API (follow.c) and the report built from the coordinator's store (report.c).
+ */
 #ifndef STRATA_SIM_H
 #define STRATA_SIM_H
 
 #include "strata/error.h"
+#include "strata/summary.h"
 
 #include <signal.h>
 #include <stddef.h>
@@ -12,40 +13,21 @@
 
 /* ---- round summaries (summary.c) ---------------------------------------- */
 
-/* One round's summary as GET /v1/rounds and the store's round records give
- * it (schemas/api.md). Fields a summary leaves out are 0 (a round an
- * operator stopped has no metrics). */
-typedef struct sim_summary {
-    uint32_t round;
-    int closed;  /* state "closed" (else "open") */
-    int stopped; /* closed by an operator without aggregation */
-    long participants;
-    double accuracy, loss;
-    double uplink_bytes, downlink_bytes, dense_uplink_bytes, duration_ms;
-    size_t ndensities;    /* per-layer densities, in the summary's order */
-    char **density_names; /* malloc'ed */
-    double *densities;
-} sim_summary;
+/* Most bytes of one page of GET /v1/rounds. */
+#define SIM_ROUNDS_MAX_JSON ((size_t)16 << 20)
 
-/* Most bytes of one summary's or one page of summaries' JSON text. */
-#define SIM_SUMMARY_MAX_JSON ((size_t)16 << 20)
-
-void sim_summary_init(sim_summary *s);
-void sim_summary_cleanup(sim_summary *s);
-
-/* Decodes one summary from len bytes of JSON text into *out (initialised
- * here; clean it up even on error). Errors: STRATA_ETOOBIG above
- * SIM_SUMMARY_MAX_JSON, STRATA_EPROTO for text that is not JSON or a
- * summary with a missing or mistyped field (diag says which),
- * STRATA_ENOMEM. */
-int sim_summary_decode(const char *text, size_t len, sim_summary *out, strata_diag *diag);
-
-/* Decodes the body of GET /v1/rounds ({"rounds": [summary, ...]}) into a
- * new array *out of *n summaries (NULL and 0 on entry; release with
- * sim_summary_list_free, also after an error). Errors as above. */
-int sim_summary_list_decode(const char *text, size_t len, sim_summary **out, size_t *n,
+/* Decodes the body of GET /v1/rounds ({"rounds": [summary, ...]}, len
+ * bytes) into a new array *out of *n summaries, each through
+ * strata_round_summary_decode (NULL and 0 on entry; release with
+ * sim_summary_list_free, also after an error). Errors: STRATA_ETOOBIG above
+ * SIM_ROUNDS_MAX_JSON, STRATA_EPROTO for a body that is not such an object
+ * or a summary the decoder refuses (diag says which), STRATA_ENOMEM. */
+int sim_summary_list_decode(const char *text, size_t len, strata_round_summary **out, size_t *n,
                             strata_diag *diag);
-void sim_summary_list_free(sim_summary *list, size_t n);
+void sim_summary_list_free(strata_round_summary *list, size_t n);
+
+/* A summary's accuracy or loss for display: 0 when it is unknown (NaN). */
+double sim_summary_metric(double v);
 
 /* ---- following a run (follow.c) ----------------------------------------- */
 
@@ -70,7 +52,7 @@ typedef struct sim_follow sim_follow;
 
 /* Called once per newly closed, aggregated round, in round order. s is
  * borrowed for the call. */
-typedef void (*sim_round_fn)(void *ud, const sim_summary *s, uint32_t total_rounds);
+typedef void (*sim_round_fn)(void *ud, const strata_round_summary *s, uint32_t total_rounds);
 
 /* Follows the coordinator at url ("http://127.0.0.1:PORT"). stop (borrowed,
  * may be NULL) aborts requests when it becomes non-zero. Errors: those of
