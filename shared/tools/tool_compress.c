@@ -19,8 +19,8 @@
 
 #define MAX_PAYLOAD_FILE ((size_t)1 << 31)
 
-/* Writes buf to a new temporary file beside path; *tmp receives its name
- * (malloc'ed) for a later rename over path or unlink. Errors: STRATA_ENOMEM,
+/* Writes buf to a new temporary file beside path and fsyncs it; *tmp
+ * receives its name (malloc'ed) for a later rename over path or unlink. Errors: STRATA_ENOMEM,
  * STRATA_EIO (diag names the path). */
 static int write_temp(const char *path, const uint8_t *buf, size_t len, char **tmp,
                       strata_diag *diag)
@@ -38,7 +38,7 @@ static int write_temp(const char *path, const uint8_t *buf, size_t len, char **t
         return strata_diag_set(diag, STRATA_EIO, "%s: %s", path, strerror(e));
     }
     FILE *f = fdopen(fd, "wb");
-    int ok = f != NULL && fwrite(buf, 1, len, f) == len;
+    int ok = f != NULL && fwrite(buf, 1, len, f) == len && fflush(f) == 0 && fsync(fd) == 0;
     if (f != NULL)
         ok &= fclose(f) == 0;
     else
