@@ -1,16 +1,19 @@
 /* strata-sim: runs a whole federation on this machine — a coordinator on a
  * free loopback port and N edge-client processes over a partition of a real
- * data set — shows progress, and writes report.csv and report.md from the
- * coordinator's round records. */
-#include "store.h"
+ * data set. This file owns the options, the processes and the run's
+ * outcome: it learns the coordinator's address from its start-up line,
+ * follows the run through the REST API (follow.c), and has the report
+ * written from the coordinator's store (report.c). */
+#include "sim.h"
 
+#include "strata/clock.h"
 #include "strata/fileio.h"
+#include "strata/log.h"
 #include "strata/parse.h"
 
 #include <errno.h>
 #include <fcntl.h>
 #include <getopt.h>
-#include <jansson.h>
 #include <libgen.h>
 #include <limits.h>
 #include <poll.h>
@@ -20,7 +23,6 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
 
 static volatile sig_atomic_t g_stop;
@@ -35,20 +37,33 @@ typedef struct sim_opts {
     long clients, rounds, seed, local_epochs, batch, deadline;
     const char *model, *data, *partition, *policy, *density, *values, *out, *lr, *server_opt;
     int json;
+    strata_log_level log_level;
+    strata_log_format log_format;
 } sim_opts;
+
+/* Exit codes. */
+enum { SIM_EXIT_OK = 0, SIM_EXIT_FAIL = 1, SIM_EXIT_USAGE = 2, SIM_EXIT_INTERRUPTED = 130 };
+
+/* How long the coordinator may take to print its address. */
+#define START_TIMEOUT_MS 120000
+/* How often the run's progress is polled. */
+#define POLL_INTERVAL_MS 500
 
 static const char USAGE[] =
     "usage: strata-sim --clients N --rounds R --model mlp|cnn|ARCH.json --data DIR\n"
     "                  [--partition iid|dirichlet:ALPHA|shards:S] [--policy SPEC] [--density D]\n"
     "                  [--values fp32|fp16|bf16] [--local-epochs E] [--batch B] [--lr LR]\n"
     "                  [--server-opt plain|fedavgm|fedadam|fedyogi] [--round-deadline S]\n"
-    "                  [--seed S] [--out DIR] [--json]\n"
+    "                  [--seed S] [--out DIR] [--json] [--log-format text|json]\n"
+    "                  [--log-level debug|info|warn|error]\n"
     "Starts strata-server on a free loopback port and N strata-client processes (one\n"
-    "thread each), shows progress, and writes report.csv and report.md in --out\n"
-    "(default out/sim). --policy none runs dense FedAvg. With --json the last line of\n"
-    "output is a JSON summary.\n";
+    "thread each), follows the run through the coordinator's REST API, shows progress,\n"
+    "and writes report.csv and report.md in --out (default out/sim). --policy none runs\n"
+    "dense FedAvg. With --json the last line of output is a JSON summary.\n";
 
-static int parse(int argc, char **argv, sim_opts *o)
+/* Parses the command line into *o. Returns SIM_EXIT_OK (with *help set when
+ * --help was answered) or SIM_EXIT_USAGE. */
+static int parse(int argc, char **argv, sim_opts *o, int *help)
 {
     static const struct option opts[] = {
         {"clients", required_argument, NULL, 'c'},
@@ -67,6 +82,8 @@ static int parse(int argc, char **argv, sim_opts *o)
         {"seed", required_argument, NULL, 's'},
         {"out", required_argument, NULL, 'O'},
         {"json", no_argument, NULL, 'j'},
+        {"log-format", required_argument, NULL, 'F'},
+        {"log-level", required_argument, NULL, 'L'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
@@ -83,7 +100,10 @@ static int parse(int argc, char **argv, sim_opts *o)
                     .values = "fp32",
                     .out = "out/sim",
                     .lr = "0.05",
-                    .server_opt = "plain"};
+                    .server_opt = "plain",
+                    .log_level = STRATA_LOG_INFO,
+                    .log_format = STRATA_LOG_TEXT};
+    *help = 0;
     int c, li = 0;
     while ((c = getopt_long(argc, argv, "", opts, &li)) != -1) {
         int bad = 0;
@@ -136,24 +156,31 @@ static int parse(int argc, char **argv, sim_opts *o)
         case 'j':
             o->json = 1;
             break;
+        case 'F':
+            bad = strata_log_parse_format(optarg, &o->log_format, NULL);
+            break;
+        case 'L':
+            bad = strata_log_parse_level(optarg, &o->log_level, NULL);
+            break;
         case 'h':
             fputs(USAGE, stdout);
-            exit(0);
+            *help = 1;
+            return SIM_EXIT_OK;
         default:
             fputs(USAGE, stderr);
-            return 2;
+            return SIM_EXIT_USAGE;
         }
         if (bad) {
             fprintf(stderr, "strata-sim: invalid value '%s' for --%s\n", optarg, opts[li].name);
-            return 2;
+            return SIM_EXIT_USAGE;
         }
     }
     if (optind != argc || o->data == NULL) {
         fputs(USAGE, stderr);
         fprintf(stderr, "strata-sim: --data is required\n");
-        return 2;
+        return SIM_EXIT_USAGE;
     }
-    return 0;
+    return SIM_EXIT_OK;
 }
 
 static int mkdirs(const char *path)
@@ -164,19 +191,20 @@ static int mkdirs(const char *path)
         if (*p == '/') {
             *p = '\0';
             if (mkdir(buf, 0755) != 0 && errno != EEXIST)
-                return -1;
+                return STRATA_EIO;
             *p = '/';
         }
-    return (mkdir(buf, 0755) == 0 || errno == EEXIST) ? 0 : -1;
+    return (mkdir(buf, 0755) == 0 || errno == EEXIST) ? STRATA_OK : STRATA_EIO;
 }
 
-/* Starts argv[0] with stdout to out_fd (or a log), stderr to the log file. */
+/* Starts argv[0] with stdout to out_fd (or the log), stderr to the log
+ * file (appended to by every writer). Returns the child's pid, or -1. */
 static pid_t spawn(char *const argv[], const char *log, int out_fd)
 {
     pid_t pid = fork();
     if (pid != 0)
         return pid;
-    int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC | O_APPEND, 0644);
     if (fd >= 0) {
         dup2(fd, STDERR_FILENO);
         dup2(out_fd >= 0 ? out_fd : fd, STDOUT_FILENO);
@@ -184,21 +212,257 @@ static pid_t spawn(char *const argv[], const char *log, int out_fd)
     setenv("OMP_NUM_THREADS", "1", 1);
     setenv("OMP_WAIT_POLICY", "passive", 1);
     execv(argv[0], argv);
-    fprintf(stderr, "strata-sim: cannot run %s: %s\n", argv[0], strerror(errno));
+    strata_log_error("cannot run %s: %s", argv[0], strerror(errno));
     _exit(127);
 }
 
-static double num(json_t *o, const char *k)
+/* The coordinator's standard output: its start-up line, then whatever it
+ * prints, which is copied to its log. */
+typedef struct server_out {
+    int fd;     /* read end of the pipe (non-blocking) */
+    int log_fd; /* server.log, opened for appending; -1 when not open */
+    char buf[8192];
+    size_t len;
+} server_out;
+
+/* Reads what the pipe holds (waiting up to wait_ms) and copies it to the
+ * log. Returns the number of bytes read, 0 at end of file or when nothing
+ * came. */
+static size_t server_out_read(server_out *so, int wait_ms)
 {
-    return json_number_value(json_object_get(o, k));
+    struct pollfd pf = {so->fd, POLLIN, 0};
+    if (poll(&pf, 1, wait_ms) <= 0)
+        return 0;
+    size_t room = sizeof(so->buf) - 1 - so->len;
+    ssize_t k = read(so->fd, so->buf + so->len, room);
+    if (k <= 0)
+        return 0;
+    if (so->log_fd >= 0 && write(so->log_fd, so->buf + so->len, (size_t)k) < 0)
+        strata_log_debug("copying the coordinator's output: %s", strerror(errno));
+    so->len += (size_t)k;
+    return (size_t)k;
+}
+
+/* Looks for the start-up line "strata-server: listening on URL" among the
+ * complete lines read so far (see docs/operations.md); copies URL into url
+ * and returns 1 when it is there. Lines before it are dropped. */
+static int server_out_listening(server_out *so, char *url, size_t cap)
+{
+    static const char MARK[] = "listening on ";
+    char *nl;
+    while ((nl = memchr(so->buf, '\n', so->len)) != NULL) {
+        *nl = '\0';
+        const char *p = strstr(so->buf, MARK);
+        int found = p != NULL;
+        if (found) {
+            snprintf(url, cap, "%s", p + strlen(MARK));
+            url[strcspn(url, "\r")] = '\0';
+        }
+        so->len -= (size_t)(nl + 1 - so->buf);
+        memmove(so->buf, nl + 1, so->len);
+        if (found)
+            return 1;
+    }
+    if (so->len == sizeof(so->buf) - 1)
+        so->len = 0; /* an overlong line: drop it */
+    return 0;
+}
+
+/* The child processes of the run. */
+typedef struct procs {
+    pid_t server; /* -1 once it has exited */
+    pid_t *clients;
+    long nclients, done, failed;
+} procs;
+
+/* Reaps the children that have exited; returns 1 when the server is one. */
+static int procs_reap(procs *p)
+{
+    int status, server_exited = 0;
+    pid_t pid;
+    while ((pid = waitpid(-1, &status, WNOHANG)) > 0) {
+        if (pid == p->server) {
+            p->server = -1;
+            server_exited = 1;
+            continue;
+        }
+        for (long i = 0; i < p->nclients; i++)
+            if (p->clients[i] == pid) {
+                p->clients[i] = 0;
+                p->done++;
+                if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+                    p->failed++;
+            }
+    }
+    return server_exited;
+}
+
+/* Ends every child that still runs (SIGTERM) and waits for it. */
+static void procs_stop(procs *p)
+{
+    for (long i = 0; p->clients != NULL && i < p->nclients; i++)
+        if (p->clients[i] > 0 && kill(p->clients[i], 0) == 0) {
+            kill(p->clients[i], SIGTERM);
+            waitpid(p->clients[i], NULL, 0);
+        }
+    if (p->server > 0) {
+        kill(p->server, SIGTERM);
+        waitpid(p->server, NULL, 0);
+        p->server = -1;
+    }
+}
+
+/* Starts the N clients against the coordinator at url. */
+static int start_clients(const sim_opts *o, procs *p, const char *client_bin, const char *url,
+                         const char *clients_dir, const char *secret_file)
+{
+    char s_clients[32], s_seed[32];
+    snprintf(s_clients, sizeof(s_clients), "%ld", o->clients);
+    snprintf(s_seed, sizeof(s_seed), "%ld", o->seed);
+    for (long i = 0; i < o->clients; i++) {
+        char cdir[PATH_MAX], clog[PATH_MAX], idx[32];
+        if (snprintf(cdir, sizeof(cdir), "%s/%ld", clients_dir, i) >= (int)sizeof(cdir) ||
+            snprintf(clog, sizeof(clog), "%s/%ld.log", clients_dir, i) >= (int)sizeof(clog)) {
+            strata_log_error("path too long: %s", clients_dir);
+            return STRATA_EINVAL;
+        }
+        snprintf(idx, sizeof(idx), "%ld", i);
+        char *cargv[] = {(char *)client_bin,
+                         "--server",
+                         (char *)url,
+                         "--state-dir",
+                         cdir,
+                         "--data",
+                         (char *)o->data,
+                         "--partition",
+                         (char *)o->partition,
+                         "--num-clients",
+                         s_clients,
+                         "--client-index",
+                         idx,
+                         "--seed",
+                         s_seed,
+                         "--threads",
+                         "1",
+                         "--enrolment-secret-file",
+                         (char *)secret_file,
+                         NULL};
+        if ((p->clients[i] = spawn(cargv, clog, -1)) < 0) {
+            p->clients[i] = 0;
+            strata_log_error("cannot start a client: %s", strerror(errno));
+            return STRATA_EIO;
+        }
+    }
+    return STRATA_OK;
+}
+
+/* Shows one closed round: a status line on a terminal, a log line
+ * otherwise. */
+static void show_round(void *ud, const strata_round_summary *s, uint32_t total)
+{
+    int *tty = ud;
+    char line[256];
+    snprintf(line, sizeof(line),
+             "round %u/%u: %llu updates, accuracy %.4f, loss %.4f, uplink %llu bytes, %llu ms",
+             s->round, total, (unsigned long long)s->participants, sim_summary_metric(s->accuracy),
+             sim_summary_metric(s->loss), (unsigned long long)s->uplink_bytes,
+             (unsigned long long)s->duration_ms);
+    if (*tty) {
+        fprintf(stderr, "\r\033[K%s", line);
+        fflush(stderr);
+    } else {
+        strata_log_info("%s", line);
+    }
+}
+
+/* One poll of the run's progress; a coordinator that does not answer is
+ * reported once until it answers again. */
+static void poll_progress(sim_follow *f, int *tty, int *failing)
+{
+    strata_diag d = {{0}};
+    int rc = sim_follow_poll(f, show_round, tty, &d);
+    if (rc < 0 && rc != STRATA_ESTATE && !*failing)
+        strata_log_warn("following the run: %s", strata_diag_msg(&d, rc));
+    *failing = rc < 0;
+}
+
+/* The run itself: waits for the coordinator's address, starts the clients
+ * and follows the rounds until every client has exited. Returns the exit
+ * code. */
+static int run(const sim_opts *o, procs *p, server_out *so, const char *client_bin,
+               const char *clients_dir, const char *secret_file, const char *log)
+{
+    char url[256] = "";
+    strata_deadline start = strata_deadline_in(START_TIMEOUT_MS);
+    while (!g_stop && !server_out_listening(so, url, sizeof(url))) {
+        server_out_read(so, 200);
+        if (procs_reap(p)) {
+            strata_log_error("the coordinator exited early; see %s", log);
+            return SIM_EXIT_FAIL;
+        }
+        if (strata_deadline_expired(start)) {
+            strata_log_error("the coordinator did not start; see %s", log);
+            return SIM_EXIT_FAIL;
+        }
+    }
+    if (g_stop)
+        return SIM_EXIT_INTERRUPTED;
+    strata_log_info("coordinator at %s, starting %ld clients (%s)", url, o->clients, o->partition);
+    sim_follow *f = NULL;
+    strata_diag d = {{0}};
+    int rc = sim_follow_new(url, &g_stop, &f, &d);
+    if (rc < 0) {
+        strata_log_error("%s", strata_diag_msg(&d, rc));
+        return SIM_EXIT_FAIL;
+    }
+    int code = SIM_EXIT_FAIL, tty = isatty(STDERR_FILENO), failing = 0;
+    if (start_clients(o, p, client_bin, url, clients_dir, secret_file) < 0)
+        goto out;
+    int64_t next_poll = 0;
+    while (!g_stop && p->done < p->nclients) {
+        server_out_read(so, 200);
+        so->len = 0; /* after the start-up line the output is only logged */
+        if (strata_clock_mono_ms() >= next_poll) {
+            poll_progress(f, &tty, &failing);
+            next_poll = strata_clock_mono_ms() + POLL_INTERVAL_MS;
+        }
+        if (procs_reap(p)) {
+            if (tty)
+                fputc('\n', stderr);
+            strata_log_error("the coordinator exited early; see %s", log);
+            goto out;
+        }
+    }
+    if (g_stop) {
+        code = SIM_EXIT_INTERRUPTED;
+        goto out;
+    }
+    /* Every client has exited: the rounds closed since the last poll. */
+    poll_progress(f, &tty, &failing);
+    if (tty)
+        fputc('\n', stderr);
+    const sim_progress *pr = sim_follow_progress(f);
+    long total = pr->polled ? (long)pr->total_rounds : o->rounds;
+    if (p->failed > 0 || (long)pr->completed < total) {
+        strata_log_error("%ld of %ld clients failed and %u of %ld rounds finished (the "
+                         "coordinator's state: %s); see the logs in %s",
+                         p->failed, p->nclients, pr->completed, total,
+                         pr->polled ? sim_run_state_name(pr->state) : "unknown", o->out);
+        goto out;
+    }
+    code = SIM_EXIT_OK;
+out:
+    sim_follow_free(f);
+    return code;
 }
 
 int main(int argc, char **argv)
 {
     sim_opts o;
-    int rc = parse(argc, argv, &o);
-    if (rc != 0)
+    int help = 0, rc = parse(argc, argv, &o, &help);
+    if (rc != SIM_EXIT_OK || help)
         return rc;
+    strata_log_setup("strata-sim", o.log_level, o.log_format);
     struct sigaction sa;
     memset(&sa, 0, sizeof(sa));
     sa.sa_handler = on_signal;
@@ -208,8 +472,8 @@ int main(int argc, char **argv)
     char self[PATH_MAX], bindir[PATH_MAX], server_bin[PATH_MAX], client_bin[PATH_MAX];
     ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
     if (n <= 0) {
-        fprintf(stderr, "strata-sim: cannot find its own directory\n");
-        return 1;
+        strata_log_error("cannot find its own directory");
+        return SIM_EXIT_FAIL;
     }
     self[n] = '\0';
     snprintf(bindir, sizeof(bindir), "%s", dirname(self));
@@ -217,36 +481,32 @@ int main(int argc, char **argv)
             (int)sizeof(server_bin) ||
         snprintf(client_bin, sizeof(client_bin), "%s/strata-client", bindir) >=
             (int)sizeof(client_bin)) {
-        fprintf(stderr, "strata-sim: path too long\n");
-        return 1;
+        strata_log_error("path too long: %s", bindir);
+        return SIM_EXIT_FAIL;
     }
 
     char state[PATH_MAX], clients_dir[PATH_MAX], log[PATH_MAX];
     snprintf(state, sizeof(state), "%s/state", o.out);
     snprintf(clients_dir, sizeof(clients_dir), "%s/clients", o.out);
+    snprintf(log, sizeof(log), "%s/server.log", o.out);
     struct stat st;
     if (stat(state, &st) == 0) {
-        fprintf(stderr, "strata-sim: %s already holds a run; choose another --out or remove it\n",
-                o.out);
-        return 2;
+        strata_log_error("%s already holds a run; choose another --out or remove it", o.out);
+        return SIM_EXIT_USAGE;
     }
-    if (mkdirs(o.out) != 0 || mkdirs(clients_dir) != 0) {
-        fprintf(stderr, "strata-sim: cannot create %s: %s\n", o.out, strerror(errno));
-        return 1;
+    if (mkdirs(o.out) < 0 || mkdirs(clients_dir) < 0) {
+        strata_log_error("cannot create %s: %s", o.out, strerror(errno));
+        return SIM_EXIT_FAIL;
     }
     /* A fresh enrolment secret for this federation, in a file only this user
      * can read (not on any command line). */
     char secret_file[PATH_MAX], secret[STRATA_TOKEN_HEX + 1];
     strata_diag sd = {{0}};
     snprintf(secret_file, sizeof(secret_file), "%s/enrolment.secret", o.out);
-    if (strata_random_token(secret, &sd) < 0) {
-        fprintf(stderr, "strata-sim: %s\n", strata_diag_msg(&sd, STRATA_EIO));
-        return 1;
-    }
-    int src = strata_file_write_atomic(secret_file, secret, STRATA_TOKEN_HEX, 0600, &sd);
-    if (src < 0) {
-        fprintf(stderr, "strata-sim: %s\n", strata_diag_msg(&sd, src));
-        return 1;
+    if ((rc = strata_random_token(secret, &sd)) < 0 ||
+        (rc = strata_file_write_atomic(secret_file, secret, STRATA_TOKEN_HEX, 0600, &sd)) < 0) {
+        strata_log_error("%s", strata_diag_msg(&sd, rc));
+        return SIM_EXIT_FAIL;
     }
 
     char s_clients[32], s_rounds[32], s_seed[32], s_epochs[32], s_batch[32], s_deadline[32];
@@ -296,252 +556,47 @@ int main(int argc, char **argv)
                      "--enrolment-secret-file",
                      secret_file,
                      NULL};
+    procs p = {.server = -1, .nclients = o.clients};
+    server_out so = {.fd = -1, .log_fd = -1};
     int pfd[2];
-    if (pipe(pfd) != 0)
-        return 1;
-    snprintf(log, sizeof(log), "%s/server.log", o.out);
-    pid_t server = spawn(sargv, log, pfd[1]);
+    if ((p.clients = calloc((size_t)o.clients, sizeof(pid_t))) == NULL || pipe(pfd) != 0) {
+        strata_log_error("cannot start the coordinator: %s", strerror(errno));
+        free(p.clients);
+        return SIM_EXIT_FAIL;
+    }
+    fcntl(pfd[0], F_SETFD, FD_CLOEXEC);
+    fcntl(pfd[1], F_SETFD, FD_CLOEXEC);
+    p.server = spawn(sargv, log, pfd[1]);
     close(pfd[1]);
-    int out_fd = pfd[0];
-    fcntl(out_fd, F_SETFL, fcntl(out_fd, F_GETFL) | O_NONBLOCK);
-    char lines[8192], url[256] = "";
-    size_t alen = 0;
-    int code = 1, tty = isatty(STDERR_FILENO), server_done = 0;
-    pid_t *cpids = calloc((size_t)o.clients, sizeof(pid_t));
-    long done_clients = 0, failed_clients = 0, last_round = -1, total_rounds = o.rounds;
-    json_t *rounds = NULL;
-    time_t start = time(NULL);
-    if (cpids == NULL)
-        goto stop;
-    /* One loop reads the coordinator's lines (the address first, then one
-     * line per closed round) and reaps the processes as they end. */
-    while (!g_stop) {
-        struct pollfd pf = {out_fd, POLLIN, 0};
-        if (poll(&pf, 1, 200) > 0) {
-            ssize_t k = read(out_fd, lines + alen, sizeof(lines) - 1 - alen);
-            if (k > 0)
-                alen += (size_t)k;
-        }
-        char *nl;
-        while ((nl = memchr(lines, '\n', alen)) != NULL) {
-            *nl = '\0';
-            const char *line = lines, *p = strstr(line, "listening on ");
-            long r, total;
-            if (url[0] == '\0' && p != NULL) {
-                snprintf(url, sizeof(url), "%s", p + strlen("listening on "));
-                url[strcspn(url, "\r")] = '\0';
-                fprintf(stderr, "strata-sim: coordinator at %s, starting %ld clients (%s)\n", url,
-                        o.clients, o.partition);
-                for (long i = 0; i < o.clients; i++) {
-                    char cdir[PATH_MAX], clog[PATH_MAX], idx[32];
-                    if (snprintf(cdir, sizeof(cdir), "%s/%ld", clients_dir, i) >=
-                            (int)sizeof(cdir) ||
-                        snprintf(clog, sizeof(clog), "%s/%ld.log", clients_dir, i) >=
-                            (int)sizeof(clog)) {
-                        fprintf(stderr, "strata-sim: path too long\n");
-                        goto stop;
-                    }
-                    snprintf(idx, sizeof(idx), "%ld", i);
-                    char *cargv[] = {client_bin,
-                                     "--server",
-                                     url,
-                                     "--state-dir",
-                                     cdir,
-                                     "--data",
-                                     (char *)o.data,
-                                     "--partition",
-                                     (char *)o.partition,
-                                     "--num-clients",
-                                     s_clients,
-                                     "--client-index",
-                                     idx,
-                                     "--seed",
-                                     s_seed,
-                                     "--threads",
-                                     "1",
-                                     "--enrolment-secret-file",
-                                     secret_file,
-                                     NULL};
-                    cpids[i] = spawn(cargv, clog, -1);
-                }
-            } else if (sscanf(line, "round %ld/%ld", &r, &total) == 2) {
-                last_round = r;
-                total_rounds = total;
-                if (tty)
-                    fprintf(stderr, "\r\033[K%s", line);
-                else
-                    fprintf(stderr, "%s\n", line);
-            }
-            alen -= (size_t)(nl + 1 - lines);
-            memmove(lines, nl + 1, alen);
-        }
-        if (alen == sizeof(lines) - 1)
-            alen = 0; /* an overlong line: drop it */
-        int status;
-        pid_t pid;
-        while ((pid = waitpid(-1, &status, WNOHANG)) > 0) {
-            if (pid == server) {
-                server = -1;
-                server_done = 1;
-                continue;
-            }
-            for (long i = 0; i < o.clients; i++)
-                if (cpids[i] == pid) {
-                    cpids[i] = 0;
-                    done_clients++;
-                    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
-                        failed_clients++;
-                }
-        }
-        if (server_done) {
-            fprintf(stderr, "\nstrata-sim: the coordinator exited early; see %s\n", log);
-            goto stop;
-        }
-        if (url[0] == '\0' && time(NULL) - start > 120) {
-            fprintf(stderr, "strata-sim: the coordinator did not start; see %s\n", log);
-            goto stop;
-        }
-        if (url[0] != '\0' && done_clients == o.clients)
-            break;
-    }
-    if (tty)
-        fputc('\n', stderr);
-    if (!g_stop && (failed_clients > 0 || last_round + 1 < total_rounds)) {
-        fprintf(stderr,
-                "strata-sim: %ld of %ld clients failed and %ld of %ld rounds finished; see the "
-                "logs in %s\n",
-                failed_clients, o.clients, last_round + 1, total_rounds, o.out);
+    so.fd = pfd[0];
+    fcntl(so.fd, F_SETFL, fcntl(so.fd, F_GETFL) | O_NONBLOCK);
+    int code = SIM_EXIT_FAIL;
+    if (p.server < 0) {
+        strata_log_error("cannot start the coordinator: %s", strerror(errno));
         goto stop;
     }
-    code = g_stop ? 130 : 0;
+    /* The child truncates the log as it starts; appending from here on
+     * keeps both writers' lines. */
+    so.log_fd = open(log, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    code = run(&o, &p, &so, client_bin, clients_dir, secret_file, log);
 stop:
-    for (long i = 0; cpids && i < o.clients; i++)
-        if (cpids[i] > 0 && kill(cpids[i], 0) == 0) {
-            kill(cpids[i], SIGTERM);
-            waitpid(cpids[i], NULL, 0);
-        }
-    if (server > 0) {
-        kill(server, SIGTERM);
-        waitpid(server, NULL, 0);
-    }
-    close(out_fd);
-    free(cpids);
-    if (code != 0)
+    procs_stop(&p);
+    while (server_out_read(&so, 0) > 0)
+        so.len = 0;
+    close(so.fd);
+    if (so.log_fd >= 0)
+        close(so.log_fd);
+    free(p.clients);
+    if (code != SIM_EXIT_OK)
         return code;
 
-    /* Report from the coordinator's records. */
-    strata_store *s = NULL;
-    strata_diag d = {{0}};
-    strata_store_round *list = NULL;
-    size_t nr = 0;
-    if (strata_store_open(state, &s, &d) < 0 ||
-        strata_store_round_list(s, 0, 1000000, &list, &nr, &d) < 0) {
-        fprintf(stderr, "strata-sim: cannot read the coordinator's records: %s\n", d.msg);
-        strata_store_close(s);
-        return 1;
-    }
-    char csv[PATH_MAX], md[PATH_MAX];
-    snprintf(csv, sizeof(csv), "%s/report.csv", o.out);
-    snprintf(md, sizeof(md), "%s/report.md", o.out);
-    FILE *fc = fopen(csv, "w"), *fm = fopen(md, "w");
-    if (fc == NULL || fm == NULL) {
-        fprintf(stderr, "strata-sim: cannot write the report in %s\n", o.out);
-        code = 1;
-    } else {
-        fprintf(fc, "round,participants,accuracy,loss,uplink_bytes,downlink_bytes,"
-                    "dense_uplink_bytes,compression_ratio");
-        /* One density column per layer, named after the first summary. */
-        for (size_t i = 0; i < nr; i++) {
-            json_t *sj = list[i].summary_json ? json_loads(list[i].summary_json, 0, NULL) : NULL;
-            json_t *dj = json_object_get(sj, "densities");
-            if (json_is_object(dj)) {
-                const char *k;
-                json_t *v;
-                json_object_foreach(dj, k, v)
-                {
-                    (void)v;
-                    fprintf(fc, ",density:%s", k);
-                }
-                json_decref(sj);
-                break;
-            }
-            json_decref(sj);
-        }
-        fputc('\n', fc);
-        fprintf(fm,
-                "# strata-sim report\n\n%ld clients, %ld rounds, model %s, partition %s, policy "
-                "%s, density %s, values %s, seed %ld\n\n"
-                "| round | participants | accuracy | loss | uplink bytes | downlink bytes | "
-                "compression |\n|---|---|---|---|---|---|---|\n",
-                o.clients, o.rounds, o.model, o.partition, o.policy, o.density, o.values, o.seed);
-    }
-    rounds = json_array();
-    double up = 0, down = 0, dense = 0, acc = 0;
-    json_t *last_densities = NULL;
-    for (size_t i = 0; fc && fm && i < nr; i++) {
-        if (list[i].summary_json == NULL)
-            continue;
-        json_t *sj = json_loads(list[i].summary_json, 0, NULL);
-        if (sj == NULL)
-            continue;
-        double u = num(sj, "uplink_bytes"), dn = num(sj, "downlink_bytes");
-        double de = num(sj, "dense_uplink_bytes");
-        acc = num(sj, "accuracy");
-        up += u;
-        down += dn;
-        dense += de;
-        long parts = (long)json_integer_value(json_object_get(sj, "participants"));
-        fprintf(fc, "%u,%ld,%.6f,%.6f,%.0f,%.0f,%.0f,%.2f", list[i].round, parts, acc,
-                num(sj, "loss"), u, dn, de, u > 0 ? de / u : 0.0);
-        const char *lk;
-        json_t *lv;
-        json_object_foreach(json_object_get(sj, "densities"), lk, lv)
-        {
-            fprintf(fc, ",%.6f", json_number_value(lv));
-        }
-        fputc('\n', fc);
-        fprintf(fm, "| %u | %ld | %.4f | %.4f | %.0f | %.0f | %.1fx |\n", list[i].round, parts, acc,
-                num(sj, "loss"), u, dn, u > 0 ? de / u : 0.0);
-        json_decref(last_densities);
-        last_densities = json_incref(json_object_get(sj, "densities"));
-        json_array_append_new(rounds, sj);
-    }
-    if (fm != NULL && last_densities != NULL && json_is_object(last_densities)) {
-        fprintf(fm, "\nPer-layer densities of the last round (every round's are in "
-                    "report.csv):\n\n| tensor | density |\n|---|---|\n");
-        const char *k;
-        json_t *v;
-        json_object_foreach(last_densities, k, v)
-        {
-            fprintf(fm, "| %s | %.6f |\n", k, json_number_value(v));
-        }
-    }
-    if (fm != NULL)
-        fprintf(fm,
-                "\nTotal: uplink %.0f bytes (dense updates would be %.0f, %.1fx more), "
-                "downlink %.0f bytes, final accuracy %.4f.\n",
-                up, dense, up > 0 ? dense / up : 0.0, down, acc);
-    if (fc)
-        fclose(fc);
-    if (fm)
-        fclose(fm);
-    json_decref(last_densities);
-    fprintf(stderr,
-            "strata-sim: %zu rounds, final accuracy %.4f, uplink %.0f bytes (%.1fx less "
-            "than dense), report in %s\n",
-            nr, acc, up, up > 0 ? dense / up : 0.0, md);
-    if (o.json) {
-        json_t *sum =
-            json_pack("{s:f,s:I,s:I,s:f,s:f,s:f,s:s}", "final_accuracy", acc, "rounds",
-                      (json_int_t)nr, "clients", (json_int_t)o.clients, "uplink_bytes", up,
-                      "downlink_bytes", down, "dense_uplink_bytes", dense, "report", md);
-        char *text = json_dumps(sum, JSON_COMPACT | JSON_PRESERVE_ORDER);
-        puts(text);
-        free(text);
-        json_decref(sum);
-    }
-    json_decref(rounds);
-    strata_store_round_list_free(list, nr);
-    strata_store_close(s);
-    return code;
+    sim_run_info info = {.clients = o.clients,
+                         .rounds = o.rounds,
+                         .seed = o.seed,
+                         .model = o.model,
+                         .partition = o.partition,
+                         .policy = o.policy,
+                         .density = o.density,
+                         .values = o.values};
+    return sim_report_write(state, o.out, &info, o.json) < 0 ? SIM_EXIT_FAIL : SIM_EXIT_OK;
 }

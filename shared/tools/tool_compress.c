@@ -1,8 +1,10 @@
-/* strata-tool compress, decode, inspect and policy. */
+/* strata-tool compress, decode, inspect and policy: payloads and budgets. */
 #include "tool.h"
 
 #include "strata/compress.h"
 #include "strata/ef.h"
+#include "strata/fileio.h"
+#include "strata/log.h"
 #include "strata/payload.h"
 #include "strata/policy.h"
 #include "strata/safetensors.h"
@@ -17,49 +19,26 @@
 
 #define MAX_PAYLOAD_FILE ((size_t)1 << 31)
 
-/* Reads a whole file of at most max bytes. */
-static int read_file(const char *path, size_t max, uint8_t **out, size_t *len)
-{
-    *out = NULL;
-    *len = 0;
-    FILE *f = fopen(path, "rb");
-    if (f == NULL)
-        return tool_fail(1, "%s: %s", path, strerror(errno));
-    struct stat st;
-    if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode) || (size_t)st.st_size > max) {
-        fclose(f);
-        return tool_fail(1, "%s: not a regular file of at most %zu bytes", path, max);
-    }
-    uint8_t *buf = malloc((size_t)st.st_size + 1);
-    size_t n = buf ? fread(buf, 1, (size_t)st.st_size, f) : 0;
-    fclose(f);
-    if (buf == NULL || n != (size_t)st.st_size) {
-        free(buf);
-        return tool_fail(1, "%s: read failed", path);
-    }
-    *out = buf;
-    *len = n;
-    return 0;
-}
-
-/* Writes buf to a new temporary file beside path; *tmp receives its name
- * (malloc'ed) for a later rename over path or unlink. */
-static int write_temp(const char *path, const uint8_t *buf, size_t len, char **tmp)
+/* Writes buf to a new temporary file beside path and fsyncs it; *tmp
+ * receives its name (malloc'ed) for a later rename over path or unlink. Errors: STRATA_ENOMEM,
+ * STRATA_EIO (diag names the path). */
+static int write_temp(const char *path, const uint8_t *buf, size_t len, char **tmp,
+                      strata_diag *diag)
 {
     *tmp = NULL;
     size_t n = strlen(path) + 16;
     char *name = malloc(n);
     if (name == NULL)
-        return tool_fail(1, "out of memory");
+        return strata_diag_set(diag, STRATA_ENOMEM, "out of memory");
     snprintf(name, n, "%s.tmp.XXXXXX", path);
     int fd = mkstemp(name);
     if (fd < 0) {
         int e = errno;
         free(name);
-        return tool_fail(1, "%s: %s", path, strerror(e));
+        return strata_diag_set(diag, STRATA_EIO, "%s: %s", path, strerror(e));
     }
     FILE *f = fdopen(fd, "wb");
-    int ok = f != NULL && fwrite(buf, 1, len, f) == len;
+    int ok = f != NULL && fwrite(buf, 1, len, f) == len && fflush(f) == 0 && fsync(fd) == 0;
     if (f != NULL)
         ok &= fclose(f) == 0;
     else
@@ -67,27 +46,28 @@ static int write_temp(const char *path, const uint8_t *buf, size_t len, char **t
     if (!ok) {
         unlink(name);
         free(name);
-        return tool_fail(1, "%s: write failed", path);
+        return strata_diag_set(diag, STRATA_EIO, "%s: write failed", path);
     }
     *tmp = name;
-    return 0;
+    return STRATA_OK;
 }
 
 /* A single compressor for every layer ("sign", "qsgd:8", "powersgd:4", ...)
- * instead of a policy. Returns 1 when spec names one, 0 when it does not, -1
- * on a malformed parameter. */
-static int parse_compressor_spec(const char *spec, strata_budget *b)
+ * instead of a policy. Sets *found to 1 (and *b) when spec names one, to 0
+ * when it does not. Errors: STRATA_EINVAL for a malformed parameter. */
+static int parse_compressor_spec(const char *spec, strata_budget *b, int *found)
 {
+    *found = 0;
     char name[32];
     const char *colon = strchr(spec, ':');
     size_t n = colon ? (size_t)(colon - spec) : strlen(spec);
     if (n >= sizeof(name))
-        return 0;
+        return STRATA_OK;
     memcpy(name, spec, n);
     name[n] = '\0';
     strata_compressor_id id;
     if (strata_comp_from_name(name, &id) < 0 || id == STRATA_COMP_TOPK || id == STRATA_COMP_RANDK)
-        return 0;
+        return STRATA_OK;
     memset(b, 0, sizeof(*b));
     b->comp = id;
     b->density = 1.0;
@@ -95,15 +75,16 @@ static int parse_compressor_spec(const char *spec, strata_budget *b)
     if (id == STRATA_COMP_QSGD || id == STRATA_COMP_POWERSGD) {
         if (colon == NULL ||
             strata_parse_long(colon + 1, 1, id == STRATA_COMP_QSGD ? 127 : 65535, &v) != 0)
-            return -1;
+            return STRATA_EINVAL;
         if (id == STRATA_COMP_QSGD)
             b->levels = (uint32_t)v;
         else
             b->rank = (uint32_t)v;
     } else if (colon != NULL) {
-        return -1;
+        return STRATA_EINVAL;
     }
-    return 1;
+    *found = 1;
+    return STRATA_OK;
 }
 
 static size_t *layer_sizes(const strata_tensor_list *t)
@@ -114,32 +95,38 @@ static size_t *layer_sizes(const strata_tensor_list *t)
     return n;
 }
 
-/* Per-layer budgets from a policy spec or a single-compressor spec. */
+/* Per-layer budgets from a policy spec or a single-compressor spec. Errors:
+ * those of the policy parser and strata_policy_budgets, STRATA_EINVAL for a
+ * malformed compressor parameter; diag's message starts with "--policy". */
 static int make_budgets(const char *spec, const strata_tensor_list *t, double d0, uint32_t round,
-                        uint32_t rounds, strata_budget *budgets)
+                        uint32_t rounds, strata_budget *budgets, strata_diag *diag)
 {
     strata_budget one;
-    int c = parse_compressor_spec(spec, &one);
-    if (c < 0)
-        return tool_fail(2, "--policy '%s': expected qsgd:LEVELS (1-127) or powersgd:RANK", spec);
-    if (c == 1) {
+    int found = 0;
+    if (parse_compressor_spec(spec, &one, &found) < 0)
+        return strata_diag_set(diag, STRATA_EINVAL,
+                               "--policy '%s': expected qsgd:LEVELS (1-127) or powersgd:RANK",
+                               spec);
+    if (found) {
         for (size_t i = 0; i < t->count; i++)
             budgets[i] = one;
-        return 0;
+        return STRATA_OK;
     }
     strata_policy *p = NULL;
     strata_diag d = {{0}};
     int rc = strata_policy_parse(spec, &p, &d);
+    size_t *sizes = NULL;
     if (rc < 0)
-        return tool_fail(2, "--policy: %s", strata_diag_msg(&d, rc));
-    size_t *sizes = layer_sizes(t);
+        goto out;
+    sizes = layer_sizes(t);
     rc = sizes ? strata_policy_budgets(p, sizes, t->count, d0, round, rounds, budgets, &d)
                : STRATA_ENOMEM;
+out:
     free(sizes);
     strata_policy_free(p);
     if (rc < 0)
-        return tool_fail(2, "--policy: %s", strata_diag_msg(&d, rc));
-    return 0;
+        strata_diag_set(diag, rc, "--policy: %s", strata_diag_msg(&d, rc));
+    return rc;
 }
 
 static json_t *layout_json(const strata_tensor_list *t)
@@ -205,56 +192,58 @@ int tool_compress(int argc, char **argv)
             break;
         case 'd':
             if (strata_parse_double(optarg, 1e-12, 1.0, &density))
-                return tool_fail(2, "--density: expected a number in (0, 1], got '%s'", optarg);
+                return tool_usage_error("--density: expected a number in (0, 1], got '%s'", optarg);
             break;
         case 'v':
             if (strata_values_format_parse(optarg, &vf) < 0)
-                return tool_fail(2, "--values: expected fp32, fp16 or bf16, got '%s'", optarg);
+                return tool_usage_error("--values: expected fp32, fp16 or bf16, got '%s'", optarg);
             break;
         case 'R':
             if (strata_parse_long(optarg, 0, UINT32_MAX - 1, &round))
-                return tool_fail(2, "--round: expected an integer >= 0, got '%s'", optarg);
+                return tool_usage_error("--round: expected an integer >= 0, got '%s'", optarg);
             break;
         case 'T':
             if (strata_parse_long(optarg, 1, UINT32_MAX, &rounds))
-                return tool_fail(2, "--rounds: expected an integer >= 1, got '%s'", optarg);
+                return tool_usage_error("--rounds: expected an integer >= 1, got '%s'", optarg);
             break;
         case 's':
             if (strata_parse_long(optarg, 0, __LONG_MAX__, &seed))
-                return tool_fail(2, "--seed: expected a non-negative integer, got '%s'", optarg);
+                return tool_usage_error("--seed: expected a non-negative integer, got '%s'",
+                                        optarg);
             break;
         case 'l':
             if (strata_parse_long(optarg, 1, 19, &level))
-                return tool_fail(2, "--level: expected a zstd level in [1, 19], got '%s'", optarg);
+                return tool_usage_error("--level: expected a zstd level in [1, 19], got '%s'",
+                                        optarg);
             break;
         case 'C':
         case 'M':
         case 'N': {
             long *dst = c == 'C' ? &client_id : c == 'M' ? &model_version : &samples;
             if (strata_parse_long(optarg, 0, __LONG_MAX__, dst))
-                return tool_fail(2, "--%s: expected a non-negative integer, got '%s'",
-                                 c == 'C'   ? "client-id"
-                                 : c == 'M' ? "model-version"
-                                            : "samples",
-                                 optarg);
+                return tool_usage_error("--%s: expected a non-negative integer, got '%s'",
+                                        c == 'C'   ? "client-id"
+                                        : c == 'M' ? "model-version"
+                                                   : "samples",
+                                        optarg);
             break;
         }
         case 'h':
             fputs(usage, stdout);
-            return 0;
+            return TOOL_EXIT_OK;
         default:
             fputs(usage, stderr);
-            return 2;
+            return TOOL_EXIT_USAGE;
         }
     }
     if (in == NULL || out == NULL || spec == NULL || density == 0.0 || optind != argc) {
         fputs(usage, stderr);
-        return tool_fail(2, "compress: --in, --out, --policy and --density are required");
+        return tool_usage_error("compress: --in, --out, --policy and --density are required");
     }
     if (round >= rounds)
-        return tool_fail(2, "--round %ld is outside a run of %ld rounds (rounds count from 0)",
-                         round, rounds);
-    int code = 1, rc;
+        return tool_usage_error("--round %ld is outside a run of %ld rounds (rounds count from 0)",
+                                round, rounds);
+    int code = TOOL_EXIT_FAIL, rc;
     strata_diag d = {{0}};
     strata_tensor_list t;
     strata_tensor_list_init(&t);
@@ -265,27 +254,31 @@ int tool_compress(int argc, char **argv)
     size_t len = 0;
     char *meta = NULL, *tmp = NULL;
     if ((rc = strata_safetensors_read(in, 0, &t, NULL, &d)) < 0) {
-        tool_fail(1, "%s", strata_diag_msg(&d, rc));
+        strata_log_error("%s", strata_diag_msg(&d, rc));
         goto out;
     }
     budgets = calloc(t.count ? t.count : 1, sizeof(*budgets));
-    if (budgets == NULL)
+    if (budgets == NULL) {
+        strata_log_error("out of memory");
         goto out;
-    if ((code = make_budgets(spec, &t, density, (uint32_t)round, (uint32_t)rounds, budgets)) != 0)
+    }
+    if ((rc = make_budgets(spec, &t, density, (uint32_t)round, (uint32_t)rounds, budgets, &d)) <
+        0) {
+        code = tool_usage_error("%s", strata_diag_msg(&d, rc));
         goto out;
-    code = 1;
+    }
     struct stat st;
     if (residual != NULL && stat(residual, &st) == 0)
         rc = strata_ef_load(residual, &t, &ef, &d);
     else
         rc = strata_ef_new(&t, 1.0, 0, &ef);
     if (rc < 0) {
-        tool_fail(1, "residual %s: %s", residual ? residual : "", strata_diag_msg(&d, rc));
+        strata_log_error("residual %s: %s", residual ? residual : "", strata_diag_msg(&d, rc));
         goto out;
     }
     if ((rc = strata_ef_step(ef, &t, budgets, vf, (uint32_t)round, (uint64_t)seed, &layers, &d)) <
         0) {
-        tool_fail(1, "compression failed: %s", strata_diag_msg(&d, rc));
+        strata_log_error("compression failed: %s", strata_diag_msg(&d, rc));
         goto out;
     }
     double *norms = calloc(t.count ? t.count : 1, sizeof(double));
@@ -305,20 +298,22 @@ int tool_compress(int argc, char **argv)
                         .layers = layers,
                         .metadata_json = meta};
     if ((rc = strata_payload_encode(&p, (int)level, &buf, &len, &d)) < 0) {
-        tool_fail(1, "encoding failed: %s", strata_diag_msg(&d, rc));
+        strata_log_error("encoding failed: %s", strata_diag_msg(&d, rc));
         goto out;
     }
     /* Nothing becomes visible unless everything succeeds: the payload goes to
      * a temporary file, the residual is saved (atomically), then the payload
      * is renamed into place. */
-    if (write_temp(out, buf, len, &tmp) != 0)
+    if ((rc = write_temp(out, buf, len, &tmp, &d)) < 0) {
+        strata_log_error("%s", strata_diag_msg(&d, rc));
         goto out;
+    }
     if (residual != NULL && (rc = strata_ef_save(ef, residual, &d)) < 0) {
-        tool_fail(1, "residual %s: %s", residual, strata_diag_msg(&d, rc));
+        strata_log_error("residual %s: %s", residual, strata_diag_msg(&d, rc));
         goto out;
     }
     if (rename(tmp, out) != 0) {
-        tool_fail(1, "%s: %s", out, strerror(errno));
+        strata_log_error("%s: %s", out, strerror(errno));
         goto out;
     }
     free(tmp);
@@ -332,7 +327,7 @@ int tool_compress(int argc, char **argv)
            "ratio %.1fx)\n",
            out, t.count, total, kept, 100.0 * (double)kept / (double)total, len, total * 4,
            (double)(total * 4) / (double)len);
-    code = 0;
+    code = TOOL_EXIT_OK;
 out:
     if (tmp != NULL)
         unlink(tmp);
@@ -347,20 +342,25 @@ out:
     return code;
 }
 
-/* Decodes a payload file; *meta_out borrows p->metadata_json parsed. */
+/* Reads and decodes the payload file at path into *p (the caller frees it);
+ * *file_len receives the file's size. Errors: those of
+ * strata_file_read_all and strata_payload_decode, logged. */
 static int load_payload(const char *path, strata_payload **p, size_t *file_len)
 {
-    uint8_t *buf;
-    size_t len;
-    if (read_file(path, MAX_PAYLOAD_FILE, &buf, &len) != 0)
-        return -1;
+    *p = NULL;
+    *file_len = 0;
+    uint8_t *buf = NULL;
+    size_t len = 0;
     strata_diag d = {{0}};
-    int rc = strata_payload_decode(buf, len, NULL, p, &d);
-    free(buf);
+    int rc = strata_file_read_all(path, MAX_PAYLOAD_FILE, &buf, &len, &d);
     if (rc < 0)
-        return tool_fail(1, "%s: %s", path, strata_diag_msg(&d, rc)) ? -1 : -1;
-    *file_len = len;
-    return 0;
+        strata_log_error("%s", strata_diag_msg(&d, rc));
+    else if ((rc = strata_payload_decode(buf, len, NULL, p, &d)) < 0)
+        strata_log_error("%s: %s", path, strata_diag_msg(&d, rc));
+    else
+        *file_len = len;
+    free(buf);
+    return rc;
 }
 
 /* Name and shape of layer i from the payload's metadata ("tensors"), or
@@ -410,20 +410,20 @@ int tool_decode(int argc, char **argv)
             out = optarg;
         else if (c == 'h') {
             puts("usage: strata-tool decode --in P.bin --out DENSE.safetensors");
-            return 0;
+            return TOOL_EXIT_OK;
         } else
-            return 2;
+            return TOOL_EXIT_USAGE;
     }
     if (in == NULL || out == NULL || optind != argc)
-        return tool_fail(2, "decode: --in and --out are required");
+        return tool_usage_error("decode: --in and --out are required");
     strata_payload *p = NULL;
     size_t flen;
-    if (load_payload(in, &p, &flen) != 0)
-        return 1;
+    if (load_payload(in, &p, &flen) < 0)
+        return TOOL_EXIT_FAIL;
     json_t *meta = p->metadata_json ? json_loads(p->metadata_json, 0, NULL) : NULL;
     strata_tensor_list t;
     strata_tensor_list_init(&t);
-    int code = 1, rc = 0;
+    int code = TOOL_EXIT_FAIL, rc = 0;
     strata_diag d = {{0}};
     for (size_t i = 0; i < p->num_layers; i++) {
         char name[STRATA_MAX_NAME];
@@ -431,20 +431,20 @@ int tool_decode(int argc, char **argv)
         int64_t shape[STRATA_MAX_DIMS];
         layer_layout(meta, i, p->layers[i].numel, name, sizeof(name), &ndim, shape);
         if ((rc = strata_tensor_list_add(&t, name, ndim, shape, NULL)) < 0) {
-            tool_fail(1, "layer %zu (%s): %s", i, name, strata_strerror(rc));
+            strata_log_error("layer %zu (%s): %s", i, name, strata_strerror(rc));
             goto out;
         }
         if ((rc = strata_clayer_decode(&p->layers[i], t.items[i].data, &d)) < 0) {
-            tool_fail(1, "layer %zu: %s", i, strata_diag_msg(&d, rc));
+            strata_log_error("layer %zu: %s", i, strata_diag_msg(&d, rc));
             goto out;
         }
     }
     if ((rc = strata_safetensors_write(out, &t, NULL, &d)) < 0) {
-        tool_fail(1, "%s", strata_diag_msg(&d, rc));
+        strata_log_error("%s", strata_diag_msg(&d, rc));
         goto out;
     }
     printf("%s: %zu tensors, %zu elements\n", out, t.count, strata_tensor_list_numel(&t));
-    code = 0;
+    code = TOOL_EXIT_OK;
 out:
     json_decref(meta);
     strata_tensor_list_cleanup(&t);
@@ -496,17 +496,17 @@ int tool_inspect(int argc, char **argv)
             json = 1;
         else if (c == 'h') {
             puts("usage: strata-tool inspect P.bin [--json]");
-            return 0;
+            return TOOL_EXIT_OK;
         } else
-            return 2;
+            return TOOL_EXIT_USAGE;
     }
     if (optind != argc - 1)
-        return tool_fail(2, "inspect: expected one payload file");
+        return tool_usage_error("inspect: expected one payload file");
     const char *path = argv[optind];
     strata_payload *p = NULL;
     size_t flen;
-    if (load_payload(path, &p, &flen) != 0)
-        return 1;
+    if (load_payload(path, &p, &flen) < 0)
+        return TOOL_EXIT_FAIL;
     json_t *meta = p->metadata_json ? json_loads(p->metadata_json, 0, NULL) : NULL;
     json_t *root =
         json_pack("{s:s,s:I,s:I,s:o,s:o,s:o,s:I,s:I}", "file", path, "bytes", (json_int_t)flen,
@@ -575,7 +575,7 @@ int tool_inspect(int argc, char **argv)
     json_decref(root);
     json_decref(meta);
     strata_payload_free(p);
-    return 0;
+    return TOOL_EXIT_OK;
 }
 
 int tool_policy(int argc, char **argv)
@@ -603,28 +603,31 @@ int tool_policy(int argc, char **argv)
             json = 1;
         else if (c == 'd') {
             if (strata_parse_double(optarg, 1e-12, 1.0, &density))
-                return tool_fail(2, "--density: expected a number in (0, 1], got '%s'", optarg);
+                return tool_usage_error("--density: expected a number in (0, 1], got '%s'", optarg);
         } else if (c == 'T') {
             if (strata_parse_long(optarg, 1, 1000000, &rounds))
-                return tool_fail(2, "--rounds: expected an integer >= 1, got '%s'", optarg);
+                return tool_usage_error("--rounds: expected an integer >= 1, got '%s'", optarg);
         } else if (c == 'h') {
             puts("usage: strata-tool policy --model NAME|ARCH.json --policy SPEC --density D "
                  "--rounds T [--json]");
-            return 0;
+            return TOOL_EXIT_OK;
         } else
-            return 2;
+            return TOOL_EXIT_USAGE;
     }
     if (model == NULL || spec == NULL || density == 0.0 || rounds == 0 || optind != argc)
-        return tool_fail(2, "policy: --model, --policy, --density and --rounds are required");
+        return tool_usage_error("policy: --model, --policy, --density and --rounds are required");
     strata_model *m = NULL;
-    if (tool_load_model(model, &m) < 0)
-        return 1;
-    strata_policy *pol = NULL, *uni = NULL;
     strata_diag d = {{0}};
-    int rc = strata_policy_parse(spec, &pol, &d);
+    int rc = tool_load_model(model, &m, &d);
+    if (rc < 0) {
+        strata_log_error("%s", strata_diag_msg(&d, rc));
+        return TOOL_EXIT_FAIL;
+    }
+    strata_policy *pol = NULL, *uni = NULL;
+    rc = strata_policy_parse(spec, &pol, &d);
     if (rc < 0) {
         strata_model_free(m);
-        return tool_fail(2, "--policy: %s", strata_diag_msg(&d, rc));
+        return tool_usage_error("--policy: %s", strata_diag_msg(&d, rc));
     }
     strata_policy_parse("uniform", &uni, NULL);
     const strata_tensor_list *t = strata_model_params(m);
@@ -632,9 +635,11 @@ int tool_policy(int argc, char **argv)
     uint32_t P = strata_policy_phases(pol);
     double *dens = calloc(n * P + 1, sizeof(double)), *udens = calloc(n + 1, sizeof(double));
     size_t *first = calloc(P + 1, sizeof(size_t)), *count = calloc(P + 1, sizeof(size_t));
-    int code = 1;
-    if (!sizes || !dens || !udens || !first || !count)
+    int code = TOOL_EXIT_FAIL;
+    if (!sizes || !dens || !udens || !first || !count) {
+        strata_log_error("out of memory");
         goto out;
+    }
     /* Rounds of each phase, and the densities at its first round. */
     for (uint32_t r = (uint32_t)rounds; r-- > 0;) {
         uint32_t ph = strata_policy_phase(pol, r, (uint32_t)rounds);
@@ -648,7 +653,7 @@ int tool_policy(int argc, char **argv)
         rc = strata_policy_densities(pol, sizes, n, density, (uint32_t)first[ph], (uint32_t)rounds,
                                      dens + ph * n, &d);
         if (rc < 0) {
-            tool_fail(1, "%s", strata_diag_msg(&d, rc));
+            strata_log_error("%s", strata_diag_msg(&d, rc));
             goto out;
         }
         run_kept += (double)count[ph] * (double)strata_policy_kept(sizes, dens + ph * n, n);
@@ -707,7 +712,7 @@ int tool_policy(int argc, char **argv)
         printf("kept over the run: %.0f (uniform: %.0f, ratio %.4f)\n", run_kept, uni_kept,
                run_kept / uni_kept);
     }
-    code = 0;
+    code = TOOL_EXIT_OK;
 out:
     free(sizes);
     free(dens);

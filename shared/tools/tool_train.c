@@ -1,8 +1,9 @@
-/* strata-tool info, train and eval. */
+/* strata-tool info, train, eval and partition: models and data sets. */
 #include "tool.h"
 
 #include "strata/checkpoint.h"
 #include "strata/data.h"
+#include "strata/log.h"
 #include "strata/partition.h"
 #include "strata/train.h"
 
@@ -30,28 +31,28 @@ int tool_info(int argc, char **argv)
             json = 1;
         else if (c == 'h') {
             puts("usage: strata-tool info --model NAME|ARCH.json|CKPT.safetensors [--json]");
-            return 0;
+            return TOOL_EXIT_OK;
         } else
-            return 2;
+            return TOOL_EXIT_USAGE;
     }
     if (spec == NULL || optind != argc)
-        return tool_fail(2, "info: --model is required (and takes no positional arguments)");
+        return tool_usage_error("info: --model is required (and takes no positional arguments)");
     /* A safetensors file is listed as it is (a checkpoint, a delta, a
      * residual); anything else is built as a model. */
     strata_model *m = NULL;
     strata_tensor_list file;
     strata_tensor_list_init(&file);
     strata_tensor_list *p = &file;
-    if (tool_is_safetensors(spec)) {
-        strata_diag d = {{0}};
-        int rc = strata_safetensors_read(spec, 0, &file, NULL, &d);
-        if (rc < 0)
-            return tool_fail(1, "%s", strata_diag_msg(&d, rc));
-    } else if (tool_load_model(spec, &m) < 0) {
-        return 1;
-    } else {
-        p = strata_model_params(m);
+    strata_diag d = {{0}};
+    int rc = tool_is_safetensors(spec) ? strata_safetensors_read(spec, 0, &file, NULL, &d)
+                                       : tool_load_model(spec, &m, &d);
+    if (rc < 0) {
+        strata_log_error("%s", strata_diag_msg(&d, rc));
+        strata_tensor_list_cleanup(&file);
+        return TOOL_EXIT_FAIL;
     }
+    if (m != NULL)
+        p = strata_model_params(m);
     size_t total = strata_tensor_list_numel(p);
     if (json) {
         json_t *root = json_object(), *arr = json_array();
@@ -80,7 +81,7 @@ int tool_info(int argc, char **argv)
     }
     strata_tensor_list_cleanup(&file);
     strata_model_free(m);
-    return 0;
+    return TOOL_EXIT_OK;
 }
 
 typedef struct train_args {
@@ -108,7 +109,9 @@ static const char TRAIN_USAGE[] =
     "  --out FILE         write the trained model as a safetensors checkpoint\n"
     "  --json             last line of output is a JSON summary\n";
 
-static int parse_train(int argc, char **argv, train_args *a)
+/* Parses the train options into *a. Returns TOOL_EXIT_OK (with *help set
+ * when --help was answered) or TOOL_EXIT_USAGE. */
+static int parse_train(int argc, char **argv, train_args *a, int *help)
 {
     static const struct option opts[] = {
         {"model", required_argument, NULL, 'm'},
@@ -138,6 +141,7 @@ static int parse_train(int argc, char **argv, train_args *a)
                       .schedule = "cosine"};
     int c;
     long v;
+    *help = 0;
     optind = 1;
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
         switch (c) {
@@ -155,42 +159,46 @@ static int parse_train(int argc, char **argv, train_args *a)
             break;
         case 'S':
             if (strcmp(optarg, "cosine") != 0 && strcmp(optarg, "constant") != 0)
-                return tool_fail(2, "--schedule: expected cosine or constant, got '%s'", optarg);
+                return tool_usage_error("--schedule: expected cosine or constant, got '%s'",
+                                        optarg);
             a->schedule = optarg;
             break;
         case 'e':
             if (strata_parse_long(optarg, 1, 100000, &a->epochs))
-                return tool_fail(2, "--epochs: expected an integer >= 1, got '%s'", optarg);
+                return tool_usage_error("--epochs: expected an integer >= 1, got '%s'", optarg);
             break;
         case 't':
             if (strata_parse_long(optarg, 1, 1024, &a->threads))
-                return tool_fail(2, "--threads: expected an integer in [1, 1024], got '%s'",
-                                 optarg);
+                return tool_usage_error("--threads: expected an integer in [1, 1024], got '%s'",
+                                        optarg);
             break;
         case 's':
             if (strata_parse_long(optarg, 0, __LONG_MAX__, &v))
-                return tool_fail(2, "--seed: expected a non-negative integer, got '%s'", optarg);
+                return tool_usage_error("--seed: expected a non-negative integer, got '%s'",
+                                        optarg);
             a->seed = (unsigned long long)v;
             break;
         case 'b':
             if (strata_parse_long(optarg, 1, 65536, &a->batch))
-                return tool_fail(2, "--batch: expected an integer in [1, 65536], got '%s'", optarg);
+                return tool_usage_error("--batch: expected an integer in [1, 65536], got '%s'",
+                                        optarg);
             break;
         case 'L':
             if (strata_parse_long(optarg, 1, __LONG_MAX__, &a->limit))
-                return tool_fail(2, "--limit: expected an integer >= 1, got '%s'", optarg);
+                return tool_usage_error("--limit: expected an integer >= 1, got '%s'", optarg);
             break;
         case 'l':
             if (strata_parse_double(optarg, 1e-12, 1e6, &a->lr))
-                return tool_fail(2, "--lr: expected a positive number, got '%s'", optarg);
+                return tool_usage_error("--lr: expected a positive number, got '%s'", optarg);
             break;
         case 'M':
             if (strata_parse_double(optarg, 0.0, 0.999999, &a->momentum))
-                return tool_fail(2, "--momentum: expected a number in [0, 1), got '%s'", optarg);
+                return tool_usage_error("--momentum: expected a number in [0, 1), got '%s'",
+                                        optarg);
             break;
         case 'w':
             if (strata_parse_double(optarg, 0.0, 1e6, &a->weight_decay))
-                return tool_fail(2, "--weight-decay: expected a number >= 0, got '%s'", optarg);
+                return tool_usage_error("--weight-decay: expected a number >= 0, got '%s'", optarg);
             break;
         case 'n':
             a->nesterov = 1;
@@ -200,43 +208,47 @@ static int parse_train(int argc, char **argv, train_args *a)
             break;
         case 'h':
             fputs(TRAIN_USAGE, stdout);
-            return 1;
+            *help = 1;
+            return TOOL_EXIT_OK;
         default:
             fputs(TRAIN_USAGE, stderr);
-            return 2;
+            return TOOL_EXIT_USAGE;
         }
     }
     if (optind != argc)
-        return tool_fail(2, "train: unexpected argument '%s'", argv[optind]);
+        return tool_usage_error("train: unexpected argument '%s'", argv[optind]);
     if (a->model == NULL || a->data == NULL || a->epochs == 0) {
         fputs(TRAIN_USAGE, stderr);
-        return tool_fail(2, "train: --model, --data and --epochs are required");
+        return tool_usage_error("train: --model, --data and --epochs are required");
     }
-    return 0;
+    return TOOL_EXIT_OK;
 }
 
+/* Loads one split of a data set directory into *ds (initialised here).
+ * Errors: those of strata_data_load_dir, logged. */
 static int load_split(const char *dir, const char *split, size_t limit, strata_dataset *ds)
 {
     strata_diag d = {{0}};
     strata_dataset_init(ds);
     int rc = strata_data_load_dir(dir, split, limit, ds, &d);
     if (rc < 0)
-        tool_fail(1, "%s", strata_diag_msg(&d, rc));
+        strata_log_error("%s", strata_diag_msg(&d, rc));
     return rc;
 }
 
 int tool_train(int argc, char **argv)
 {
     train_args a;
-    int rc = parse_train(argc, argv, &a);
-    if (rc != 0)
-        return rc == 1 ? 0 : rc;
+    int help = 0, code = parse_train(argc, argv, &a, &help);
+    if (code != TOOL_EXIT_OK || help)
+        return code;
     int threads = strata_set_threads((int)a.threads);
     strata_dataset train, test;
     strata_model *m = NULL;
     strata_sgd *opt = NULL;
     json_t *epochs = json_array();
-    int code = 1;
+    int rc = 0;
+    code = TOOL_EXIT_FAIL;
     strata_dataset_init(&train);
     strata_dataset_init(&test);
     if (load_split(a.data, "train", (size_t)a.limit, &train) < 0 ||
@@ -244,22 +256,24 @@ int tool_train(int argc, char **argv)
         goto out;
     strata_diag d = {{0}};
     if ((rc = strata_model_new(a.model, &m, &d)) < 0) {
-        tool_fail(1, "%s", strata_diag_msg(&d, rc));
+        strata_log_error("%s", strata_diag_msg(&d, rc));
         goto out;
     }
     if (strata_model_input_dim(m) != train.dim) {
-        tool_fail(1, "model '%s' takes %zu inputs but the data has %zu per sample", a.model,
-                  strata_model_input_dim(m), train.dim);
+        strata_log_error("model '%s' takes %zu inputs but the data has %zu per sample", a.model,
+                         strata_model_input_dim(m), train.dim);
         goto out;
     }
     int classes = train.num_classes > test.num_classes ? train.num_classes : test.num_classes;
     if (strata_model_output_dim(m) < (size_t)classes) {
-        tool_fail(1, "model '%s' has %zu outputs but the data has %d classes", a.model,
-                  strata_model_output_dim(m), classes);
+        strata_log_error("model '%s' has %zu outputs but the data has %d classes", a.model,
+                         strata_model_output_dim(m), classes);
         goto out;
     }
-    if (a.out != NULL && tool_check_writable(a.out) != 0)
+    if (a.out != NULL && (rc = tool_check_writable(a.out, &d)) < 0) {
+        strata_log_error("%s", strata_diag_msg(&d, rc));
         goto out;
+    }
     float mean = 0.0f, std = 1.0f;
     if (strcmp(a.normalize, "auto") == 0) {
         double dm, ds;
@@ -268,9 +282,8 @@ int tool_train(int argc, char **argv)
         std = ds > 0 ? (float)ds : 1.0f;
     } else if (strcmp(a.normalize, "none") != 0 &&
                strata_parse_normalization(a.normalize, &mean, &std) < 0) {
-        tool_fail(2, "--normalize: expected auto, none or MEAN,STD with STD > 0, got '%s'",
-                  a.normalize);
-        code = 2;
+        code = tool_usage_error(
+            "--normalize: expected auto, none or MEAN,STD with STD > 0, got '%s'", a.normalize);
         goto out;
     }
     strata_model_set_normalization(m, mean, std);
@@ -282,15 +295,14 @@ int tool_train(int argc, char **argv)
     if (strcmp(a.schedule, "cosine") == 0)
         cfg.decay_steps = (size_t)a.epochs * ((train.n + (size_t)a.batch - 1) / (size_t)a.batch);
     if ((rc = strata_sgd_new(strata_model_params(m), &cfg, &opt, &d)) < 0) {
-        tool_fail(2, "%s", strata_diag_msg(&d, rc));
-        code = 2;
+        code = tool_usage_error("%s", strata_diag_msg(&d, rc));
         goto out;
     }
     size_t nparams = strata_tensor_list_numel(strata_model_params(m));
-    fprintf(stderr,
-            "training %s (%zu parameters) on %zu images, %ld epochs, batch %ld, lr %g, "
-            "%d threads, normalisation %g,%g\n",
-            a.model, nparams, train.n, a.epochs, a.batch, a.lr, threads, (double)mean, (double)std);
+    strata_log_info("training %s (%zu parameters) on %zu images, %ld epochs, batch %ld, lr %g, "
+                    "%d threads, normalisation %g,%g",
+                    a.model, nparams, train.n, a.epochs, a.batch, a.lr, threads, (double)mean,
+                    (double)std);
     strata_rng rng;
     strata_rng_seed(&rng, a.seed, 1);
     double train_seconds = 0.0;
@@ -301,12 +313,12 @@ int tool_train(int argc, char **argv)
         if ((rc = strata_train_epoch(m, opt, &train, NULL, 0, (size_t)a.batch, 0, &rng,
                                      tool_progress, label, &ts)) < 0 ||
             (rc = strata_evaluate(m, &test, NULL, 0, 128, &es)) < 0) {
-            tool_fail(1, "training failed: %s", strata_strerror(rc));
+            strata_log_error("training failed: %s", strata_strerror(rc));
             goto out;
         }
         train_seconds += ts.seconds;
         if (!isfinite(ts.loss)) {
-            tool_fail(1, "training diverged (loss is not finite); lower --lr");
+            strata_log_error("training diverged (loss is not finite); lower --lr");
             goto out;
         }
         printf("epoch %ld/%ld  train_loss %.4f  train_acc %.4f  test_loss %.4f  test_acc %.4f  "
@@ -321,10 +333,10 @@ int tool_train(int argc, char **argv)
     }
     if (a.out != NULL) {
         if ((rc = strata_checkpoint_save(m, a.out, &d)) < 0) {
-            tool_fail(1, "%s", strata_diag_msg(&d, rc));
+            strata_log_error("%s", strata_diag_msg(&d, rc));
             goto out;
         }
-        fprintf(stderr, "checkpoint written to %s\n", a.out);
+        strata_log_info("checkpoint written to %s", a.out);
     }
     if (a.json) {
         json_t *root =
@@ -339,7 +351,7 @@ int tool_train(int argc, char **argv)
         free(s);
         json_decref(root);
     }
-    code = 0;
+    code = TOOL_EXIT_OK;
 out:
     json_decref(epochs);
     strata_sgd_free(opt);
@@ -369,32 +381,38 @@ int tool_eval(int argc, char **argv)
             json = 1;
         else if (c == 't') {
             if (strata_parse_long(optarg, 1, 1024, &threads))
-                return tool_fail(2, "--threads: expected an integer in [1, 1024]");
+                return tool_usage_error("--threads: expected an integer in [1, 1024]");
         } else if (c == 'h') {
             puts("usage: strata-tool eval --model CKPT.safetensors --data DIR [--threads T] "
                  "[--json]");
-            return 0;
+            return TOOL_EXIT_OK;
         } else
-            return 2;
+            return TOOL_EXIT_USAGE;
     }
     if (spec == NULL || data == NULL || optind != argc)
-        return tool_fail(2, "eval: --model and --data are required");
+        return tool_usage_error("eval: --model and --data are required");
     if (!tool_is_safetensors(spec))
-        return tool_fail(2,
-                         "eval: --model must be a checkpoint (.safetensors); '%s' has no "
-                         "trained weights",
-                         spec);
+        return tool_usage_error("eval: --model must be a checkpoint (.safetensors); '%s' has no "
+                                "trained weights",
+                                spec);
     strata_set_threads((int)threads);
     strata_model *m = NULL;
     strata_dataset test;
     strata_dataset_init(&test);
-    int code = 1;
-    if (tool_load_model(spec, &m) < 0 || load_split(data, "test", 0, &test) < 0)
+    int code = TOOL_EXIT_FAIL;
+    strata_diag d = {{0}};
+    int rc = tool_load_model(spec, &m, &d);
+    if (rc < 0) {
+        strata_log_error("%s", strata_diag_msg(&d, rc));
+        goto out;
+    }
+    if (load_split(data, "test", 0, &test) < 0)
         goto out;
     strata_train_stats es;
-    int rc = strata_evaluate(m, &test, NULL, 0, 128, &es);
+    rc = strata_evaluate(m, &test, NULL, 0, 128, &es);
     if (rc < 0) {
-        tool_fail(1, "evaluation failed: %s (does the model fit the data?)", strata_strerror(rc));
+        strata_log_error("evaluation failed: %s (does the model fit the data?)",
+                         strata_strerror(rc));
         goto out;
     }
     if (json) {
@@ -407,7 +425,7 @@ int tool_eval(int argc, char **argv)
         json_decref(root);
     } else
         printf("test_acc %.4f  test_loss %.4f  (%zu images)\n", es.accuracy, es.loss, es.samples);
-    code = 0;
+    code = TOOL_EXIT_OK;
 out:
     strata_model_free(m);
     strata_dataset_cleanup(&test);
@@ -435,34 +453,35 @@ int tool_partition(int argc, char **argv)
             spec = optarg;
         else if (c == 'c') {
             if (strata_parse_long(optarg, 1, 1000000, &clients))
-                return tool_fail(2, "--clients: expected an integer >= 1, got '%s'", optarg);
+                return tool_usage_error("--clients: expected an integer >= 1, got '%s'", optarg);
         } else if (c == 's') {
             if (strata_parse_long(optarg, 0, __LONG_MAX__, &seed))
-                return tool_fail(2, "--seed: expected a non-negative integer, got '%s'", optarg);
+                return tool_usage_error("--seed: expected a non-negative integer, got '%s'",
+                                        optarg);
         } else if (c == 'h') {
             puts("usage: strata-tool partition --data DIR [--clients N] "
                  "[--partition iid|dirichlet:ALPHA|shards:S] [--seed S]");
-            return 0;
+            return TOOL_EXIT_OK;
         } else
-            return 2;
+            return TOOL_EXIT_USAGE;
     }
     if (data == NULL || optind != argc)
-        return tool_fail(2, "partition: --data is required");
+        return tool_usage_error("partition: --data is required");
     strata_dataset train;
     if (load_split(data, "train", 0, &train) < 0)
-        return 1;
+        return TOOL_EXIT_FAIL;
     strata_partition *p = NULL;
     strata_diag d = {{0}};
     int rc = strata_partition_new(train.y, train.n, train.num_classes, spec, (size_t)clients,
                                   (uint64_t)seed, &p, &d);
     if (rc < 0) {
         strata_dataset_cleanup(&train);
-        return tool_fail(2, "%s", strata_diag_msg(&d, rc));
+        return tool_usage_error("%s", strata_diag_msg(&d, rc));
     }
     printf("partition %s of %zu training samples over %ld clients (seed %ld)\n", spec, train.n,
            clients, seed);
     strata_partition_print(p, train.y, train.num_classes, stdout);
     strata_partition_free(p);
     strata_dataset_cleanup(&train);
-    return 0;
+    return TOOL_EXIT_OK;
 }

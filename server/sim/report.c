@@ -1,0 +1,146 @@
+/* strata-sim: the report — report.csv and report.md in the output
+ * directory, and the closing summary (a log line, and the --json line on
+ * standard output) — built from the round records in the coordinator's
+ * store. */
+#include "sim.h"
+
+#include "store.h"
+#include "strata/log.h"
+
+#include <jansson.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Decodes the summaries of the store's closed rounds into *out (*n of
+ * them); a record whose summary does not decode is left out, with a
+ * warning. */
+static int read_summaries(const char *state_dir, strata_round_summary **out, size_t *n)
+{
+    *out = NULL;
+    *n = 0;
+    strata_store *s = NULL;
+    strata_diag d = {{0}};
+    strata_store_round *list = NULL;
+    size_t nr = 0;
+    int rc = strata_store_open(state_dir, &s, &d);
+    if (rc == 0)
+        rc = strata_store_round_list(s, 0, 1000000, &list, &nr, &d);
+    if (rc < 0) {
+        strata_log_error("cannot read the coordinator's records: %s", strata_diag_msg(&d, rc));
+        goto out;
+    }
+    if (nr > 0 && (*out = calloc(nr, sizeof(strata_round_summary))) == NULL) {
+        strata_log_error("out of memory");
+        rc = STRATA_ENOMEM;
+        goto out;
+    }
+    for (size_t i = 0; i < nr; i++) {
+        if (list[i].summary_json == NULL)
+            continue;
+        strata_round_summary *sm = &(*out)[*n];
+        int src = strata_round_summary_decode(list[i].summary_json, strlen(list[i].summary_json),
+                                              NULL, sm, &d);
+        if (src < 0) {
+            strata_log_warn("round %u: %s", list[i].round, strata_diag_msg(&d, src));
+            continue;
+        }
+        (*n)++;
+    }
+out:
+    strata_store_round_list_free(list, nr);
+    strata_store_close(s);
+    return rc;
+}
+
+int sim_report_write(const char *state_dir, const char *out_dir, const sim_run_info *o, int json)
+{
+    strata_round_summary *list = NULL;
+    size_t nr = 0;
+    int rc = read_summaries(state_dir, &list, &nr);
+    if (rc < 0)
+        return rc;
+    char csv[PATH_MAX], md[PATH_MAX];
+    snprintf(csv, sizeof(csv), "%s/report.csv", out_dir);
+    snprintf(md, sizeof(md), "%s/report.md", out_dir);
+    FILE *fc = fopen(csv, "w"), *fm = fopen(md, "w");
+    if (fc == NULL || fm == NULL) {
+        strata_log_error("cannot write the report in %s", out_dir);
+        rc = STRATA_EIO;
+    } else {
+        fprintf(fc, "round,participants,accuracy,loss,uplink_bytes,downlink_bytes,"
+                    "dense_uplink_bytes,compression_ratio");
+        /* One density column per layer, named after the first summary that
+         * has densities. */
+        for (size_t i = 0; i < nr; i++)
+            if (list[i].has_densities) {
+                for (size_t k = 0; k < list[i].num_layers; k++)
+                    fprintf(fc, ",density:%s", list[i].layer_names[k]);
+                break;
+            }
+        fputc('\n', fc);
+        fprintf(fm,
+                "# strata-sim report\n\n%ld clients, %ld rounds, model %s, partition %s, policy "
+                "%s, density %s, values %s, seed %ld\n\n"
+                "| round | participants | accuracy | loss | uplink bytes | downlink bytes | "
+                "compression |\n|---|---|---|---|---|---|---|\n",
+                o->clients, o->rounds, o->model, o->partition, o->policy, o->density, o->values,
+                o->seed);
+    }
+    double up = 0, down = 0, dense = 0, acc = 0;
+    const strata_round_summary *last = NULL;
+    for (size_t i = 0; fc && fm && i < nr; i++) {
+        const strata_round_summary *s = &list[i];
+        double u = (double)s->uplink_bytes, dn = (double)s->downlink_bytes;
+        double de = (double)s->dense_uplink_bytes, loss = sim_summary_metric(s->loss);
+        long parts = (long)s->participants;
+        acc = sim_summary_metric(s->accuracy);
+        up += u;
+        down += dn;
+        dense += de;
+        fprintf(fc, "%u,%ld,%.6f,%.6f,%.0f,%.0f,%.0f,%.2f", s->round, parts, acc, loss, u, dn, de,
+                u > 0 ? de / u : 0.0);
+        for (size_t k = 0; k < s->num_layers; k++)
+            fprintf(fc, ",%.6f", s->densities[k]);
+        fputc('\n', fc);
+        fprintf(fm, "| %u | %ld | %.4f | %.4f | %.0f | %.0f | %.1fx |\n", s->round, parts, acc,
+                loss, u, dn, u > 0 ? de / u : 0.0);
+        last = s;
+    }
+    if (fm != NULL && last != NULL && last->has_densities) {
+        fprintf(fm, "\nPer-layer densities of the last round (every round's are in "
+                    "report.csv):\n\n| tensor | density |\n|---|---|\n");
+        for (size_t k = 0; k < last->num_layers; k++)
+            fprintf(fm, "| %s | %.6f |\n", last->layer_names[k], last->densities[k]);
+    }
+    if (fm != NULL)
+        fprintf(fm,
+                "\nTotal: uplink %.0f bytes (dense updates would be %.0f, %.1fx more), "
+                "downlink %.0f bytes, final accuracy %.4f.\n",
+                up, dense, up > 0 ? dense / up : 0.0, down, acc);
+    int bad_close = fc != NULL && fclose(fc) != 0;
+    bad_close |= fm != NULL && fclose(fm) != 0;
+    if (bad_close && rc == 0) {
+        strata_log_error("cannot write the report in %s", out_dir);
+        rc = STRATA_EIO;
+    }
+    strata_log_info("%zu rounds, final accuracy %.4f, uplink %.0f bytes (%.1fx less than dense), "
+                    "report in %s",
+                    nr, acc, up, up > 0 ? dense / up : 0.0, md);
+    if (json) {
+        json_t *sum =
+            json_pack("{s:f,s:I,s:I,s:f,s:f,s:f,s:s}", "final_accuracy", acc, "rounds",
+                      (json_int_t)nr, "clients", (json_int_t)o->clients, "uplink_bytes", up,
+                      "downlink_bytes", down, "dense_uplink_bytes", dense, "report", md);
+        char *text = sum ? json_dumps(sum, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
+        if (text != NULL)
+            puts(text);
+        else
+            strata_log_error("out of memory");
+        free(text);
+        json_decref(sum);
+    }
+    sim_summary_list_free(list, nr);
+    return rc;
+}
