@@ -17,7 +17,7 @@
  *
  * May call: the store, aggregate.h, robust.h, models.h, metrics.h,
  * registry.h (sorted ids), libstrata (checkpoint, train, policy, payload,
- * rng, clock, log) and jansson (the task and summary documents). */
+ * rng, clock, log, the task and round-summary codecs). */
 #include "round.h"
 
 #include "engine_internal.h"
@@ -26,9 +26,10 @@
 #include "strata/clock.h"
 #include "strata/log.h"
 #include "strata/rng.h"
+#include "strata/summary.h"
+#include "strata/task.h"
 #include "strata/train.h"
 
-#include <jansson.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -39,131 +40,99 @@
 
 /* ---- the task document ---------------------------------------------------- */
 
-static json_t *budgets_json(const srv_engine *e, const strata_budget *b)
-{
-    json_t *arr = json_array();
-    for (size_t i = 0; i < e->nlayers; i++)
-        json_array_append_new(arr,
-                              json_pack("{s:s,s:s,s:f,s:i,s:i}", "layer", e->names[i], "compressor",
-                                        strata_comp_name(b[i].comp), "density", b[i].density,
-                                        "levels", (int)b[i].levels, "rank", (int)b[i].rank));
-    return arr;
-}
-
-/* The task JSON of round r (the one place that builds it). NULL when out of
- * memory. */
-static char *task_encode(const srv_engine *e, uint32_t r, int64_t deadline, const strata_budget *b,
-                         uint64_t seed)
+/* The task JSON of round r, through the task codec (strata/task.h). Errors:
+ * as strata_task_encode. */
+static int task_encode(const srv_engine *e, uint32_t r, int64_t deadline, const strata_budget *b,
+                       uint64_t seed, char **out, strata_diag *d)
 {
     const srv_config *c = e->cfg;
-    json_t *task = json_pack(
-        "{s:I,s:I,s:I,s:I,s:s,s:o,s:{s:I,s:I,s:f,s:f,s:f,s:f,s:I},s:I}", "round", (json_int_t)r,
-        "total_rounds", (json_int_t)c->rounds, "model_version", (json_int_t)e->version,
-        "deadline_unix_ms", (json_int_t)deadline, "values", strata_values_name(c->values_format),
-        "budgets", budgets_json(e, b), "train", "epochs", (json_int_t)c->local_epochs, "batch",
-        (json_int_t)c->batch, "lr", c->lr, "momentum", c->momentum, "weight_decay", c->weight_decay,
-        "prox_mu", c->prox_mu, "max_steps", (json_int_t)c->max_steps, "seed", (json_int_t)seed);
-    char *tj = task ? json_dumps(task, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
-    json_decref(task);
-    return tj;
+    strata_task t = {.round = r,
+                     .total_rounds = (uint32_t)c->rounds,
+                     .model_version = e->version,
+                     .deadline_unix_ms = deadline,
+                     .values_format = c->values_format,
+                     .num_layers = e->nlayers,
+                     .layer_names = e->names,
+                     .budgets = (strata_budget *)b,
+                     .train = {.epochs = (uint32_t)c->local_epochs,
+                               .batch = (uint32_t)c->batch,
+                               .lr = c->lr,
+                               .momentum = c->momentum,
+                               .weight_decay = c->weight_decay,
+                               .prox_mu = c->prox_mu,
+                               .max_steps = (uint64_t)c->max_steps},
+                     .seed = seed};
+    size_t len;
+    return strata_task_encode(&t, out, &len, d);
 }
 
-/* Reads the per-layer budgets back from a stored task JSON (the one place
- * that parses it) into b (e->nlayers entries). Errors: STRATA_EPROTO. */
-static int task_decode_budgets(const srv_engine *e, const char *task_json, strata_budget *b)
+/* Reads the per-layer budgets back from a stored task JSON into b
+ * (e->nlayers entries). Errors: STRATA_EPROTO (not a task of this model). */
+static int task_decode_budgets(const srv_engine *e, const char *task_json, strata_budget *b,
+                               strata_diag *d)
 {
-    json_t *t = json_loads(task_json, 0, NULL);
-    json_t *arr = json_object_get(t, "budgets");
-    int rc = STRATA_EPROTO;
-    if (json_array_size(arr) != e->nlayers)
-        goto out;
-    for (size_t i = 0; i < e->nlayers; i++) {
-        json_t *bj = json_array_get(arr, i);
-        strata_compressor_id id;
-        if (strata_comp_from_name(json_string_value(json_object_get(bj, "compressor")), &id) < 0)
-            goto out;
-        b[i].comp = id;
-        b[i].density = json_number_value(json_object_get(bj, "density"));
-        b[i].levels = (uint32_t)json_integer_value(json_object_get(bj, "levels"));
-        b[i].rank = (uint32_t)json_integer_value(json_object_get(bj, "rank"));
-    }
-    rc = 0;
-out:
-    json_decref(t);
+    strata_task t;
+    strata_task_limits lim = {.max_layers = e->nlayers};
+    int rc = strata_task_decode(task_json, strlen(task_json), &lim, &t, d);
+    if (rc < 0)
+        return rc;
+    for (size_t i = 0; i < t.num_layers && rc == 0; i++)
+        if (strcmp(t.layer_names[i], e->names[i]) != 0)
+            rc = strata_diag_set(d, STRATA_EPROTO, "budgets[%zu]: layer \"%s\" is not \"%s\"", i,
+                                 t.layer_names[i], e->names[i]);
+    if (rc == 0 && t.num_layers != e->nlayers)
+        rc = strata_diag_set(d, STRATA_EPROTO, "%zu budgets for %zu layers", t.num_layers,
+                             e->nlayers);
+    if (rc == 0)
+        memcpy(b, t.budgets, e->nlayers * sizeof(*b));
+    strata_task_cleanup(&t);
     return rc;
 }
 
 /* ---- the summary document -------------------------------------------------- */
 
-static json_t *densities_json(const srv_engine *e)
+int srv__summary_text(const srv_engine *e, strata_round_summary *s, char **out, strata_diag *d)
 {
-    json_t *o = json_object();
-    for (size_t i = 0; e->budgets && i < e->nlayers; i++)
-        json_object_set_new(o, e->names[i], json_real(e->budgets[i].density));
-    return o;
-}
-
-json_t *srv__summary_json(const srv_engine *e, const srv_round_summary *s)
-{
-    json_t *j = json_pack("{s:I,s:s,s:I,s:I,s:I}", "round", (json_int_t)s->round, "state", s->state,
-                          "model_version", (json_int_t)s->model_version, "selected",
-                          (json_int_t)s->selected, "participants", (json_int_t)s->participants);
-    if (j == NULL)
-        return NULL;
-    int bad = 0;
-    if (s->has_stats) {
-        bad |=
-            json_object_set_new(j, "accuracy", s->has_eval ? json_real(s->accuracy) : json_null());
-        bad |= json_object_set_new(j, "loss", s->has_eval ? json_real(s->loss) : json_null());
-        bad |= json_object_set_new(j, "uplink_bytes", json_integer((json_int_t)s->uplink));
-        bad |= json_object_set_new(j, "downlink_bytes", json_integer((json_int_t)s->downlink));
-        bad |=
-            json_object_set_new(j, "dense_uplink_bytes", json_integer((json_int_t)s->dense_uplink));
-        bad |= json_object_set_new(j, "duration_ms", json_integer((json_int_t)s->duration_ms));
-        if (s->with_densities)
-            bad |= json_object_set_new(j, "densities", densities_json(e));
+    *out = NULL;
+    double *dens = NULL;
+    if (s->has_densities) {
+        dens = calloc(e->nlayers ? e->nlayers : 1, sizeof(*dens));
+        if (dens == NULL)
+            return strata_diag_set(d, STRATA_ENOMEM, "out of memory");
+        for (size_t i = 0; i < e->nlayers; i++)
+            dens[i] = e->budgets != NULL ? e->budgets[i].density : 1.0;
+        s->num_layers = e->nlayers;
+        s->layer_names = e->names;
+        s->densities = dens;
     }
-    if (s->stopped)
-        bad |= json_object_set_new(j, "stopped", json_true());
-    if (s->recovered)
-        bad |= json_object_set_new(j, "recovered", json_true());
-    if (bad) {
-        json_decref(j);
-        return NULL;
-    }
-    return j;
+    size_t len;
+    int rc = strata_round_summary_encode(s, out, &len, d);
+    s->layer_names = NULL;
+    s->densities = NULL;
+    s->num_layers = 0;
+    free(dens);
+    return rc;
 }
 
-/* The summary as the text the store keeps. NULL when out of memory. */
-static char *summary_encode(const srv_engine *e, const srv_round_summary *s)
-{
-    json_t *j = srv__summary_json(e, s);
-    char *t = j ? json_dumps(j, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
-    json_decref(j);
-    return t;
-}
-
-int srv__summary_parse(const char *text, int *stopped)
+int srv__summary_stopped(const char *text, int *stopped)
 {
     *stopped = 0;
-    json_t *j = text ? json_loads(text, JSON_REJECT_DUPLICATES, NULL) : NULL;
-    if (!json_is_object(j)) {
-        json_decref(j);
-        return STRATA_EPROTO;
-    }
-    *stopped = json_is_true(json_object_get(j, "stopped"));
-    json_decref(j);
-    return 0;
+    strata_round_summary s;
+    int rc = strata_round_summary_decode(text, strlen(text), NULL, &s, NULL);
+    if (rc == 0)
+        *stopped = s.stopped;
+    strata_round_summary_cleanup(&s);
+    return rc;
 }
 
 /* The stored summary of the open round, before its statistics exist. */
-static srv_round_summary summary_of_open(const srv_engine *e)
+static strata_round_summary summary_of_open(const srv_engine *e)
 {
-    srv_round_summary s = {.round = e->next_round,
-                           .state = "closed",
-                           .model_version = e->version,
-                           .selected = e->nselected,
-                           .participants = e->nreported};
+    strata_round_summary s = {.round = e->next_round,
+                              .state = STRATA_ROUND_CLOSED,
+                              .model_version = e->version,
+                              .selected = e->nselected,
+                              .participants = e->nreported};
     return s;
 }
 
@@ -304,10 +273,8 @@ static int open_round(srv_engine *e, strata_diag *d)
     int64_t now = strata_clock_unix_ms();
     int64_t deadline = now + (int64_t)(c->round_deadline * 1000.0);
     uint64_t seed = strata_mix64((uint64_t)c->seed ^ strata_mix64(r)) & ((1ULL << 53) - 1);
-    if ((tj = task_encode(e, r, deadline, b, seed)) == NULL) {
-        rc = STRATA_ENOMEM;
+    if ((rc = task_encode(e, r, deadline, b, seed, &tj, d)) < 0)
         goto fail;
-    }
     if ((rc = strata_store_round_open(e->store, r, e->version, sel, k, deadline, tj, d)) < 0)
         goto fail;
     srv__round_reset(e);
@@ -448,16 +415,18 @@ static void close_round(srv_engine *e)
         rc = strata_store_checkpoint_record(e->store, v, &d);
     int64_t dur = strata_clock_unix_ms() - e->opened_ms;
     if (rc == 0) {
-        srv_round_summary s = summary_of_open(e);
-        s.has_stats = s.has_eval = s.with_densities = 1;
+        strata_round_summary s = summary_of_open(e);
+        s.has_stats = s.has_densities = 1;
         s.accuracy = st.accuracy;
         s.loss = st.loss;
-        s.uplink = e->uplink;
-        s.downlink = e->downlink;
-        s.dense_uplink = e->nreported * e->total_params * 4;
-        s.duration_ms = dur;
-        char *sum = summary_encode(e, &s);
-        rc = sum ? strata_store_round_close(e->store, r, sum, &d) : STRATA_ENOMEM;
+        s.uplink_bytes = e->uplink;
+        s.downlink_bytes = e->downlink;
+        s.dense_uplink_bytes = e->nreported * e->total_params * 4;
+        s.duration_ms = dur > 0 ? (uint64_t)dur : 0;
+        char *sum = NULL;
+        rc = srv__summary_text(e, &s, &sum, &d);
+        if (rc == 0)
+            rc = strata_store_round_close(e->store, r, sum, &d);
         free(sum);
     }
     if (rc < 0) {
@@ -530,10 +499,12 @@ int srv__round_abandon(srv_engine *e, strata_diag *d)
 {
     if (!e->open)
         return 0;
-    srv_round_summary s = summary_of_open(e);
+    strata_round_summary s = summary_of_open(e);
     s.stopped = 1;
-    char *t = summary_encode(e, &s);
-    int rc = t ? strata_store_round_close(e->store, e->next_round, t, d) : STRATA_ENOMEM;
+    char *t = NULL;
+    int rc = srv__summary_text(e, &s, &t, d);
+    if (rc == 0)
+        rc = strata_store_round_close(e->store, e->next_round, t, d);
     free(t);
     if (rc == 0) {
         srv__round_reset(e);
@@ -562,7 +533,7 @@ static int count_from_store(srv_engine *e, strata_diag *d)
             int stopped = 0;
             if (rs[i].state == STRATA_STORE_ROUND_CLOSED &&
                 (rs[i].summary_json == NULL ||
-                 srv__summary_parse(rs[i].summary_json, &stopped) < 0 || !stopped))
+                 srv__summary_stopped(rs[i].summary_json, &stopped) < 0 || !stopped))
                 rounds++;
             from = rs[i].round + 1;
         }
@@ -625,14 +596,16 @@ static int resume_state(srv_engine *e, strata_diag *d)
     if (rd.state == STRATA_STORE_ROUND_OPEN) {
         if (rd.model_version < e->version) {
             /* Aggregated and checkpointed before the crash: just close it. */
-            srv_round_summary s = {.round = last,
-                                   .state = "closed",
-                                   .model_version = rd.model_version,
-                                   .selected = rd.n_selected,
-                                   .participants = rd.n_updates,
-                                   .recovered = 1};
-            char *t = summary_encode(e, &s);
-            rc = t ? strata_store_round_close(e->store, last, t, d) : STRATA_ENOMEM;
+            strata_round_summary s = {.round = last,
+                                      .state = STRATA_ROUND_CLOSED,
+                                      .model_version = rd.model_version,
+                                      .selected = rd.n_selected,
+                                      .participants = rd.n_updates,
+                                      .recovered = 1};
+            char *t = NULL;
+            rc = srv__summary_text(e, &s, &t, d);
+            if (rc == 0)
+                rc = strata_store_round_close(e->store, last, t, d);
             free(t);
         } else {
             e->next_round = last;
@@ -647,8 +620,10 @@ static int resume_state(srv_engine *e, strata_diag *d)
             e->budgets = calloc(e->nlayers, sizeof(*e->budgets));
             if (e->reported == NULL || e->budgets == NULL || e->task_json == NULL)
                 rc = STRATA_ENOMEM;
-            if (rc == 0 && task_decode_budgets(e, e->task_json, e->budgets) < 0)
-                rc = strata_diag_set(d, STRATA_EPROTO, "round %u: unreadable task", last);
+            strata_diag td;
+            if (rc == 0 && task_decode_budgets(e, e->task_json, e->budgets, &td) < 0)
+                rc = strata_diag_set(d, STRATA_EPROTO, "round %u: unreadable task: %s", last,
+                                     td.msg);
             e->open = 1;
             if (rc == 0)
                 rc = replay_updates(e, d);

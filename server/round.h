@@ -13,38 +13,22 @@
 #define STRATA_SERVER_ROUND_H
 
 #include "engine.h"
+#include "strata/summary.h"
 
 #include <stdint.h>
 
 struct json_t;
 
-/* The summary of a round, as stored when it closes and as the read views
- * show it. Which keys it has: round, state, model_version, selected,
- * participants always; then either the statistics (has_stats: accuracy and
- * loss, or nulls without has_eval; uplink, downlink and dense uplink bytes,
- * duration; densities when with_densities) or one marker (stopped: closed
- * by an operator without aggregation; recovered: closed at start-up after a
- * crash that followed its aggregation). */
-typedef struct srv_round_summary {
-    uint32_t round;
-    const char *state; /* "open" or "closed"; static */
-    uint64_t model_version;
-    uint64_t selected, participants;
-    int has_stats, has_eval, with_densities;
-    double accuracy, loss;
-    uint64_t uplink, downlink, dense_uplink;
-    int64_t duration_ms;
-    int stopped, recovered;
-} srv_round_summary;
+/* Encodes a round summary with the summary codec (strata/summary.h). When
+ * s->has_densities, the densities of the open round's budgets (lock held)
+ * are filled in under the model's layer names; s's layer fields are left
+ * empty again on return. *out is a new string (free()). Errors: as
+ * strata_round_summary_encode. */
+int srv__summary_text(const srv_engine *e, strata_round_summary *s, char **out, strata_diag *d);
 
-/* The summary as a new JSON object (densities from the open round's
- * budgets, so lock held when with_densities). NULL when out of memory. */
-struct json_t *srv__summary_json(const srv_engine *e, const srv_round_summary *s);
-
-/* Reads what start-up needs back from a stored summary text: *stopped is 1
- * when an operator stopped the round. Errors: STRATA_EPROTO (not a JSON
- * object). */
-int srv__summary_parse(const char *text, int *stopped);
+/* Reads from a stored summary text whether an operator stopped the round
+ * (*stopped). Errors: as strata_round_summary_decode. */
+int srv__summary_stopped(const char *text, int *stopped);
 
 /* Resumes the state directory's rounds at start-up: an open round whose
  * model version is older than the latest checkpoint was aggregated before a

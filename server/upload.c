@@ -83,8 +83,8 @@ static int validate(const srv_engine *e, const strata_payload *p, uint32_t round
                       l->comp == STRATA_COMP_RANDK || l->comp == STRATA_COMP_POWERSGD;
         if (uses_vf && l->values_format != e->cfg->values_format) {
             snprintf(msg, mlen, "layer %zu (%s): values %s, the task says %s", i, nm,
-                     strata_values_name(l->values_format),
-                     strata_values_name(e->cfg->values_format));
+                     strata_values_format_name(l->values_format),
+                     strata_values_format_name(e->cfg->values_format));
             return -1;
         }
         if ((l->comp == STRATA_COMP_TOPK || l->comp == STRATA_COMP_RANDK) &&

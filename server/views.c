@@ -10,6 +10,7 @@
 #include "strata/clock.h"
 
 #include <jansson.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -22,18 +23,25 @@ static json_t *round_json(srv_engine *e, const strata_store_round *rd)
             return j;
     }
     int cur = e->open && rd->round == e->next_round;
-    srv_round_summary s = {.round = rd->round,
-                           .state = rd->state == STRATA_STORE_ROUND_OPEN ? "open" : "closed",
-                           .model_version = rd->model_version,
-                           .selected = rd->n_selected,
-                           .participants = rd->n_updates,
-                           .has_stats = 1,
-                           .uplink = cur ? e->uplink : 0,
-                           .downlink = cur ? e->downlink : 0,
-                           .dense_uplink = rd->n_updates * e->total_params * 4,
-                           .duration_ms = strata_clock_unix_ms() - rd->opened_unix_ms,
-                           .with_densities = cur};
-    return srv__summary_json(e, &s);
+    int64_t dur = strata_clock_unix_ms() - rd->opened_unix_ms;
+    strata_round_summary s = {.round = rd->round,
+                              .state = rd->state == STRATA_STORE_ROUND_OPEN ? STRATA_ROUND_OPEN
+                                                                            : STRATA_ROUND_CLOSED,
+                              .model_version = rd->model_version,
+                              .selected = rd->n_selected,
+                              .participants = rd->n_updates,
+                              .has_stats = 1,
+                              .accuracy = NAN,
+                              .loss = NAN,
+                              .uplink_bytes = cur ? e->uplink : 0,
+                              .downlink_bytes = cur ? e->downlink : 0,
+                              .dense_uplink_bytes = rd->n_updates * e->total_params * 4,
+                              .duration_ms = dur > 0 ? (uint64_t)dur : 0,
+                              .has_densities = cur};
+    char *t = NULL;
+    json_t *j = srv__summary_text(e, &s, &t, NULL) == 0 ? json_loads(t, 0, NULL) : NULL;
+    free(t);
+    return j;
 }
 
 void srv_engine_rounds(srv_engine *e, uint32_t from, size_t limit, srv_result *r)

@@ -45,11 +45,6 @@ int strata_values_format_parse(const char *name, strata_values_format *out)
     return STRATA_EINVAL;
 }
 
-const char *strata_values_name(strata_values_format f)
-{
-    return strata_values_format_name(f);
-}
-
 int strata_comp_from_name(const char *name, strata_compressor_id *out)
 {
     if (out != NULL)

@@ -87,10 +87,6 @@ const char *strata_values_format_name(strata_values_format f);
  * STRATA_EINVAL for NULL arguments or any other string. Thread-safe. */
 int strata_values_format_parse(const char *name, strata_values_format *out);
 
-/* The same as strata_values_format_name; kept for the callers that still use
- * the old name. */
-const char *strata_values_name(strata_values_format f);
-
 /* Parses a compressor name; returns STRATA_EINVAL for an unknown one. */
 int strata_comp_from_name(const char *name, strata_compressor_id *out);
 
