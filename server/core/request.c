@@ -1,6 +1,8 @@
 /* The coordinator's JSON request parsing (see request.h). */
 #include "request.h"
 
+#include "strata/jsonscan.h"
+
 #include <jansson.h>
 #include <string.h>
 
@@ -11,54 +13,6 @@ void srv_json_limits_init(srv_json_limits *lim)
 {
     lim->max_bytes = SRV_JSON_DEFAULT_MAX_BYTES;
     lim->max_depth = SRV_JSON_DEFAULT_MAX_DEPTH;
-}
-
-/* Copies up to cap bytes of s[0, n) into dst (cap + 4 bytes) with every
- * byte that is not printable ASCII replaced by '?', and "..." appended when
- * s was longer, so that client text (a key, the excerpt of the body in
- * jansson's message) can go into a diag that is sent back as JSON, which
- * needs valid UTF-8, and into log lines. */
-static void quote(const char *s, size_t n, size_t cap, char *dst)
-{
-    size_t k = n < cap ? n : cap;
-    for (size_t i = 0; i < k; i++)
-        dst[i] = (s[i] >= 0x20 && s[i] <= 0x7e) ? s[i] : '?';
-    if (n > cap) {
-        memcpy(dst + k, "...", 3);
-        k += 3;
-    }
-    dst[k] = '\0';
-}
-
-/* Returns 1 and the offset of the opening bracket when the nesting depth of
- * the objects and arrays in p[0, n) goes above max. Brackets inside strings
- * do not count; a backslash inside a string hides the byte after it (enough
- * for every JSON escape, \uXXXX included, since hex digits are neither
- * quotes nor backslashes). Malformed input gets some depth, never a crash;
- * jansson rejects it afterwards. */
-static int too_deep(const uint8_t *p, size_t n, size_t max, size_t *at)
-{
-    size_t depth = 0;
-    int in_string = 0;
-    for (size_t i = 0; i < n; i++) {
-        uint8_t c = p[i];
-        if (in_string) {
-            if (c == '\\')
-                i++;
-            else if (c == '"')
-                in_string = 0;
-        } else if (c == '"') {
-            in_string = 1;
-        } else if (c == '{' || c == '[') {
-            if (++depth > max) {
-                *at = i;
-                return 1;
-            }
-        } else if ((c == '}' || c == ']') && depth > 0) {
-            depth--;
-        }
-    }
-    return 0;
 }
 
 int srv_json_parse(const uint8_t *body, size_t len, const srv_json_limits *lim, json_t **out,
@@ -82,7 +36,7 @@ int srv_json_parse(const uint8_t *body, size_t len, const srv_json_limits *lim, 
         return *out != NULL ? STRATA_OK : strata_diag_set(diag, STRATA_ENOMEM, "out of memory");
     }
     size_t at = 0;
-    if (too_deep(body, len, lim->max_depth, &at))
+    if (strata_json_too_deep(body, len, lim->max_depth, &at))
         return strata_diag_set(diag, STRATA_EPROTO, "body: nesting deeper than %zu (byte %zu)",
                                lim->max_depth, at);
 
@@ -92,7 +46,8 @@ int srv_json_parse(const uint8_t *body, size_t len, const srv_json_limits *lim, 
         if (json_error_code(&je) == json_error_out_of_memory)
             return strata_diag_set(diag, STRATA_ENOMEM, "body: out of memory");
         char text[JSON_ERROR_TEXT_LENGTH + 4];
-        quote(je.text, strnlen(je.text, JSON_ERROR_TEXT_LENGTH - 1), JSON_ERROR_TEXT_LENGTH, text);
+        strata_json_quote(je.text, strnlen(je.text, JSON_ERROR_TEXT_LENGTH - 1),
+                          JSON_ERROR_TEXT_LENGTH, text);
         return strata_diag_set(diag, STRATA_EPROTO,
                                "body is not valid JSON: %s (line %d, column %d, byte %d)", text,
                                je.line, je.column, je.position);
@@ -159,7 +114,7 @@ static int only_keys(json_t *root, const char *const *allowed, const char *allow
             i++;
         if (allowed[i] == NULL) {
             char q[KEY_QUOTE_MAX + 4];
-            quote(key, strlen(key), KEY_QUOTE_MAX, q);
+            strata_json_quote(key, strlen(key), KEY_QUOTE_MAX, q);
             return strata_diag_set(diag, STRATA_EPROTO, "unknown key \"%s\" (allowed: %s)", q,
                                    allowed_text);
         }

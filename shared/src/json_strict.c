@@ -1,33 +1,36 @@
 /* Strict reading of untrusted JSON documents for the wire codecs (see
  * json_strict.h). */
 #include "json_strict.h"
+#include "strata/jsonscan.h"
 
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
 
-void strata__json_quote(const char *s, size_t n, char *dst)
+void strata_json_quote(const char *s, size_t n, size_t cap, char *dst)
 {
-    size_t k = n < STRATA__JSON_QUOTE_MAX ? n : STRATA__JSON_QUOTE_MAX;
+    size_t k = n < cap ? n : cap;
     for (size_t i = 0; i < k; i++)
         dst[i] = (s[i] >= 0x20 && s[i] <= 0x7e) ? s[i] : '?';
-    if (n > STRATA__JSON_QUOTE_MAX) {
+    if (n > cap) {
         memcpy(dst + k, "...", 3);
         k += 3;
     }
     dst[k] = '\0';
 }
 
-/* Returns 1 and the offset of the opening bracket when the nesting depth of
- * the objects and arrays in p[0, n) goes above max. A backslash inside a
- * string hides the byte after it, which covers every JSON escape. Malformed
- * input gets some depth, never a crash; jansson refuses it afterwards. */
-static int too_deep(const char *p, size_t n, size_t max, size_t *at)
+void strata__json_quote(const char *s, size_t n, char *dst)
 {
+    strata_json_quote(s, n, STRATA__JSON_QUOTE_MAX, dst);
+}
+
+int strata_json_too_deep(const void *buf, size_t n, size_t max, size_t *at)
+{
+    const unsigned char *p = buf;
     size_t depth = 0;
     int in_string = 0;
     for (size_t i = 0; i < n; i++) {
-        char c = p[i];
+        unsigned char c = p[i];
         if (in_string) {
             if (c == '\\')
                 i++;
@@ -55,7 +58,7 @@ int strata__json_load(const char *buf, size_t len, size_t max_bytes, size_t max_
         return strata_diag_set(diag, STRATA_ETOOBIG, "%s: %zu bytes, above the limit of %zu", what,
                                len, max_bytes);
     size_t at = 0;
-    if (too_deep(buf, len, max_depth, &at))
+    if (strata_json_too_deep(buf, len, max_depth, &at))
         return strata_diag_set(diag, STRATA_EPROTO, "%s: nesting deeper than %zu (byte %zu)", what,
                                max_depth, at);
     json_error_t je;
@@ -187,4 +190,28 @@ int strata__json_dump(const json_t *j, char **json_out, size_t *len_out)
     *json_out = s;
     *len_out = n;
     return STRATA_OK;
+}
+
+int strata__json_decode(const char *buf, size_t len, size_t max_bytes, size_t max_depth,
+                        const char *what, strata__json_get_fn get, void *ctx, strata_diag *diag)
+{
+    if (diag != NULL)
+        diag->msg[0] = '\0';
+    if (buf == NULL && len > 0)
+        return strata_diag_set(diag, STRATA_EINVAL, "%s decode: NULL argument", what);
+    json_t *root = NULL;
+    int rc =
+        strata__json_load(buf != NULL ? buf : "", len, max_bytes, max_depth, what, &root, diag);
+    if (rc < 0)
+        return rc;
+    rc = get(root, ctx, diag);
+    json_decref(root);
+    return rc;
+}
+
+void strata__json_free_names(char **names, size_t n)
+{
+    for (size_t i = 0; names != NULL && i < n; i++)
+        free(names[i]);
+    free(names);
 }

@@ -36,6 +36,17 @@ void strata__json_quote(const char *s, size_t n, char *dst);
 int strata__json_load(const char *buf, size_t len, size_t max_bytes, size_t max_depth,
                       const char *what, json_t **out, strata_diag *diag);
 
+/* Reads one document: resets diag, refuses a NULL buf with len > 0
+ * (STRATA_EINVAL), loads it as strata__json_load does and hands the root to
+ * get with ctx (borrowed), then releases the root. Returns get's result. */
+typedef int (*strata__json_get_fn)(const json_t *root, void *ctx, strata_diag *diag);
+int strata__json_decode(const char *buf, size_t len, size_t max_bytes, size_t max_depth,
+                        const char *what, strata__json_get_fn get, void *ctx, strata_diag *diag);
+
+/* Frees the first n strings of names (NULL entries allowed) and the array.
+ * Accepts NULL. */
+void strata__json_free_names(char **names, size_t n);
+
 /* Refuses any key of obj that is not among the n names in keys: the message
  * names the first unknown key (quoted) and where, the path of obj ("task",
  * "budgets[2]"). */

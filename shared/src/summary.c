@@ -315,23 +315,27 @@ static int get_summary(const json_t *o, const limits *lim, strata_round_summary 
     return STRATA_OK;
 }
 
+/* The decoder's context: the limits and the summary being filled. */
+typedef struct summary_ctx {
+    limits l;
+    strata_round_summary *s;
+} summary_ctx;
+
+static int get_summary_cb(const json_t *root, void *ctx, strata_diag *diag)
+{
+    summary_ctx *c = ctx;
+    return get_summary(root, &c->l, c->s, diag);
+}
+
 int strata_round_summary_decode(const char *json, size_t len, const strata_summary_limits *lim,
                                 strata_round_summary *out, strata_diag *diag)
 {
-    if (out != NULL)
-        memset(out, 0, sizeof(*out));
-    if (diag != NULL)
-        diag->msg[0] = '\0';
-    if (out == NULL || (json == NULL && len > 0))
-        return strata_diag_set(diag, STRATA_EINVAL, "round summary decode: NULL argument");
-    limits l = resolve_limits(lim);
-    json_t *root = NULL;
-    int rc = strata__json_load(json != NULL ? json : "", len, l.max_bytes, STRATA_SUMMARY_MAX_DEPTH,
-                               "summary", &root, diag);
-    if (rc < 0)
-        return rc;
-    rc = get_summary(root, &l, out, diag);
-    json_decref(root);
+    if (out == NULL)
+        return strata_diag_set(diag, STRATA_EINVAL, "summary decode: NULL argument");
+    memset(out, 0, sizeof(*out));
+    summary_ctx c = {resolve_limits(lim), out};
+    int rc = strata__json_decode(json, len, c.l.max_bytes, STRATA_SUMMARY_MAX_DEPTH, "summary",
+                                 get_summary_cb, &c, diag);
     if (rc < 0)
         strata_round_summary_cleanup(out);
     return rc;
@@ -341,9 +345,7 @@ void strata_round_summary_cleanup(strata_round_summary *s)
 {
     if (s == NULL)
         return;
-    for (size_t i = 0; s->layer_names != NULL && i < s->num_layers; i++)
-        free(s->layer_names[i]);
-    free(s->layer_names);
+    strata__json_free_names(s->layer_names, s->num_layers);
     free(s->densities);
     memset(s, 0, sizeof(*s));
 }

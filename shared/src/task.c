@@ -321,23 +321,27 @@ static int get_task(const json_t *root, const limits *lim, strata_task *t, strat
     return STRATA_OK;
 }
 
+/* The decoder's context: the limits and the task being filled. */
+typedef struct task_ctx {
+    limits l;
+    strata_task *t;
+} task_ctx;
+
+static int get_task_cb(const json_t *root, void *ctx, strata_diag *diag)
+{
+    task_ctx *c = ctx;
+    return get_task(root, &c->l, c->t, diag);
+}
+
 int strata_task_decode(const char *json, size_t len, const strata_task_limits *lim,
                        strata_task *out, strata_diag *diag)
 {
-    if (out != NULL)
-        memset(out, 0, sizeof(*out));
-    if (diag != NULL)
-        diag->msg[0] = '\0';
-    if (out == NULL || (json == NULL && len > 0))
+    if (out == NULL)
         return strata_diag_set(diag, STRATA_EINVAL, "task decode: NULL argument");
-    limits l = resolve_limits(lim);
-    json_t *root = NULL;
-    int rc = strata__json_load(json != NULL ? json : "", len, l.max_bytes, STRATA_TASK_MAX_DEPTH,
-                               "task", &root, diag);
-    if (rc < 0)
-        return rc;
-    rc = get_task(root, &l, out, diag);
-    json_decref(root);
+    memset(out, 0, sizeof(*out));
+    task_ctx c = {resolve_limits(lim), out};
+    int rc = strata__json_decode(json, len, c.l.max_bytes, STRATA_TASK_MAX_DEPTH, "task",
+                                 get_task_cb, &c, diag);
     if (rc < 0)
         strata_task_cleanup(out);
     return rc;
@@ -347,9 +351,7 @@ void strata_task_cleanup(strata_task *t)
 {
     if (t == NULL)
         return;
-    for (size_t i = 0; t->layer_names != NULL && i < t->num_layers; i++)
-        free(t->layer_names[i]);
-    free(t->layer_names);
+    strata__json_free_names(t->layer_names, t->num_layers);
     free(t->budgets);
     memset(t, 0, sizeof(*t));
 }
