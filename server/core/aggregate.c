@@ -89,11 +89,8 @@ static int layout_match(const layout *lay, const strata_tensor_list *l, const ch
     for (size_t i = 0; i < lay->count; i++) {
         const strata_tensor *t = &l->items[i];
         const layout_entry *e = &lay->items[i];
-        int same = t->name != NULL && strcmp(t->name, e->name) == 0 && t->ndim == e->ndim &&
-                   t->numel == e->numel && t->data != NULL;
-        for (int d = 0; same && d < e->ndim; d++)
-            same = t->shape[d] == e->shape[d];
-        if (!same)
+        if (!strata_tensor_has_layout(t, e->name, e->ndim, e->shape) || t->numel != e->numel ||
+            t->data == NULL)
             return strata_diag_set(diag, STRATA_EINVAL,
                                    "%s: tensor %zu (%s) does not match the model's %s", what, i,
                                    t->name != NULL ? t->name : "?", e->name);

@@ -300,11 +300,8 @@ static int check_output(const strata_tensor_list *layout, const strata_tensor_li
                                out->count, layout->count);
     for (size_t i = 0; i < layout->count; i++) {
         const strata_tensor *t = &out->items[i], *e = &layout->items[i];
-        int same = t->name != NULL && strcmp(t->name, e->name) == 0 && t->ndim == e->ndim &&
-                   t->numel == e->numel && t->data != NULL;
-        for (int d = 0; same && d < e->ndim; d++)
-            same = t->shape[d] == e->shape[d];
-        if (!same)
+        if (!strata_tensor_has_layout(t, e->name, e->ndim, e->shape) || t->numel != e->numel ||
+            t->data == NULL)
             return strata_diag_set(diag, STRATA_EINVAL,
                                    "robust aggregation: output tensor %zu (%s) does not match the "
                                    "model's %s",

@@ -143,17 +143,25 @@ int strata_tensor_list_zeros_like(strata_tensor_list *dst, const strata_tensor_l
     return copy_list(dst, src, 0);
 }
 
+int strata_tensor_has_layout(const strata_tensor *t, const char *name, int ndim,
+                             const int64_t *shape)
+{
+    if (t->name == NULL || name == NULL || strcmp(t->name, name) != 0 || t->ndim != ndim)
+        return 0;
+    for (int d = 0; d < ndim; d++)
+        if (t->shape[d] != shape[d])
+            return 0;
+    return 1;
+}
+
 int strata_tensor_list_same_layout(const strata_tensor_list *a, const strata_tensor_list *b)
 {
     if (a->count != b->count)
         return 0;
     for (size_t i = 0; i < a->count; i++) {
-        const strata_tensor *x = &a->items[i], *y = &b->items[i];
-        if (strcmp(x->name, y->name) != 0 || x->ndim != y->ndim)
+        const strata_tensor *y = &b->items[i];
+        if (!strata_tensor_has_layout(&a->items[i], y->name, y->ndim, y->shape))
             return 0;
-        for (int d = 0; d < x->ndim; d++)
-            if (x->shape[d] != y->shape[d])
-                return 0;
     }
     return 1;
 }

@@ -31,6 +31,15 @@ static void test_list_add_find(void)
     strata_tensor_list_init(&c);
     CU_ASSERT_EQUAL(strata_tensor_list_copy(&c, &l), STRATA_OK);
     CU_ASSERT(strata_tensor_list_same_layout(&c, &l));
+    int64_t s34[2] = {3, 4}, s43[2] = {4, 3};
+    CU_ASSERT_TRUE(strata_tensor_has_layout(&c.items[0], "a.weight", 2, s34));
+    CU_ASSERT_FALSE(strata_tensor_has_layout(&c.items[0], "a.weight", 2, s43));
+    CU_ASSERT_FALSE(strata_tensor_has_layout(&c.items[0], "a.bias", 2, s34));
+    CU_ASSERT_FALSE(strata_tensor_has_layout(&c.items[0], "a.weight", 1, s34));
+    CU_ASSERT_FALSE(strata_tensor_has_layout(&c.items[0], NULL, 2, s34));
+    c.items[1].shape[0] = 6;
+    CU_ASSERT_FALSE(strata_tensor_list_same_layout(&c, &l));
+    c.items[1].shape[0] = 5;
     CU_ASSERT_EQUAL(memcmp(c.items[1].data, v, sizeof(v)), 0);
     char buf[64];
     strata_tensor_shape_str(&c.items[0], buf, sizeof(buf));

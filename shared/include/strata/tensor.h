@@ -62,6 +62,12 @@ int strata_tensor_list_copy(strata_tensor_list *dst, const strata_tensor_list *s
 /* Makes dst a list with the same names and shapes as src, all zeros. */
 int strata_tensor_list_zeros_like(strata_tensor_list *dst, const strata_tensor_list *src);
 
+/* Returns 1 when t has the name (NULL never matches), the ndim and the
+ * shape (ndim entries) given, else 0. The one comparison of a tensor's
+ * layout: every layout check in Strata goes through it. */
+int strata_tensor_has_layout(const strata_tensor *t, const char *name, int ndim,
+                             const int64_t *shape);
+
 /* Returns 1 when a and b have the same names, shapes and order, else 0. */
 int strata_tensor_list_same_layout(const strata_tensor_list *a, const strata_tensor_list *b);
 
