@@ -570,13 +570,7 @@ static void *watchdog(void *arg)
                 shutdown(k->fd, SHUT_RDWR);
                 srv_engine_count_refused(h->e, SRV_E_REQUEST_TIMEOUT);
             }
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        ts.tv_nsec += WATCHDOG_MS * 1000000L;
-        if (ts.tv_nsec >= 1000000000L) {
-            ts.tv_sec++;
-            ts.tv_nsec -= 1000000000L;
-        }
+        struct timespec ts = strata_clock_abstime_in(WATCHDOG_MS);
         pthread_cond_timedwait(&h->cv, &h->mu, &ts);
     }
     pthread_mutex_unlock(&h->mu);

@@ -481,13 +481,7 @@ void *srv__round_thread(void *arg)
         if (ready_to_close(e, now))
             close_round(e);
         wake_expired(e, strata_clock_unix_ms());
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        ts.tv_nsec += TICK_MS * 1000000L;
-        if (ts.tv_nsec >= 1000000000L) {
-            ts.tv_sec++;
-            ts.tv_nsec -= 1000000000L;
-        }
+        struct timespec ts = strata_clock_abstime_in(TICK_MS);
         if (!e->stopping)
             pthread_cond_timedwait(&e->cv, &e->mu, &ts);
     }

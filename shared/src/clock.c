@@ -27,6 +27,19 @@ int64_t strata_clock_unix_ms(void)
     return ms_of(CLOCK_REALTIME);
 }
 
+struct timespec strata_clock_abstime_in(int64_t ms)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_sec += (time_t)(ms / 1000);
+    ts.tv_nsec += (long)(ms % 1000) * 1000000L;
+    if (ts.tv_nsec >= 1000000000L) {
+        ts.tv_sec++;
+        ts.tv_nsec -= 1000000000L;
+    }
+    return ts;
+}
+
 strata_deadline strata_deadline_in(int64_t ms)
 {
     strata_deadline d = {INT64_MAX};

@@ -137,6 +137,11 @@ static void test_deadline(void)
     usleep(20000);
     CU_ASSERT(strata_clock_mono_ms() - a >= 19);
     CU_ASSERT(strata_clock_unix_ms() > 1700000000000LL);
+    struct timespec wall, at = strata_clock_abstime_in(1999);
+    clock_gettime(CLOCK_REALTIME, &wall);
+    CU_ASSERT(at.tv_nsec >= 0 && at.tv_nsec < 1000000000L);
+    double ahead = (double)(at.tv_sec - wall.tv_sec) + (double)(at.tv_nsec - wall.tv_nsec) * 1e-9;
+    CU_ASSERT(ahead > 1.9 && ahead <= 2.0);
 }
 
 int main(void)

@@ -5,6 +5,7 @@
 #define STRATA_CLOCK_H
 
 #include <stdint.h>
+#include <time.h>
 
 /* Monotonic time in milliseconds and in seconds (arbitrary origin). */
 int64_t strata_clock_mono_ms(void);
@@ -12,6 +13,10 @@ double strata_clock_mono_s(void);
 
 /* Wall-clock time in Unix milliseconds. */
 int64_t strata_clock_unix_ms(void);
+
+/* The CLOCK_REALTIME instant ms milliseconds from now, as the absolute
+ * time that pthread_cond_timedwait takes (ms >= 0). */
+struct timespec strata_clock_abstime_in(int64_t ms);
 
 /* A point in monotonic time after which work should stop. */
 typedef struct strata_deadline {
