@@ -93,18 +93,19 @@ typedef struct req {
     int64_t wait_deadline;
 } req;
 
-/* Parses a decimal path segment of at most max; -1 when it is not one. */
+/* Parses a decimal path segment of at most max. Errors: STRATA_EPROTO
+ * when it is not one. */
 static int parse_id(const char *s, size_t n, unsigned long long max, unsigned long long *out)
 {
     if (n == 0 || n > 20)
-        return -1;
+        return STRATA_EPROTO;
     unsigned long long v = 0;
     for (size_t i = 0; i < n; i++) {
         if (s[i] < '0' || s[i] > '9')
-            return -1;
+            return STRATA_EPROTO;
         unsigned d = (unsigned)(s[i] - '0');
         if (v > (max - d) / 10)
-            return -1;
+            return STRATA_EPROTO;
         v = v * 10 + d;
     }
     *out = v;
@@ -387,7 +388,7 @@ static void set_deadline(srv_http *h, struct MHD_Connection *c, int arm)
 
 /* Checks what can be checked from the headers alone (first call): method,
  * credentials, content type, declared size, upload rate. Returns 0 to read
- * the body, or -1 with r filled (and *allow for a 405). */
+ * the body, or STRATA_EPROTO with r filled (and *allow for a 405). */
 static int check_headers(srv_http *h, struct MHD_Connection *c, req *q, const char *url,
                          const char *method, srv_result *r, const char **allow)
 {
@@ -401,17 +402,17 @@ static int check_headers(srv_http *h, struct MHD_Connection *c, req *q, const ch
     if (q->rt != R_NONE && strcmp(method, allowed) != 0) {
         *allow = allowed;
         srv_result_error(r, SRV_E_METHOD_NOT_ALLOWED, "%s %s: use %s", method, url, allowed);
-        return -1;
+        return STRATA_EPROTO;
     }
     const char *auth =
         MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
     if (q->acc == A_CLIENT && srv_engine_auth(h->e, auth, &q->client_id, r) < 0) {
         if (q->rt == R_UPDATES)
             srv_engine_count_update_refused(h->e, SRV_E_UNAUTHORIZED);
-        return -1;
+        return STRATA_EPROTO;
     }
     if (q->acc == A_ADMIN && srv_engine_admin_auth(h->e, auth, r) < 0)
-        return -1;
+        return STRATA_EPROTO;
     const char *cl =
         MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
     const char *ct = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_TYPE);
@@ -420,23 +421,23 @@ static int check_headers(srv_http *h, struct MHD_Connection *c, req *q, const ch
         srv_result_error(r, SRV_E_UNSUPPORTED_MEDIA_TYPE,
                          "Content-Type: expected application/octet-stream, got %s",
                          ct ? ct : "none");
-        return -1;
+        return STRATA_EPROTO;
     }
     if ((q->rt == R_CLIENTS || q->rt == R_ADMIN_ACTION) && ct != NULL &&
         !ctype_is(c, "application/json")) {
         srv_result_error(r, SRV_E_UNSUPPORTED_MEDIA_TYPE,
                          "Content-Type: expected application/json, got %s", ct);
-        return -1;
+        return STRATA_EPROTO;
     }
     if (cl != NULL && strtoull(cl, NULL, 10) > q->max) {
         if (q->rt == R_UPDATES)
             srv_engine_count_update_refused(h->e, SRV_E_TOO_LARGE);
         srv_result_error(r, SRV_E_TOO_LARGE, "body of %s bytes is above the limit of %zu", cl,
                          q->max);
-        return -1;
+        return STRATA_EPROTO;
     }
     if (q->rt == R_UPDATES && srv_engine_rate_take(h->e, q->client_id, r) < 0)
-        return -1;
+        return STRATA_EPROTO;
     return 0;
 }
 

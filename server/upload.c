@@ -39,27 +39,27 @@ struct srv_pending_upload {
 };
 
 /* Checks a decoded update against the open round's task. Lock held.
- * Returns 0, or -1 with the reason in msg. */
+ * Returns 0, or STRATA_EPROTO with the reason in msg. */
 static int validate(const srv_engine *e, const strata_payload *p, uint32_t round, char *msg,
                     size_t mlen)
 {
     if (p->round != round) {
         snprintf(msg, mlen, "header round %u does not match the URL's round %u", p->round, round);
-        return -1;
+        return STRATA_EPROTO;
     }
     if (p->model_version != e->version) {
         snprintf(msg, mlen, "header model_version %llu, the round's model is version %llu",
                  (unsigned long long)p->model_version, (unsigned long long)e->version);
-        return -1;
+        return STRATA_EPROTO;
     }
     if (p->sample_count == 0 || (double)p->sample_count > STRATA_AGG_MAX_WEIGHT) {
         snprintf(msg, mlen, "sample_count %llu: expected 1 to 1e12",
                  (unsigned long long)p->sample_count);
-        return -1;
+        return STRATA_EPROTO;
     }
     if (p->num_layers != e->nlayers) {
         snprintf(msg, mlen, "%zu layers, the model has %zu", p->num_layers, e->nlayers);
-        return -1;
+        return STRATA_EPROTO;
     }
     for (size_t i = 0; i < e->nlayers; i++) {
         const strata_clayer *l = &p->layers[i];
@@ -67,17 +67,17 @@ static int validate(const srv_engine *e, const strata_payload *p, uint32_t round
         const char *nm = e->names[i];
         if (l->layer_index != i) {
             snprintf(msg, mlen, "layer %zu (%s) is missing", i, nm);
-            return -1;
+            return STRATA_EPROTO;
         }
         if (l->numel != e->numel[i]) {
             snprintf(msg, mlen, "layer %zu (%s): %llu elements, expected %zu", i, nm,
                      (unsigned long long)l->numel, e->numel[i]);
-            return -1;
+            return STRATA_EPROTO;
         }
         if (l->comp != b->comp) {
             snprintf(msg, mlen, "layer %zu (%s): compressor %s, the task says %s", i, nm,
                      strata_comp_name(l->comp), strata_comp_name(b->comp));
-            return -1;
+            return STRATA_EPROTO;
         }
         int uses_vf = l->comp == STRATA_COMP_NONE || l->comp == STRATA_COMP_TOPK ||
                       l->comp == STRATA_COMP_RANDK || l->comp == STRATA_COMP_POWERSGD;
@@ -85,7 +85,7 @@ static int validate(const srv_engine *e, const strata_payload *p, uint32_t round
             snprintf(msg, mlen, "layer %zu (%s): values %s, the task says %s", i, nm,
                      strata_values_format_name(l->values_format),
                      strata_values_format_name(e->cfg->values_format));
-            return -1;
+            return STRATA_EPROTO;
         }
         if ((l->comp == STRATA_COMP_TOPK || l->comp == STRATA_COMP_RANDK) &&
             l->count != strata_comp_kept(b->density, l->numel)) {
@@ -93,12 +93,12 @@ static int validate(const srv_engine *e, const strata_payload *p, uint32_t round
                      "layer %zu (%s): %llu kept elements, the budget (density %g) is %llu", i, nm,
                      (unsigned long long)l->count, b->density,
                      (unsigned long long)strata_comp_kept(b->density, l->numel));
-            return -1;
+            return STRATA_EPROTO;
         }
         if ((l->comp == STRATA_COMP_QSGD && l->levels != b->levels) ||
             (l->comp == STRATA_COMP_POWERSGD && l->rank != b->rank)) {
             snprintf(msg, mlen, "layer %zu (%s): levels/rank differ from the budget", i, nm);
-            return -1;
+            return STRATA_EPROTO;
         }
     }
     return 0;
