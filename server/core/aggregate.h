@@ -1,4 +1,4 @@
-/* The coordinator's streaming aggregation and server optimisers (design §6).
+/* The coordinator's streaming aggregation and server optimisers.
  *
  * strata_agg computes the sample-weighted FedAvg mean of client updates as
  * they arrive: it holds one double-precision accumulator per model element

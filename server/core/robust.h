@@ -1,6 +1,7 @@
-/* Robust aggregation rules for the coordinator (design §6): coordinate-wise
- * trimmed mean and coordinate-wise median over all the updates of a round,
- * optionally after clipping each update's L2 norm.
+/* Robust aggregation rules for the coordinator (docs/algorithm.md "Robust
+ * aggregation"): coordinate-wise trimmed mean and coordinate-wise median
+ * over all the updates of a round, optionally after clipping each update's
+ * L2 norm.
  *
  * Plain FedAvg is streamed by strata_agg (aggregate.h), which never holds
  * more than one update. The rules here need every update of the round at
