@@ -1,4 +1,5 @@
 #include "strata/model.h"
+#include "strata/fileio.h"
 
 #include <cblas.h>
 #include <jansson.h>
@@ -425,25 +426,21 @@ int strata_model_new(const char *spec, strata_model **out, strata_diag *diag)
     const char *builtin = strata_model_builtin_json(spec);
     if (builtin != NULL)
         return strata_model_from_json(builtin, strlen(builtin), out, diag);
-    FILE *f = spec ? fopen(spec, "rb") : NULL;
-    if (f == NULL)
+    uint8_t *buf = NULL;
+    size_t n = 0;
+    strata_diag rd;
+    int rc = spec ? strata_file_read_all(spec, MAX_ARCH_BYTES, &buf, &n, &rd) : STRATA_EINVAL;
+    if (rc == STRATA_ETOOBIG)
+        return strata_diag_set(diag, STRATA_ETOOBIG, "%s: larger than %u bytes", spec,
+                               MAX_ARCH_BYTES);
+    if (rc == STRATA_ENOMEM)
+        return STRATA_ENOMEM;
+    if (rc < 0)
         return strata_diag_set(diag, STRATA_EINVAL,
                                "model '%s': not a built-in model (mlp, cnn) nor a readable "
                                "architecture JSON file",
                                spec ? spec : "(null)");
-    char *buf = malloc(MAX_ARCH_BYTES + 1);
-    if (buf == NULL) {
-        fclose(f);
-        return STRATA_ENOMEM;
-    }
-    size_t n = fread(buf, 1, MAX_ARCH_BYTES + 1, f);
-    fclose(f);
-    int rc;
-    if (n > MAX_ARCH_BYTES)
-        rc =
-            strata_diag_set(diag, STRATA_ETOOBIG, "%s: larger than %u bytes", spec, MAX_ARCH_BYTES);
-    else
-        rc = strata_model_from_json(buf, n, out, diag);
+    rc = strata_model_from_json((const char *)buf, n, out, diag);
     free(buf);
     return rc;
 }

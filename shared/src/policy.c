@@ -2,6 +2,7 @@
  * densities for every round, with equal-volume calibration and the lgreco
  * dynamic programme. */
 #include "strata/policy.h"
+#include "strata/fileio.h"
 
 #include <errno.h>
 #include <jansson.h>
@@ -414,30 +415,16 @@ out:
 
 static int read_spec_file(const char *path, char **text, size_t *len, strata_diag *diag)
 {
-    *text = NULL;
-    *len = 0;
-    FILE *f = fopen(path, "rb");
-    if (f == NULL)
-        return strata_diag_set(diag, STRATA_EIO, "policy file '%s': %s", path, strerror(errno));
-    char *buf = malloc(STRATA_POLICY_MAX_JSON + 1);
-    if (buf == NULL) {
-        fclose(f);
-        return STRATA_ENOMEM;
-    }
-    size_t n = fread(buf, 1, STRATA_POLICY_MAX_JSON + 1, f);
-    int bad = ferror(f);
-    fclose(f);
-    if (bad) {
-        free(buf);
-        return strata_diag_set(diag, STRATA_EIO, "policy file '%s': read error", path);
-    }
-    if (n > STRATA_POLICY_MAX_JSON) {
-        free(buf);
+    uint8_t *buf = NULL;
+    strata_diag rd;
+    int rc = strata_file_read_all(path, STRATA_POLICY_MAX_JSON, &buf, len, &rd);
+    *text = (char *)buf;
+    if (rc == STRATA_ETOOBIG)
         return strata_diag_set(diag, STRATA_ETOOBIG, "policy file '%s': larger than %u bytes", path,
                                STRATA_POLICY_MAX_JSON);
-    }
-    *text = buf;
-    *len = n;
+    if (rc < 0)
+        return strata_diag_set(diag, rc == STRATA_ENOMEM ? rc : STRATA_EIO, "policy file: %s",
+                               rd.msg);
     return STRATA_OK;
 }
 
