@@ -33,6 +33,7 @@
 #include "strata/model.h"
 #include "strata/parse.h"
 #include "strata/payload.h"
+#include "strata/task.h"
 #include "strata/rng.h"
 #include "strata/tensor.h"
 
@@ -319,69 +320,32 @@ typedef struct task {
 static int parse_task(const bench *b, const sink *s, task *t, char *why, size_t wlen)
 {
     memset(t, 0, sizeof(*t));
-    json_error_t je;
-    json_t *j = json_loadb((const char *)s->buf, s->len, JSON_REJECT_DUPLICATES, &je);
-    json_t *round = json_object_get(j, "round"), *mv = json_object_get(j, "model_version");
-    json_t *budgets = json_object_get(j, "budgets");
-    const char *values = json_string_value(json_object_get(j, "values"));
-    int rc = -1;
-    if (!json_is_integer(round) || !json_is_integer(mv) || !json_is_array(budgets)) {
-        snprintf(why, wlen, "task lacks round, model_version or budgets: %s", body_text(s));
-        goto out;
-    }
-    if (json_array_size(budgets) != b->nlayers) {
-        snprintf(why, wlen, "task has %zu budgets for %zu tensors", json_array_size(budgets),
-                 b->nlayers);
-        goto out;
-    }
-    t->round = (uint32_t)json_integer_value(round);
-    t->model_version = (uint64_t)json_integer_value(mv);
-    t->vf = STRATA_VALUES_FP32;
-    if (values != NULL && strcmp(values, "fp16") == 0)
-        t->vf = STRATA_VALUES_FP16;
-    else if (values != NULL && strcmp(values, "bf16") == 0)
-        t->vf = STRATA_VALUES_BF16;
-    else if (values != NULL && strcmp(values, "fp32") != 0) {
-        snprintf(why, wlen, "task: unknown values format \"%s\"", values);
-        goto out;
-    }
-    t->budgets = calloc(b->nlayers ? b->nlayers : 1, sizeof(*t->budgets));
-    if (t->budgets == NULL) {
-        snprintf(why, wlen, "out of memory");
-        goto out;
-    }
-    for (size_t i = 0; i < b->nlayers; i++) {
-        json_t *bj = json_array_get(budgets, i);
-        const char *comp = json_string_value(json_object_get(bj, "compressor"));
-        const char *layer = json_string_value(json_object_get(bj, "layer"));
-        strata_budget *bb = &t->budgets[i];
-        if (layer != NULL && strcmp(layer, b->layers[i].name) != 0) {
-            snprintf(why, wlen, "budget %zu is for \"%s\", the model's tensor %zu is \"%s\"", i,
-                     layer, i, b->layers[i].name);
-            goto out;
-        }
-        if (comp == NULL || strata_comp_from_name(comp, &bb->comp) < 0) {
-            snprintf(why, wlen, "budget %zu: unknown compressor", i);
-            goto out;
-        }
-        bb->density = json_number_value(json_object_get(bj, "density"));
-        bb->levels = (uint32_t)json_integer_value(json_object_get(bj, "levels"));
-        bb->rank = (uint32_t)json_integer_value(json_object_get(bj, "rank"));
-        if (bb->density <= 0.0)
-            bb->density = 1.0;
-        strata_diag d = {{0}};
-        if (strata_budget_check(bb, &d) < 0) {
-            snprintf(why, wlen, "budget %zu: %.400s", i, d.msg);
-            goto out;
-        }
-    }
-    rc = 0;
-out:
+    strata_task dt;
+    strata_task_limits lim = {.max_layers = b->nlayers};
+    strata_diag d;
+    int rc = strata_task_decode((const char *)s->buf, s->len, &lim, &dt, &d);
     if (rc < 0) {
-        free(t->budgets);
-        t->budgets = NULL;
+        snprintf(why, wlen, "task: %.400s", d.msg);
+        return -1;
     }
-    json_decref(j);
+    if (dt.num_layers != b->nlayers) {
+        snprintf(why, wlen, "task has %zu budgets for %zu tensors", dt.num_layers, b->nlayers);
+        rc = -1;
+    }
+    for (size_t i = 0; rc == 0 && i < b->nlayers; i++)
+        if (strcmp(dt.layer_names[i], b->layers[i].name) != 0) {
+            snprintf(why, wlen, "budget %zu is for \"%s\", the model's tensor %zu is \"%s\"", i,
+                     dt.layer_names[i], i, b->layers[i].name);
+            rc = -1;
+        }
+    if (rc == 0) {
+        t->round = dt.round;
+        t->model_version = dt.model_version;
+        t->vf = dt.values_format;
+        t->budgets = dt.budgets; /* taken */
+        dt.budgets = NULL;
+    }
+    strata_task_cleanup(&dt);
     return rc;
 }
 
