@@ -22,6 +22,7 @@
  * descriptor cannot have been reused. */
 #include "http.h"
 
+#include "strata/buf.h"
 #include "strata/clock.h"
 #include "strata/fileio.h"
 
@@ -87,8 +88,8 @@ typedef struct req {
     int answered; /* a response was queued on the first call */
     int waited;   /* parked at least once */
     uint64_t client_id;
-    uint8_t *body;
-    size_t len, cap, max;
+    strata_buf body; /* capped at max */
+    size_t max;
     int too_big;
     int64_t wait_deadline;
 } req;
@@ -311,7 +312,7 @@ static void dispatch(srv_http *h, struct MHD_Connection *c, req *q, srv_result *
         srv_engine_status(e, r);
         break;
     case R_CLIENTS:
-        srv_engine_register(e, q->body, q->len, r);
+        srv_engine_register(e, q->body.data, q->body.len, r);
         break;
     case R_TASKS:
         if (!q->waited) {
@@ -343,13 +344,13 @@ static void dispatch(srv_http *h, struct MHD_Connection *c, req *q, srv_result *
         srv_engine_round(e, (uint32_t)q->arg, r);
         break;
     case R_UPDATES:
-        srv_engine_upload(e, q->client_id, (uint32_t)q->arg, q->body, q->len, r);
+        srv_engine_upload(e, q->client_id, (uint32_t)q->arg, q->body.data, q->body.len, r);
         break;
     case R_ADMIN_CONFIG:
         srv_engine_admin_config(e, r);
         break;
     case R_ADMIN_ACTION:
-        srv_engine_admin(e, q->action, q->body, q->len, r);
+        srv_engine_admin(e, q->action, q->body.data, q->body.len, r);
         break;
     case R_NONE:
         srv_result_error(r, SRV_E_NOT_FOUND, "no such endpoint");
@@ -399,6 +400,7 @@ static int check_headers(srv_http *h, struct MHD_Connection *c, req *q, const ch
                                                                         : A_PUBLIC;
     q->action = q->rt == R_ADMIN_ACTION ? url + strlen("/v1/admin/") : NULL;
     q->max = q->rt == R_UPDATES ? srv_engine_max_body(h->e) : srv_engine_max_json(h->e);
+    strata_buf_init(&q->body, q->max);
     if (q->rt != R_NONE && strcmp(method, allowed) != 0) {
         *allow = allowed;
         srv_result_error(r, SRV_E_METHOD_NOT_ALLOWED, "%s %s: use %s", method, url, allowed);
@@ -469,26 +471,13 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         srv_engine_count_bytes(h->e, n, 0);
         if (q->answered || q->too_big)
             return MHD_YES;
-        if (n > q->max - q->len) {
+        int rc = strata_buf_append(&q->body, upload_data, n);
+        if (rc == STRATA_ETOOBIG) {
             q->too_big = 1;
-            free(q->body);
-            q->body = NULL;
-            q->len = q->cap = 0;
+            strata_buf_cleanup(&q->body);
             return MHD_YES;
         }
-        if (q->len + n > q->cap) {
-            size_t cap = q->cap ? q->cap : 4096;
-            while (cap < q->len + n)
-                cap = cap > q->max / 2 ? q->max : cap * 2;
-            uint8_t *p = realloc(q->body, cap);
-            if (p == NULL)
-                return MHD_NO;
-            q->body = p;
-            q->cap = cap;
-        }
-        memcpy(q->body + q->len, upload_data, n);
-        q->len += n;
-        return MHD_YES;
+        return rc < 0 ? MHD_NO : MHD_YES;
     }
     set_deadline(h, c, 0); /* the whole request is in */
     if (q->answered)
@@ -516,7 +505,7 @@ static void on_done(void *cls, struct MHD_Connection *c, void **con_cls,
         return;
     if (q->waited)
         srv_engine_waiter_gone(h->e, c);
-    free(q->body);
+    strata_buf_cleanup(&q->body);
     free(q);
     *con_cls = NULL;
     set_deadline(h, c, 1); /* the next request on this connection */
