@@ -11,6 +11,7 @@
 
 #include "strata/clock.h"
 #include "strata/fileio.h"
+#include "strata/hash.h"
 #include "strata/log.h"
 
 #include <jansson.h>
@@ -116,7 +117,7 @@ static int hash_equal(const uint8_t *a, const uint8_t *b)
 static int client_of_token(srv_engine *e, const char *tok, uint64_t *client_id)
 {
     uint8_t hash[STRATA_STORE_HASH_LEN];
-    strata_store_sha256(tok, strlen(tok), hash);
+    strata_sha256(tok, strlen(tok), hash);
     pthread_mutex_lock(&e->mu);
     const srv_tok_entry *k =
         e->nclients ? bsearch(hash, e->toks, e->nclients, sizeof(*e->toks), cmp_tok) : NULL;
@@ -148,7 +149,7 @@ int srv_engine_admin_auth(srv_engine *e, const char *h, srv_result *r)
         return STRATA_EPROTO;
     }
     uint8_t hash[STRATA_STORE_HASH_LEN];
-    strata_store_sha256(tok, strlen(tok), hash);
+    strata_sha256(tok, strlen(tok), hash);
     if (hash_equal(hash, e->admin_hash))
         return STRATA_OK;
     uint64_t id = 0;
@@ -210,7 +211,7 @@ void srv_engine_register(srv_engine *e, const uint8_t *body, size_t len, srv_res
         srv_result_internal(r, strata_diag_msg(&td, STRATA_EIO));
         return;
     }
-    strata_store_sha256(tok, STRATA_TOKEN_HEX, hash);
+    strata_sha256(tok, STRATA_TOKEN_HEX, hash);
     uint64_t id = 0;
     strata_diag d = {{0}};
     pthread_mutex_lock(&e->mu);
@@ -285,7 +286,7 @@ static int load_admin_token(srv_engine *e, strata_diag *d)
                                "admin_token_file: %s: the first line must be a token of 16 to %d "
                                "printable characters without spaces",
                                path, TOKEN_MAX);
-    strata_store_sha256(tok, n, e->admin_hash);
+    strata_sha256(tok, n, e->admin_hash);
     return 0;
 }
 

@@ -37,6 +37,7 @@
 #define STRATA_SERVER_STORE_H
 
 #include "strata/error.h"
+#include "strata/hash.h"
 
 #include <stddef.h>
 #include <stdint.h>
@@ -45,10 +46,10 @@
  * open; a newer one is refused. */
 #define STRATA_STORE_SCHEMA_VERSION 1
 
-#define STRATA_STORE_HASH_LEN 32          /* SHA-256 */
-#define STRATA_STORE_RECEIPT_LEN 32       /* hex characters of a receipt id */
-#define STRATA_STORE_NAME_MAX 128         /* bytes of a client name */
-#define STRATA_STORE_COUNTER_NAME_MAX 127 /* bytes of a counter name */
+#define STRATA_STORE_HASH_LEN STRATA_SHA256_LEN /* SHA-256 (strata/hash.h) */
+#define STRATA_STORE_RECEIPT_LEN 32             /* hex characters of a receipt id */
+#define STRATA_STORE_NAME_MAX 128               /* bytes of a client name */
+#define STRATA_STORE_COUNTER_NAME_MAX 127       /* bytes of a counter name */
 
 typedef struct strata_store strata_store;
 
@@ -80,10 +81,6 @@ const char *strata_store_dir(const strata_store *s);
 /* Number of orphan payload files and temporary files the recovery of
  * strata_store_open removed (0 for a secondary). */
 size_t strata_store_recovered_files(const strata_store *s);
-
-/* SHA-256 of len bytes (data may be NULL when len is 0). Callers hash client
- * tokens with it before they reach the store. */
-void strata_store_sha256(const void *data, size_t len, uint8_t out[STRATA_STORE_HASH_LEN]);
 
 /* ---- Clients ---------------------------------------------------------- */
 

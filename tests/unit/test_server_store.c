@@ -24,7 +24,7 @@ static void token_hash(int i, uint8_t h[STRATA_STORE_HASH_LEN])
 {
     char tok[64];
     snprintf(tok, sizeof(tok), "token-%d", i);
-    strata_store_sha256(tok, strlen(tok), h);
+    strata_sha256(tok, strlen(tok), h);
 }
 
 static strata_store *open_store(const char *dir)
@@ -91,36 +91,6 @@ static void add_clients(strata_store *s, int n, uint64_t *ids)
         token_hash(i + 1, h);
         CU_ASSERT_EQUAL_FATAL(strata_store_client_add(s, h, NULL, &ids[i], NULL), STRATA_OK);
     }
-}
-
-/* ---- 0. SHA-256 --------------------------------------------------------- */
-
-static void test_sha256_vectors(void)
-{
-    static const struct {
-        const char *in;
-        const char *hex;
-    } cases[] = {
-        {"", "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"},
-        {"abc", "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"},
-        {"abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq",
-         "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1"},
-    };
-    char got[65];
-    uint8_t h[32];
-    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
-        strata_store_sha256(cases[i].in, strlen(cases[i].in), h);
-        hex(h, 32, got);
-        CU_ASSERT_STRING_EQUAL(got, cases[i].hex);
-    }
-    /* One million 'a' (FIPS 180-2 example): many blocks in one call. */
-    char *a = malloc(1000000);
-    CU_ASSERT_PTR_NOT_NULL_FATAL(a);
-    memset(a, 'a', 1000000);
-    strata_store_sha256(a, 1000000, h);
-    hex(h, 32, got);
-    CU_ASSERT_STRING_EQUAL(got, "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
-    free(a);
 }
 
 /* ---- 1. open, reopen, lock, schema version ------------------------------ */
@@ -1373,7 +1343,6 @@ static void test_checkpoints(void)
 int main(void)
 {
     CU_TestInfo store_tests[] = {
-        {"SHA-256 test vectors", test_sha256_vectors},
         {"open, reopen, lock, schema version", test_open_reopen_schema},
         {"clients", test_clients},
         {"rounds", test_rounds},

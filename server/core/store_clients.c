@@ -1,0 +1,162 @@
+/* The store's clients table: registration by token hash, look-ups, the
+ * count, and last-seen times. */
+#include "store_internal.h"
+
+#include <ctype.h>
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+/* ---- Clients ------------------------------------------------------------ */
+
+static void read_client(sqlite3_stmt *st, strata_store_client *c)
+{
+    c->id = (uint64_t)sqlite3_column_int64(st, 0);
+    const void *h = sqlite3_column_blob(st, 1);
+    if (h != NULL && sqlite3_column_bytes(st, 1) == STRATA_STORE_HASH_LEN)
+        memcpy(c->token_hash, h, STRATA_STORE_HASH_LEN);
+    const unsigned char *name = sqlite3_column_text(st, 2);
+    snprintf(c->name, sizeof(c->name), "%s", name ? (const char *)name : "");
+    c->created_unix_ms = sqlite3_column_int64(st, 3);
+    c->last_seen_unix_ms = sqlite3_column_int64(st, 4);
+}
+
+/* Runs S_CLIENT_BY_TOKEN or S_CLIENT_BY_ID, already bound. */
+int strata__store_fetch_client(strata_store *s, sqlite3_stmt *st, strata_store_client *out,
+                               int *found, strata_diag *diag)
+{
+    int step = sqlite3_step(st), rc = STRATA_OK;
+    if (step == SQLITE_ROW) {
+        *found = 1;
+        if (out != NULL)
+            read_client(st, out);
+    } else if (step != SQLITE_DONE) {
+        rc = strata__store_db_error(s, diag, "look up client");
+    }
+    strata__store_stmt_done(st);
+    return rc;
+}
+
+int strata_store_client_add(strata_store *s, const uint8_t token_hash[STRATA_STORE_HASH_LEN],
+                            const char *name, uint64_t *client_id, strata_diag *diag)
+{
+    strata__store_diag_clear(diag);
+    if (client_id != NULL)
+        *client_id = 0;
+    if (s == NULL || token_hash == NULL || client_id == NULL)
+        return strata_diag_set(diag, STRATA_EINVAL, "client add: NULL argument");
+    if (name == NULL)
+        name = "";
+    size_t nlen = strlen(name);
+    if (nlen > STRATA_STORE_NAME_MAX)
+        return strata_diag_set(diag, STRATA_EINVAL, "client name longer than %d bytes",
+                               STRATA_STORE_NAME_MAX);
+    for (size_t i = 0; i < nlen; i++) {
+        if ((unsigned char)name[i] < 0x20 || name[i] == 0x7f)
+            return strata_diag_set(diag, STRATA_EINVAL, "client name contains a control character");
+    }
+    int rc = strata__store_tx_begin(s, diag);
+    if (rc < 0)
+        return rc;
+    int found = 0;
+    sqlite3_stmt *st = strata__store_stmt(s, S_CLIENT_BY_TOKEN);
+    sqlite3_bind_blob(st, 1, token_hash, STRATA_STORE_HASH_LEN, SQLITE_STATIC);
+    rc = strata__store_fetch_client(s, st, NULL, &found, diag);
+    if (rc < 0)
+        goto out;
+    if (found) {
+        rc = strata_diag_set(diag, STRATA_ESTATE, "a client with this token hash is registered");
+        goto out;
+    }
+    st = strata__store_stmt(s, S_CLIENT_INSERT);
+    sqlite3_bind_blob(st, 1, token_hash, STRATA_STORE_HASH_LEN, SQLITE_STATIC);
+    sqlite3_bind_text(st, 2, name, (int)nlen, SQLITE_STATIC);
+    sqlite3_bind_int64(st, 3, strata__store_now_ms());
+    rc = strata__store_exec_stmt(s, S_CLIENT_INSERT, diag, "insert client");
+    if (rc < 0)
+        goto out;
+    uint64_t id = (uint64_t)sqlite3_last_insert_rowid(s->db);
+    rc = strata__store_tx_commit(s, diag);
+    if (rc == STRATA_OK)
+        *client_id = id;
+out:
+    if (rc < 0)
+        strata__store_tx_rollback(s);
+    return rc;
+}
+
+int strata_store_client_by_token(strata_store *s, const uint8_t token_hash[STRATA_STORE_HASH_LEN],
+                                 strata_store_client *out, int *found, strata_diag *diag)
+{
+    strata__store_diag_clear(diag);
+    if (out != NULL)
+        memset(out, 0, sizeof(*out));
+    if (found != NULL)
+        *found = 0;
+    if (s == NULL || token_hash == NULL || out == NULL || found == NULL)
+        return strata_diag_set(diag, STRATA_EINVAL, "client by token: NULL argument");
+    sqlite3_stmt *st = strata__store_stmt(s, S_CLIENT_BY_TOKEN);
+    sqlite3_bind_blob(st, 1, token_hash, STRATA_STORE_HASH_LEN, SQLITE_STATIC);
+    return strata__store_fetch_client(s, st, out, found, diag);
+}
+
+int strata_store_client_get(strata_store *s, uint64_t client_id, strata_store_client *out,
+                            int *found, strata_diag *diag)
+{
+    strata__store_diag_clear(diag);
+    if (out != NULL)
+        memset(out, 0, sizeof(*out));
+    if (found != NULL)
+        *found = 0;
+    if (s == NULL || out == NULL || found == NULL)
+        return strata_diag_set(diag, STRATA_EINVAL, "client get: NULL argument");
+    if (!FITS_I64(client_id))
+        return STRATA_OK;
+    sqlite3_stmt *st = strata__store_stmt(s, S_CLIENT_BY_ID);
+    sqlite3_bind_int64(st, 1, (int64_t)client_id);
+    return strata__store_fetch_client(s, st, out, found, diag);
+}
+
+int strata_store_client_count(strata_store *s, uint64_t *count, strata_diag *diag)
+{
+    strata__store_diag_clear(diag);
+    if (count != NULL)
+        *count = 0;
+    if (s == NULL || count == NULL)
+        return strata_diag_set(diag, STRATA_EINVAL, "client count: NULL argument");
+    int64_t v;
+    int rc = strata__store_query_int(s, S_CLIENT_COUNT, 0, 0, 0, &v, NULL, "count clients", diag);
+    if (rc == STRATA_OK)
+        *count = (uint64_t)v;
+    return rc;
+}
+
+int strata_store_client_touch(strata_store *s, uint64_t client_id, strata_diag *diag)
+{
+    strata__store_diag_clear(diag);
+    if (s == NULL)
+        return strata_diag_set(diag, STRATA_EINVAL, "client touch: NULL argument");
+    if (!FITS_I64(client_id))
+        return strata_diag_set(diag, STRATA_ESTATE, "no client %" PRIu64, client_id);
+    int rc = strata__store_set_sync(s, 0, diag);
+    if (rc < 0)
+        return rc;
+    sqlite3_stmt *st = strata__store_stmt(s, S_CLIENT_TOUCH);
+    sqlite3_bind_int64(st, 1, (int64_t)client_id);
+    sqlite3_bind_int64(st, 2, strata__store_now_ms());
+    rc = strata__store_exec_stmt(s, S_CLIENT_TOUCH, diag, "touch client");
+    if (rc == STRATA_OK && sqlite3_changes(s->db) == 0)
+        rc = strata_diag_set(diag, STRATA_ESTATE, "no client %" PRIu64, client_id);
+    int rc2 = strata__store_set_sync(s, 1, rc < 0 ? NULL : diag);
+    return rc < 0 ? rc : rc2;
+}

@@ -1,0 +1,135 @@
+/* Internal to the store (server/core/store_*.c): the definition of struct
+ * strata_store, the prepared-statement table and the plumbing the table
+ * families share. Nothing outside server/core/store_*.c includes it. All
+ * helpers keep the conventions of store.h: they return STRATA_OK or a
+ * negative strata_err and explain failures in diag (which may be NULL). */
+#ifndef STRATA_SERVER_STORE_INTERNAL_H
+#define STRATA_SERVER_STORE_INTERNAL_H
+
+#include "store.h"
+
+#include <sqlite3.h>
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* The prepared statements of a connection, by id (SQL in store_db.c). */
+enum {
+    S_BEGIN,
+    S_COMMIT,
+    S_ROLLBACK,
+    S_CLIENT_INSERT,
+    S_CLIENT_BY_TOKEN,
+    S_CLIENT_BY_ID,
+    S_CLIENT_COUNT,
+    S_CLIENT_TOUCH,
+    S_JSON_VALID,
+    S_ROUND_MAX,
+    S_ROUND_OPEN_ANY,
+    S_ROUND_INSERT,
+    S_ROUND_SEL_INSERT,
+    S_ROUND_GET,
+    S_ROUND_LIST,
+    S_ROUND_SELECTED,
+    S_ROUND_CLOSE,
+    S_ROUND_STATE,
+    S_IS_SELECTED,
+    S_UPDATE_GET,
+    S_UPDATE_INSERT,
+    S_UPDATE_LIST,
+    S_UPDATE_COUNT,
+    S_CKPT_RECORD,
+    S_CKPT_LATEST,
+    S_COUNTER_GET,
+    S_COUNTER_SET,
+    S_COUNTER_LIST,
+    N_STMT
+};
+
+struct strata_store {
+    sqlite3 *db;
+    sqlite3_stmt *st[N_STMT];
+    char *dir;
+    int lock_fd; /* -1 for a secondary */
+    int sync_full;
+    size_t recovered;
+};
+
+#define BUSY_TIMEOUT_MS 10000
+#define FITS_I64(v) ((uint64_t)(v) <= (uint64_t)INT64_MAX)
+
+/* Empties diag's message (diag may be NULL). */
+void strata__store_diag_clear(strata_diag *diag);
+
+/* Wall-clock time in Unix milliseconds (stored timestamps). */
+int64_t strata__store_now_ms(void);
+
+/* Sets diag from the connection's last SQLite error, prefixed by what;
+ * returns STRATA_EIO. */
+int strata__store_db_error(strata_store *s, strata_diag *diag, const char *what);
+
+/* The prepared statement id (borrowed from s), ready to bind: statements are
+ * always reset and unbound after use (strata__store_stmt_done). */
+sqlite3_stmt *strata__store_stmt(strata_store *s, int id);
+
+/* Resets statement st and clears its bindings. */
+void strata__store_stmt_done(sqlite3_stmt *st);
+
+/* Steps the bound statement id, which returns no row, and resets it;
+ * STRATA_EIO (with what) on failure. */
+int strata__store_exec_stmt(strata_store *s, int id, strata_diag *diag, const char *what);
+
+/* Switches the connection's synchronous mode: FULL (full != 0: commits are
+ * fsync'ed) or NORMAL. No-op when already in that mode. */
+int strata__store_set_sync(strata_store *s, int full, strata_diag *diag);
+
+/* Starts a write transaction (BEGIN IMMEDIATE) whose COMMIT is fsync'ed
+ * (full) or not. Every write transaction says which, so a failed switch back
+ * cannot leave a later acknowledgement without its fsync. */
+int strata__store_tx_begin_sync(strata_store *s, int full, strata_diag *diag);
+
+/* strata__store_tx_begin_sync with full = 1. */
+int strata__store_tx_begin(strata_store *s, strata_diag *diag);
+
+/* Commits the open transaction. */
+int strata__store_tx_commit(strata_store *s, strata_diag *diag);
+
+/* Rolls back the open transaction, if any; keeps the caller's diagnostic. */
+void strata__store_tx_rollback(strata_store *s);
+
+/* The prologue every single-value getter shares: binds the nkeys (0 to 2)
+ * integer keys k1, k2 to parameters ?1, ?2 of statement id (with nkeys 0
+ * the caller has bound what it needs), steps it once and reads column 0 of
+ * the row into *value (0 when there is no row or the value is NULL);
+ * *is_null (may be NULL) says whether there was no row or a NULL. The
+ * statement is reset. STRATA_EIO (with what) on an SQLite failure. */
+int strata__store_query_int(strata_store *s, int id, int nkeys, int64_t k1, int64_t k2,
+                            int64_t *value, int *is_null, const char *what, strata_diag *diag);
+
+/* mkdir (mode 0700) that accepts an existing directory; *created says
+ * whether it made one. */
+int strata__store_make_dir(const char *path, int *created, strata_diag *diag);
+
+/* fsyncs the directory at path (file systems that cannot are tolerated). */
+int strata__store_fsync_dir(const char *path, strata_diag *diag);
+
+/* snprintf into buf (len bytes); STRATA_ETOOBIG when the result does not fit. */
+int strata__store_join(char *buf, size_t len, strata_diag *diag, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+/* A malloc'ed copy of text column col of the current row (NULL for SQL NULL;
+ * NULL with *oom = 1 when out of memory). */
+char *strata__store_dup_column_text(sqlite3_stmt *st, int col, int *oom);
+
+/* Steps the bound statement st (S_CLIENT_BY_TOKEN or S_CLIENT_BY_ID) and
+ * resets it: *found = 1 and *out filled (out may be NULL) when the client
+ * exists. Defined with the clients (store_clients.c). */
+int strata__store_fetch_client(strata_store *s, sqlite3_stmt *st, strata_store_client *out,
+                               int *found, strata_diag *diag);
+
+/* Open-time recovery of a primary store (store_updates.c): removes payload
+ * files without a committed row and temporary files of interrupted writes
+ * under updates/ and checkpoints/, counting them in s->recovered. */
+int strata__store_recover(strata_store *s, strata_diag *diag);
+
+#endif

@@ -1,0 +1,526 @@
+/* The store's rounds (open, read, close, list, with their selected
+ * clients), checkpoint records, and persistent counters. */
+#include "store_internal.h"
+
+#include <ctype.h>
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+/* ---- Rounds ------------------------------------------------------------- */
+
+static int json_ok(strata_store *s, const char *json, const char *what, strata_diag *diag)
+{
+    if (json == NULL)
+        return STRATA_OK;
+    sqlite3_stmt *st = strata__store_stmt(s, S_JSON_VALID);
+    sqlite3_bind_text(st, 1, json, -1, SQLITE_STATIC);
+    int64_t v;
+    int rc = strata__store_query_int(s, S_JSON_VALID, 0, 0, 0, &v, NULL, "json_valid", diag);
+    if (rc == STRATA_OK && v != 1)
+        rc = strata_diag_set(diag, STRATA_EINVAL, "%s is not valid JSON", what);
+    return rc;
+}
+
+static int cmp_u64(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+int strata_store_round_open(strata_store *s, uint32_t round, uint64_t model_version,
+                            const uint64_t *selected, size_t n, int64_t deadline_unix_ms,
+                            const char *task_json, strata_diag *diag)
+{
+    strata__store_diag_clear(diag);
+    if (s == NULL || (selected == NULL && n > 0))
+        return strata_diag_set(diag, STRATA_EINVAL, "round open: NULL argument");
+    if (n == 0)
+        return strata_diag_set(diag, STRATA_EINVAL, "round %" PRIu32 ": no client selected", round);
+    if (!FITS_I64(model_version))
+        return strata_diag_set(diag, STRATA_EINVAL, "model version %" PRIu64 " is too large",
+                               model_version);
+    if (n > SIZE_MAX / sizeof(uint64_t))
+        return strata_diag_set(diag, STRATA_EINVAL, "too many selected clients");
+    int rc = json_ok(s, task_json, "task", diag);
+    if (rc < 0)
+        return rc;
+    uint64_t *sorted = malloc(n * sizeof(*sorted));
+    if (sorted == NULL)
+        return strata_diag_set(diag, STRATA_ENOMEM, "out of memory");
+    memcpy(sorted, selected, n * sizeof(*sorted));
+    qsort(sorted, n, sizeof(*sorted), cmp_u64);
+    for (size_t i = 1; i < n; i++) {
+        if (sorted[i] == sorted[i - 1]) {
+            uint64_t twice = sorted[i];
+            free(sorted);
+            return strata_diag_set(diag, STRATA_EINVAL,
+                                   "round %" PRIu32 ": client %" PRIu64 " selected twice", round,
+                                   twice);
+        }
+    }
+
+    char dir[4096];
+    int created;
+    rc = strata__store_tx_begin(s, diag);
+    if (rc < 0)
+        goto out;
+    int64_t v;
+    int is_null;
+    rc = strata__store_query_int(s, S_ROUND_MAX, 0, 0, 0, &v, &is_null, "last round", diag);
+    if (rc < 0)
+        goto out;
+    if (!is_null && v >= (int64_t)round) {
+        rc = strata_diag_set(diag, STRATA_ESTATE,
+                             "cannot open round %" PRIu32 ": round %" PRId64 " exists", round, v);
+        goto out;
+    }
+    rc = strata__store_query_int(s, S_ROUND_OPEN_ANY, 0, 0, 0, &v, &is_null, "open round", diag);
+    if (rc < 0)
+        goto out;
+    if (!is_null) {
+        rc = strata_diag_set(diag, STRATA_ESTATE,
+                             "cannot open round %" PRIu32 ": round %" PRId64 " is still open",
+                             round, v);
+        goto out;
+    }
+    for (size_t i = 0; i < n; i++) {
+        int found = 0;
+        if (FITS_I64(sorted[i])) {
+            sqlite3_stmt *st = strata__store_stmt(s, S_CLIENT_BY_ID);
+            sqlite3_bind_int64(st, 1, (int64_t)sorted[i]);
+            rc = strata__store_fetch_client(s, st, NULL, &found, diag);
+            if (rc < 0)
+                goto out;
+        }
+        if (!found) {
+            rc = strata_diag_set(diag, STRATA_EINVAL,
+                                 "round %" PRIu32 ": selected client %" PRIu64 " is not registered",
+                                 round, sorted[i]);
+            goto out;
+        }
+    }
+    sqlite3_stmt *st = strata__store_stmt(s, S_ROUND_INSERT);
+    sqlite3_bind_int64(st, 1, round);
+    sqlite3_bind_int64(st, 2, (int64_t)model_version);
+    sqlite3_bind_int64(st, 3, strata__store_now_ms());
+    sqlite3_bind_int64(st, 4, deadline_unix_ms);
+    if (task_json != NULL)
+        sqlite3_bind_text(st, 5, task_json, -1, SQLITE_STATIC);
+    rc = strata__store_exec_stmt(s, S_ROUND_INSERT, diag, "insert round");
+    for (size_t i = 0; rc == STRATA_OK && i < n; i++) {
+        st = strata__store_stmt(s, S_ROUND_SEL_INSERT);
+        sqlite3_bind_int64(st, 1, round);
+        sqlite3_bind_int64(st, 2, (int64_t)sorted[i]);
+        rc = strata__store_exec_stmt(s, S_ROUND_SEL_INSERT, diag, "insert selected client");
+    }
+    if (rc < 0)
+        goto out;
+    /* The payload directory exists before any upload can be accepted. */
+    rc = strata__store_join(dir, sizeof(dir), diag, "%s/updates/%" PRIu32, s->dir, round);
+    if (rc == STRATA_OK)
+        rc = strata__store_make_dir(dir, &created, diag);
+    if (rc == STRATA_OK && created) {
+        char parent[4096];
+        snprintf(parent, sizeof(parent), "%s/updates", s->dir);
+        rc = strata__store_fsync_dir(parent, diag);
+    }
+    if (rc == STRATA_OK)
+        rc = strata__store_tx_commit(s, diag);
+out:
+    if (rc < 0)
+        strata__store_tx_rollback(s);
+    free(sorted);
+    return rc;
+}
+
+void strata_store_round_cleanup(strata_store_round *r)
+{
+    if (r == NULL)
+        return;
+    free(r->selected);
+    free(r->task_json);
+    free(r->summary_json);
+    memset(r, 0, sizeof(*r));
+}
+
+/* Reads the ROUND_COLUMNS of the current row. */
+static int read_round(sqlite3_stmt *st, strata_store_round *r, strata_diag *diag)
+{
+    int oom = 0;
+    memset(r, 0, sizeof(*r));
+    r->round = (uint32_t)sqlite3_column_int64(st, 0);
+    r->model_version = (uint64_t)sqlite3_column_int64(st, 1);
+    r->state = sqlite3_column_int(st, 2) ? STRATA_STORE_ROUND_CLOSED : STRATA_STORE_ROUND_OPEN;
+    r->opened_unix_ms = sqlite3_column_int64(st, 3);
+    r->deadline_unix_ms = sqlite3_column_int64(st, 4);
+    r->closed_unix_ms = sqlite3_column_int64(st, 5);
+    r->task_json = strata__store_dup_column_text(st, 6, &oom);
+    r->summary_json = strata__store_dup_column_text(st, 7, &oom);
+    r->n_selected = (size_t)sqlite3_column_int64(st, 8);
+    r->n_updates = (uint64_t)sqlite3_column_int64(st, 9);
+    if (oom) {
+        strata_store_round_cleanup(r);
+        return strata_diag_set(diag, STRATA_ENOMEM, "out of memory");
+    }
+    return STRATA_OK;
+}
+
+static int read_selected(strata_store *s, strata_store_round *r, strata_diag *diag)
+{
+    size_t cap = r->n_selected > 0 ? r->n_selected : 1, n = 0;
+    r->selected = malloc(cap * sizeof(uint64_t));
+    if (r->selected == NULL)
+        return strata_diag_set(diag, STRATA_ENOMEM, "out of memory");
+    sqlite3_stmt *st = strata__store_stmt(s, S_ROUND_SELECTED);
+    sqlite3_bind_int64(st, 1, r->round);
+    int step, rc = STRATA_OK;
+    while ((step = sqlite3_step(st)) == SQLITE_ROW) {
+        if (n == cap) {
+            uint64_t *grown = cap <= SIZE_MAX / 2 / sizeof(uint64_t)
+                                  ? realloc(r->selected, 2 * cap * sizeof(uint64_t))
+                                  : NULL;
+            if (grown == NULL) {
+                rc = strata_diag_set(diag, STRATA_ENOMEM, "out of memory");
+                break;
+            }
+            r->selected = grown;
+            cap *= 2;
+        }
+        r->selected[n++] = (uint64_t)sqlite3_column_int64(st, 0);
+    }
+    if (rc == STRATA_OK && step != SQLITE_DONE)
+        rc = strata__store_db_error(s, diag, "read selected clients");
+    strata__store_stmt_done(st);
+    r->n_selected = n;
+    return rc;
+}
+
+int strata_store_round_get(strata_store *s, uint32_t round, strata_store_round *out, int *found,
+                           strata_diag *diag)
+{
+    strata__store_diag_clear(diag);
+    if (out != NULL)
+        memset(out, 0, sizeof(*out));
+    if (found != NULL)
+        *found = 0;
+    if (s == NULL || out == NULL || found == NULL)
+        return strata_diag_set(diag, STRATA_EINVAL, "round get: NULL argument");
+    sqlite3_stmt *st = strata__store_stmt(s, S_ROUND_GET);
+    sqlite3_bind_int64(st, 1, round);
+    int step = sqlite3_step(st), rc = STRATA_OK;
+    if (step == SQLITE_ROW)
+        rc = read_round(st, out, diag);
+    else if (step != SQLITE_DONE)
+        rc = strata__store_db_error(s, diag, "read round");
+    strata__store_stmt_done(st);
+    if (rc == STRATA_OK && step == SQLITE_ROW) {
+        rc = read_selected(s, out, diag);
+        if (rc < 0)
+            strata_store_round_cleanup(out);
+        else
+            *found = 1;
+    }
+    return rc;
+}
+
+int strata_store_round_close(strata_store *s, uint32_t round, const char *summary_json,
+                             strata_diag *diag)
+{
+    strata__store_diag_clear(diag);
+    if (s == NULL)
+        return strata_diag_set(diag, STRATA_EINVAL, "round close: NULL argument");
+    int rc = json_ok(s, summary_json, "round summary", diag);
+    if (rc < 0)
+        return rc;
+    rc = strata__store_tx_begin(s, diag);
+    if (rc < 0)
+        return rc;
+    sqlite3_stmt *st = strata__store_stmt(s, S_ROUND_CLOSE);
+    sqlite3_bind_int64(st, 1, round);
+    sqlite3_bind_int64(st, 2, strata__store_now_ms());
+    if (summary_json != NULL)
+        sqlite3_bind_text(st, 3, summary_json, -1, SQLITE_STATIC);
+    rc = strata__store_exec_stmt(s, S_ROUND_CLOSE, diag, "close round");
+    if (rc == STRATA_OK && sqlite3_changes(s->db) == 0) {
+        int64_t state;
+        int is_null;
+        rc = strata__store_query_int(s, S_ROUND_STATE, 1, round, 0, &state, &is_null, "round state",
+                                     diag);
+        if (rc == STRATA_OK)
+            rc = strata_diag_set(diag, STRATA_ESTATE, "cannot close round %" PRIu32 ": %s", round,
+                                 is_null ? "no such round" : "already closed");
+    }
+    if (rc == STRATA_OK)
+        rc = strata__store_tx_commit(s, diag);
+    if (rc < 0)
+        strata__store_tx_rollback(s);
+    return rc;
+}
+
+int strata_store_last_round(strata_store *s, uint32_t *round, int *found, strata_diag *diag)
+{
+    strata__store_diag_clear(diag);
+    if (round != NULL)
+        *round = 0;
+    if (found != NULL)
+        *found = 0;
+    if (s == NULL || round == NULL || found == NULL)
+        return strata_diag_set(diag, STRATA_EINVAL, "last round: NULL argument");
+    int64_t v;
+    int is_null;
+    int rc = strata__store_query_int(s, S_ROUND_MAX, 0, 0, 0, &v, &is_null, "last round", diag);
+    if (rc == STRATA_OK && !is_null) {
+        *round = (uint32_t)v;
+        *found = 1;
+    }
+    return rc;
+}
+
+void strata_store_round_list_free(strata_store_round *rounds, size_t n)
+{
+    if (rounds == NULL)
+        return;
+    for (size_t i = 0; i < n; i++)
+        strata_store_round_cleanup(&rounds[i]);
+    free(rounds);
+}
+
+int strata_store_round_list(strata_store *s, uint32_t from, size_t limit, strata_store_round **out,
+                            size_t *n, strata_diag *diag)
+{
+    strata__store_diag_clear(diag);
+    if (out != NULL)
+        *out = NULL;
+    if (n != NULL)
+        *n = 0;
+    if (s == NULL || out == NULL || n == NULL || limit == 0)
+        return strata_diag_set(diag, STRATA_EINVAL, "round list: NULL argument or zero limit");
+    if (limit > 100000)
+        limit = 100000;
+    strata_store_round *arr = calloc(limit, sizeof(*arr));
+    if (arr == NULL)
+        return strata_diag_set(diag, STRATA_ENOMEM, "out of memory");
+    sqlite3_stmt *st = strata__store_stmt(s, S_ROUND_LIST);
+    sqlite3_bind_int64(st, 1, from);
+    sqlite3_bind_int64(st, 2, (int64_t)limit);
+    size_t k = 0;
+    int step, rc = STRATA_OK;
+    while (k < limit && (step = sqlite3_step(st)) == SQLITE_ROW) {
+        rc = read_round(st, &arr[k], diag);
+        if (rc < 0)
+            break;
+        k++;
+    }
+    if (rc == STRATA_OK && k < limit && step != SQLITE_DONE)
+        rc = strata__store_db_error(s, diag, "list rounds");
+    strata__store_stmt_done(st);
+    if (rc < 0 || k == 0) {
+        strata_store_round_list_free(arr, k);
+        return rc;
+    }
+    *out = arr;
+    *n = k;
+    return STRATA_OK;
+}
+
+/* ---- Checkpoints -------------------------------------------------------- */
+
+int strata_store_checkpoint_path(const strata_store *s, uint64_t model_version, char *buf,
+                                 size_t len, strata_diag *diag)
+{
+    strata__store_diag_clear(diag);
+    if (s == NULL || buf == NULL || len == 0)
+        return strata_diag_set(diag, STRATA_EINVAL, "checkpoint path: NULL argument");
+    return strata__store_join(buf, len, diag, "%s/checkpoints/model-%" PRIu64 ".safetensors",
+                              s->dir, model_version);
+}
+
+int strata_store_checkpoint_record(strata_store *s, uint64_t model_version, strata_diag *diag)
+{
+    strata__store_diag_clear(diag);
+    if (s == NULL)
+        return strata_diag_set(diag, STRATA_EINVAL, "checkpoint record: NULL argument");
+    if (!FITS_I64(model_version))
+        return strata_diag_set(diag, STRATA_EINVAL, "model version %" PRIu64 " is too large",
+                               model_version);
+    char path[4096];
+    int rc = strata_store_checkpoint_path(s, model_version, path, sizeof(path), diag);
+    if (rc < 0)
+        return rc;
+    struct stat st;
+    if (stat(path, &st) < 0 || !S_ISREG(st.st_mode))
+        return strata_diag_set(diag, STRATA_ESTATE, "checkpoint %s does not exist", path);
+    rc = strata__store_tx_begin(s, diag);
+    if (rc < 0)
+        return rc;
+    sqlite3_stmt *q = strata__store_stmt(s, S_CKPT_RECORD);
+    sqlite3_bind_int64(q, 1, (int64_t)model_version);
+    sqlite3_bind_int64(q, 2, (int64_t)st.st_size);
+    sqlite3_bind_int64(q, 3, strata__store_now_ms());
+    rc = strata__store_exec_stmt(s, S_CKPT_RECORD, diag, "record checkpoint");
+    if (rc == STRATA_OK)
+        rc = strata__store_tx_commit(s, diag);
+    if (rc < 0)
+        strata__store_tx_rollback(s);
+    return rc;
+}
+
+int strata_store_latest_model_version(strata_store *s, uint64_t *model_version, int *found,
+                                      strata_diag *diag)
+{
+    strata__store_diag_clear(diag);
+    if (model_version != NULL)
+        *model_version = 0;
+    if (found != NULL)
+        *found = 0;
+    if (s == NULL || model_version == NULL || found == NULL)
+        return strata_diag_set(diag, STRATA_EINVAL, "latest model version: NULL argument");
+    int64_t v;
+    int is_null;
+    int rc =
+        strata__store_query_int(s, S_CKPT_LATEST, 0, 0, 0, &v, &is_null, "latest checkpoint", diag);
+    if (rc == STRATA_OK && !is_null) {
+        *model_version = (uint64_t)v;
+        *found = 1;
+    }
+    return rc;
+}
+
+/* ---- Counters ----------------------------------------------------------- */
+
+static int counter_name_ok(const char *name, strata_diag *diag)
+{
+    if (name == NULL || name[0] == '\0')
+        return strata_diag_set(diag, STRATA_EINVAL, "counter name is empty");
+    size_t n = strlen(name);
+    if (n > STRATA_STORE_COUNTER_NAME_MAX)
+        return strata_diag_set(diag, STRATA_EINVAL, "counter name longer than %d bytes",
+                               STRATA_STORE_COUNTER_NAME_MAX);
+    for (size_t i = 0; i < n; i++) {
+        if (name[i] < 0x21 || name[i] > 0x7e)
+            return strata_diag_set(diag, STRATA_EINVAL,
+                                   "counter name contains a byte that is not printable ASCII");
+    }
+    return STRATA_OK;
+}
+
+int strata_store_counter_add_many(strata_store *s, const strata_store_counter *deltas, size_t n,
+                                  strata_diag *diag)
+{
+    strata__store_diag_clear(diag);
+    if (s == NULL || (deltas == NULL && n > 0))
+        return strata_diag_set(diag, STRATA_EINVAL, "counter add: NULL argument");
+    for (size_t i = 0; i < n; i++) {
+        if (memchr(deltas[i].name, '\0', sizeof(deltas[i].name)) == NULL)
+            return strata_diag_set(diag, STRATA_EINVAL, "counter name is not terminated");
+        int rc = counter_name_ok(deltas[i].name, diag);
+        if (rc < 0)
+            return rc;
+    }
+    if (n == 0)
+        return STRATA_OK;
+    int rc = strata__store_tx_begin_sync(s, 0, diag);
+    for (size_t i = 0; rc == STRATA_OK && i < n; i++) {
+        const char *name = deltas[i].name;
+        int64_t d = deltas[i].value, cur;
+        sqlite3_stmt *st = strata__store_stmt(s, S_COUNTER_GET);
+        sqlite3_bind_text(st, 1, name, -1, SQLITE_STATIC);
+        rc = strata__store_query_int(s, S_COUNTER_GET, 0, 0, 0, &cur, NULL, "read counter", diag);
+        if (rc < 0)
+            break;
+        if ((d > 0 && cur > INT64_MAX - d) || (d < 0 && cur < INT64_MIN - d)) {
+            rc = strata_diag_set(diag, STRATA_ETOOBIG, "counter %s would overflow", name);
+            break;
+        }
+        st = strata__store_stmt(s, S_COUNTER_SET);
+        sqlite3_bind_text(st, 1, name, -1, SQLITE_STATIC);
+        sqlite3_bind_int64(st, 2, cur + d);
+        rc = strata__store_exec_stmt(s, S_COUNTER_SET, diag, "write counter");
+    }
+    if (rc == STRATA_OK)
+        rc = strata__store_tx_commit(s, diag);
+    if (rc < 0)
+        strata__store_tx_rollback(s);
+    return rc;
+}
+
+int strata_store_counter_add(strata_store *s, const char *name, int64_t delta, strata_diag *diag)
+{
+    strata__store_diag_clear(diag);
+    int rc = counter_name_ok(name, diag);
+    if (rc < 0)
+        return rc;
+    strata_store_counter c;
+    snprintf(c.name, sizeof(c.name), "%s", name);
+    c.value = delta;
+    return strata_store_counter_add_many(s, &c, 1, diag);
+}
+
+int strata_store_counter_get(strata_store *s, const char *name, int64_t *value, strata_diag *diag)
+{
+    strata__store_diag_clear(diag);
+    if (value != NULL)
+        *value = 0;
+    if (s == NULL || value == NULL)
+        return strata_diag_set(diag, STRATA_EINVAL, "counter get: NULL argument");
+    int rc = counter_name_ok(name, diag);
+    if (rc < 0)
+        return rc;
+    sqlite3_stmt *st = strata__store_stmt(s, S_COUNTER_GET);
+    sqlite3_bind_text(st, 1, name, -1, SQLITE_STATIC);
+    return strata__store_query_int(s, S_COUNTER_GET, 0, 0, 0, value, NULL, "read counter", diag);
+}
+
+int strata_store_counter_list(strata_store *s, strata_store_counter **out, size_t *n,
+                              strata_diag *diag)
+{
+    strata__store_diag_clear(diag);
+    if (out != NULL)
+        *out = NULL;
+    if (n != NULL)
+        *n = 0;
+    if (s == NULL || out == NULL || n == NULL)
+        return strata_diag_set(diag, STRATA_EINVAL, "counter list: NULL argument");
+    strata_store_counter *arr = NULL;
+    size_t k = 0, cap = 0;
+    sqlite3_stmt *st = strata__store_stmt(s, S_COUNTER_LIST);
+    int step, rc = STRATA_OK;
+    while ((step = sqlite3_step(st)) == SQLITE_ROW) {
+        if (k == cap) {
+            size_t ncap = cap ? 2 * cap : 16;
+            strata_store_counter *grown =
+                ncap <= SIZE_MAX / sizeof(*arr) ? realloc(arr, ncap * sizeof(*arr)) : NULL;
+            if (grown == NULL) {
+                rc = strata_diag_set(diag, STRATA_ENOMEM, "out of memory");
+                break;
+            }
+            arr = grown;
+            cap = ncap;
+        }
+        const unsigned char *name = sqlite3_column_text(st, 0);
+        snprintf(arr[k].name, sizeof(arr[k].name), "%s", name ? (const char *)name : "");
+        arr[k].value = sqlite3_column_int64(st, 1);
+        k++;
+    }
+    if (rc == STRATA_OK && step != SQLITE_DONE)
+        rc = strata__store_db_error(s, diag, "list counters");
+    strata__store_stmt_done(st);
+    if (rc < 0 || k == 0) {
+        free(arr);
+        return rc;
+    }
+    *out = arr;
+    *n = k;
+    return STRATA_OK;
+}
