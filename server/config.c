@@ -5,10 +5,10 @@
 #include "robust.h"
 
 #include "strata/fileio.h"
+#include "strata/log.h"
+#include "strata/opts.h"
 
-#include <errno.h>
 #include <jansson.h>
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -75,61 +75,63 @@ const char srv_config_usage[] =
     "  --request-timeout S       seconds to receive one whole request (120)\n"
     "  --max-clients N           registered clients (100000)\n"
     "  --upload-rate N           uploads per client per minute (30)\n"
+    "\n"
+    "Logging:\n"
+    "  --log-format text|json    text lines (default), or one JSON object a line\n"
+    "  --log-level L             debug, info (default), warn or error\n"
     "  --help                    this text\n";
 
-typedef enum { K_STR, K_INT, K_DBL } kind;
-
-typedef struct opt_desc {
-    const char *key;
-    kind k;
-    size_t off;
-    double min, max;
-} opt_desc;
-
+/* The options: the keys of the JSON file and, in kebab-case, the command
+ * line. Their descriptions are in srv_config_usage above (kept by hand for
+ * its sections; a unit test checks that it names every key). */
 #define OFF(f) offsetof(srv_config, f)
-static const opt_desc OPTS[] = {
-    {"state_dir", K_STR, OFF(state_dir), 0, 0},
-    {"model", K_STR, OFF(model), 0, 0},
-    {"data", K_STR, OFF(data), 0, 0},
-    {"host", K_STR, OFF(host), 0, 0},
-    {"port", K_INT, OFF(port), 0, 65535},
-    {"rounds", K_INT, OFF(rounds), 1, 1000000},
-    {"min_clients", K_INT, OFF(min_clients), 1, 1000000},
-    {"clients_per_round", K_INT, OFF(clients_per_round), 1, 1000000},
-    {"fraction", K_DBL, OFF(fraction), 1e-9, 1},
-    {"round_deadline", K_DBL, OFF(round_deadline), 0.001, 86400.0 * 30},
-    {"min_updates", K_INT, OFF(min_updates), 1, 1000000},
-    {"policy", K_STR, OFF(policy), 0, 0},
-    {"density", K_DBL, OFF(density), 1e-12, 1},
-    {"values", K_STR, OFF(values), 0, 0},
-    {"local_epochs", K_INT, OFF(local_epochs), 1, 1000},
-    {"batch", K_INT, OFF(batch), 1, 1 << 20},
-    {"lr", K_DBL, OFF(lr), 0, 1e6},
-    {"momentum", K_DBL, OFF(momentum), 0, 0.999999},
-    {"weight_decay", K_DBL, OFF(weight_decay), 0, 1e6},
-    {"prox_mu", K_DBL, OFF(prox_mu), 0, 1e6},
-    {"max_steps", K_INT, OFF(max_steps), 0, 1L << 40},
-    {"server_opt", K_STR, OFF(server_opt), 0, 0},
-    {"server_lr", K_DBL, OFF(server_lr), 1e-12, 1e6},
-    {"seed", K_INT, OFF(seed), 0, 9007199254740991.0},
-    {"threads", K_INT, OFF(threads), 1, 1024},
-    {"http_threads", K_INT, OFF(http_threads), 1, 1024},
-    {"aggregator", K_STR, OFF(aggregator), 0, 0},
-    {"trim_fraction", K_DBL, OFF(trim_fraction), 0, 0.499999},
-    {"clip_norm", K_DBL, OFF(clip_norm), 0, 1e30},
-    {"enrolment_secret", K_STR, OFF(enrolment_secret), 0, 0},
-    {"enrolment_secret_file", K_STR, OFF(enrolment_secret_file), 0, 0},
-    {"admin_token_file", K_STR, OFF(admin_token_file), 0, 0},
-    {"tls_cert", K_STR, OFF(tls_cert), 0, 0},
-    {"tls_key", K_STR, OFF(tls_key), 0, 0},
-    {"max_body_bytes", K_INT, OFF(max_body_bytes), 1024, (double)(1L << 40)},
-    {"max_json_bytes", K_INT, OFF(max_json_bytes), 256, 1 << 24},
-    {"max_json_depth", K_INT, OFF(max_json_depth), 2, 1000},
-    {"max_connections", K_INT, OFF(max_connections), 4, 65536},
-    {"connection_timeout", K_INT, OFF(connection_timeout), 1, 86400},
-    {"request_timeout", K_INT, OFF(request_timeout), 1, 86400},
-    {"max_clients", K_INT, OFF(max_clients), 1, 1000000},
-    {"upload_rate", K_INT, OFF(upload_rate), 1, 1000000},
+static const strata_opt OPTS[] = {
+    {"state_dir", STRATA_OPT_STRING, OFF(state_dir), 0, 0, "DIR", NULL},
+    {"model", STRATA_OPT_STRING, OFF(model), 0, 0, "mlp|cnn|ARCH.json", NULL},
+    {"data", STRATA_OPT_STRING, OFF(data), 0, 0, "DIR", NULL},
+    {"host", STRATA_OPT_STRING, OFF(host), 0, 0, "ADDR", NULL},
+    {"port", STRATA_OPT_INTEGER, OFF(port), 0, 65535, "N", NULL},
+    {"rounds", STRATA_OPT_INTEGER, OFF(rounds), 1, 1000000, "T", NULL},
+    {"min_clients", STRATA_OPT_INTEGER, OFF(min_clients), 1, 1000000, "N", NULL},
+    {"clients_per_round", STRATA_OPT_INTEGER, OFF(clients_per_round), 1, 1000000, "N", NULL},
+    {"fraction", STRATA_OPT_DOUBLE, OFF(fraction), 1e-9, 1, "F", NULL},
+    {"round_deadline", STRATA_OPT_DOUBLE, OFF(round_deadline), 0.001, 86400.0 * 30, "SECONDS",
+     NULL},
+    {"min_updates", STRATA_OPT_INTEGER, OFF(min_updates), 1, 1000000, "N", NULL},
+    {"policy", STRATA_OPT_STRING, OFF(policy), 0, 0, "SPEC", NULL},
+    {"density", STRATA_OPT_DOUBLE, OFF(density), 1e-12, 1, "D", NULL},
+    {"values", STRATA_OPT_STRING, OFF(values), 0, 0, "fp32|fp16|bf16", NULL},
+    {"local_epochs", STRATA_OPT_INTEGER, OFF(local_epochs), 1, 1000, "N", NULL},
+    {"batch", STRATA_OPT_INTEGER, OFF(batch), 1, 1 << 20, "N", NULL},
+    {"lr", STRATA_OPT_DOUBLE, OFF(lr), 0, 1e6, "X", NULL},
+    {"momentum", STRATA_OPT_DOUBLE, OFF(momentum), 0, 0.999999, "X", NULL},
+    {"weight_decay", STRATA_OPT_DOUBLE, OFF(weight_decay), 0, 1e6, "X", NULL},
+    {"prox_mu", STRATA_OPT_DOUBLE, OFF(prox_mu), 0, 1e6, "X", NULL},
+    {"max_steps", STRATA_OPT_INTEGER, OFF(max_steps), 0, 1L << 40, "N", NULL},
+    {"server_opt", STRATA_OPT_STRING, OFF(server_opt), 0, 0, "NAME", NULL},
+    {"server_lr", STRATA_OPT_DOUBLE, OFF(server_lr), 1e-12, 1e6, "X", NULL},
+    {"seed", STRATA_OPT_INTEGER, OFF(seed), 0, 9007199254740991.0, "S", NULL},
+    {"threads", STRATA_OPT_INTEGER, OFF(threads), 1, 1024, "N", NULL},
+    {"http_threads", STRATA_OPT_INTEGER, OFF(http_threads), 1, 1024, "N", NULL},
+    {"aggregator", STRATA_OPT_STRING, OFF(aggregator), 0, 0, "NAME", NULL},
+    {"trim_fraction", STRATA_OPT_DOUBLE, OFF(trim_fraction), 0, 0.499999, "F", NULL},
+    {"clip_norm", STRATA_OPT_DOUBLE, OFF(clip_norm), 0, 1e30, "C", NULL},
+    {"enrolment_secret", STRATA_OPT_STRING, OFF(enrolment_secret), 0, 0, "S", NULL},
+    {"enrolment_secret_file", STRATA_OPT_STRING, OFF(enrolment_secret_file), 0, 0, "F", NULL},
+    {"admin_token_file", STRATA_OPT_STRING, OFF(admin_token_file), 0, 0, "F", NULL},
+    {"tls_cert", STRATA_OPT_STRING, OFF(tls_cert), 0, 0, "FILE", NULL},
+    {"tls_key", STRATA_OPT_STRING, OFF(tls_key), 0, 0, "FILE", NULL},
+    {"max_body_bytes", STRATA_OPT_INTEGER, OFF(max_body_bytes), 1024, (double)(1L << 40), "N",
+     NULL},
+    {"max_json_bytes", STRATA_OPT_INTEGER, OFF(max_json_bytes), 256, 1 << 24, "N", NULL},
+    {"max_json_depth", STRATA_OPT_INTEGER, OFF(max_json_depth), 2, 1000, "N", NULL},
+    {"max_connections", STRATA_OPT_INTEGER, OFF(max_connections), 4, 65536, "N", NULL},
+    {"connection_timeout", STRATA_OPT_INTEGER, OFF(connection_timeout), 1, 86400, "S", NULL},
+    {"request_timeout", STRATA_OPT_INTEGER, OFF(request_timeout), 1, 86400, "S", NULL},
+    {"max_clients", STRATA_OPT_INTEGER, OFF(max_clients), 1, 1000000, "N", NULL},
+    {"upload_rate", STRATA_OPT_INTEGER, OFF(upload_rate), 1, 1000000, "N", NULL},
+    {"log_format", STRATA_OPT_STRING, OFF(log_format), 0, 0, "text|json", NULL},
+    {"log_level", STRATA_OPT_STRING, OFF(log_level), 0, 0, "debug|info|warn|error", NULL},
 };
 #define NOPTS (sizeof(OPTS) / sizeof(OPTS[0]))
 
@@ -161,120 +163,32 @@ void srv_config_init(srv_config *cfg)
     cfg->request_timeout = 120;
     cfg->max_clients = 100000;
     cfg->upload_rate = 30;
+    cfg->log_format = strdup("text");
+    cfg->log_level = strdup("info");
 }
 
 void srv_config_cleanup(srv_config *cfg)
 {
-    for (size_t i = 0; i < NOPTS; i++)
-        if (OPTS[i].k == K_STR) {
-            char **p = (char **)((char *)cfg + OPTS[i].off);
-            free(*p);
-            *p = NULL;
-        }
+    strata_opts_cleanup(OPTS, NOPTS, cfg);
 }
 
-static const opt_desc *find_opt(const char *key)
-{
-    for (size_t i = 0; i < NOPTS; i++)
-        if (strcmp(OPTS[i].key, key) == 0)
-            return &OPTS[i];
-    return NULL;
-}
-
-static int set_str(srv_config *cfg, const opt_desc *o, const char *v, strata_diag *d)
-{
-    if (o->k != K_STR)
-        return strata_diag_set(d, STRATA_EINVAL, "%s: expected a string", o->key);
-    char *s = strdup(v);
-    if (s == NULL)
-        return STRATA_ENOMEM;
-    char **p = (char **)((char *)cfg + o->off);
-    free(*p);
-    *p = s;
-    return 0;
-}
-
-static int set_num(srv_config *cfg, const opt_desc *o, double v, strata_diag *d)
-{
-    if (!isfinite(v) || v < o->min || v > o->max)
-        return strata_diag_set(d, STRATA_EINVAL, "%s: %g is outside [%g, %g]", o->key, v, o->min,
-                               o->max);
-    if (o->k == K_INT) {
-        if (v != floor(v))
-            return strata_diag_set(d, STRATA_EINVAL, "%s: expected an integer, got %g", o->key, v);
-        *(long *)((char *)cfg + o->off) = (long)v;
-    } else {
-        *(double *)((char *)cfg + o->off) = v;
-    }
-    return 0;
-}
-
-/* Sets a key from command-line text. */
-static int set_text(srv_config *cfg, const opt_desc *o, const char *v, strata_diag *d)
-{
-    if (o->k == K_STR)
-        return set_str(cfg, o, v, d);
-    char *end = NULL;
-    errno = 0;
-    double x = strtod(v, &end);
-    if (*v == '\0' || end == v || *end != '\0' || errno != 0)
-        return strata_diag_set(d, STRATA_EINVAL, "%s: expected a number, got '%s'", o->key, v);
-    return set_num(cfg, o, x, d);
-}
-
+/* Applies the JSON config file at path; messages start with its path. */
 static int load_file(srv_config *cfg, const char *path, strata_diag *d)
 {
-    json_error_t je;
-    json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &je);
-    if (root == NULL)
-        return strata_diag_set(d, STRATA_EINVAL, "config %s: line %d: %s", path, je.line, je.text);
-    int rc = 0;
-    if (!json_is_object(root)) {
-        rc = strata_diag_set(d, STRATA_EINVAL, "config %s: expected a JSON object", path);
-        goto out;
+    uint8_t *data = NULL;
+    size_t len = 0;
+    int rc = strata_file_read_all(path, STRATA_OPTS_JSON_MAX, &data, &len, d);
+    if (rc == STRATA_ESTATE || rc == STRATA_ETOOBIG)
+        rc = strata_diag_set(d, STRATA_EINVAL, "config %s: %s", path,
+                             rc == STRATA_ESTATE ? "no such file" : "too large");
+    if (rc == STRATA_OK)
+        rc = strata_opts_apply_json(OPTS, NOPTS, (const char *)data, len, cfg, d);
+    if (rc < 0 && d != NULL && strncmp(d->msg, "config: ", 8) == 0) {
+        strata_diag inner = *d;
+        strata_diag_set(d, rc, "config %s: %s", path, inner.msg + 8);
     }
-    const char *key;
-    json_t *v;
-    json_object_foreach(root, key, v)
-    {
-        const opt_desc *o = find_opt(key);
-        if (o == NULL) {
-            rc = strata_diag_set(d, STRATA_EINVAL, "config %s: unknown key \"%s\"", path, key);
-            goto out;
-        }
-        if (o->k == K_STR) {
-            if (!json_is_string(v)) {
-                rc = strata_diag_set(d, STRATA_EINVAL, "config %s: %s: expected a string", path,
-                                     key);
-                goto out;
-            }
-            rc = set_str(cfg, o, json_string_value(v), d);
-        } else {
-            if (!json_is_number(v) || (o->k == K_INT && !json_is_integer(v))) {
-                rc = strata_diag_set(d, STRATA_EINVAL, "config %s: %s: expected %s", path, key,
-                                     o->k == K_INT ? "an integer" : "a number");
-                goto out;
-            }
-            rc = set_num(cfg, o, json_number_value(v), d);
-        }
-        if (rc < 0)
-            goto out;
-    }
-out:
-    json_decref(root);
+    free(data);
     return rc;
-}
-
-/* Resolves an argument "--kebab-key[=value]" to its descriptor. */
-static const opt_desc *arg_opt(const char *arg, char *key, size_t keylen)
-{
-    size_t n = strcspn(arg + 2, "=");
-    if (n + 1 > keylen)
-        return NULL;
-    for (size_t i = 0; i < n; i++)
-        key[i] = arg[2 + i] == '-' ? '_' : arg[2 + i];
-    key[n] = '\0';
-    return find_opt(key);
 }
 
 /* Reads the first line of path (at most 256 bytes of printable ASCII) as
@@ -311,15 +225,16 @@ static int check(srv_config *cfg, strata_diag *d)
     if (cfg->clients_per_round > 0 && cfg->fraction > 0)
         return strata_diag_set(d, STRATA_EINVAL,
                                "clients_per_round: give either clients_per_round or fraction");
-    if (strcmp(cfg->values, "fp32") == 0)
-        cfg->values_format = STRATA_VALUES_FP32;
-    else if (strcmp(cfg->values, "fp16") == 0)
-        cfg->values_format = STRATA_VALUES_FP16;
-    else if (strcmp(cfg->values, "bf16") == 0)
-        cfg->values_format = STRATA_VALUES_BF16;
-    else
+    if (strata_values_format_parse(cfg->values, &cfg->values_format) < 0)
         return strata_diag_set(d, STRATA_EINVAL, "values: expected fp32, fp16 or bf16, got '%s'",
                                cfg->values);
+    if (strata_log_parse_format(cfg->log_format, &cfg->log_format_value, NULL) < 0)
+        return strata_diag_set(d, STRATA_EINVAL, "log_format: expected text or json, got '%s'",
+                               cfg->log_format);
+    if (strata_log_parse_level(cfg->log_level, &cfg->log_level_value, NULL) < 0)
+        return strata_diag_set(d, STRATA_EINVAL,
+                               "log_level: expected debug, info, warn or error, got '%s'",
+                               cfg->log_level);
     strata_server_opt_config oc;
     if (strata_server_opt_parse(cfg->server_opt, &oc, NULL) < 0)
         return strata_diag_set(d, STRATA_EINVAL,
@@ -356,13 +271,15 @@ static int check(srv_config *cfg, strata_diag *d)
 
 int srv_config_parse(srv_config *cfg, int argc, char **argv, strata_diag *d)
 {
+    /* --help wins wherever it is; --config is read first, whatever its place,
+     * and is not a key of the file itself. */
     const char *file = NULL;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0)
             return 1;
         if (strcmp(argv[i], "--config") == 0) {
             if (i + 1 >= argc)
-                return strata_diag_set(d, STRATA_EINVAL, "config: missing value");
+                return strata_diag_set(d, STRATA_EINVAL, "--config: missing value");
             file = argv[++i];
         } else if (strncmp(argv[i], "--config=", 9) == 0) {
             file = argv[i] + 9;
@@ -371,33 +288,40 @@ int srv_config_parse(srv_config *cfg, int argc, char **argv, strata_diag *d)
     int rc;
     if (file != NULL && (rc = load_file(cfg, file, d)) < 0)
         return rc;
-    for (int i = 1; i < argc; i++) {
-        const char *arg = argv[i];
-        if (strncmp(arg, "--", 2) != 0)
-            return strata_diag_set(d, STRATA_EINVAL, "unexpected argument '%s'", arg);
-        char key[64];
-        const char *eq = strchr(arg, '=');
-        if (strcmp(arg, "--config") == 0) {
+    char **rest = malloc(((size_t)argc + 1) * sizeof(*rest));
+    if (rest == NULL)
+        return STRATA_ENOMEM;
+    int n = 0;
+    for (int i = 0; i < argc; i++) {
+        if (i > 0 && strcmp(argv[i], "--config") == 0)
             i++;
-            continue;
-        }
-        if (strncmp(arg, "--config=", 9) == 0)
-            continue;
-        const opt_desc *o = arg_opt(arg, key, sizeof(key));
-        if (o == NULL)
-            return strata_diag_set(d, STRATA_EINVAL, "unknown option '%s'", arg);
-        const char *val;
-        if (eq != NULL) {
-            val = eq + 1;
-        } else {
-            if (i + 1 >= argc)
-                return strata_diag_set(d, STRATA_EINVAL, "%s: missing value", o->key);
-            val = argv[++i];
-        }
-        if ((rc = set_text(cfg, o, val, d)) < 0)
-            return rc;
+        else if (i == 0 || strncmp(argv[i], "--config=", 9) != 0)
+            rest[n++] = argv[i];
     }
+    rest[n] = NULL;
+    int help = 0;
+    rc = strata_opts_parse_argv(OPTS, NOPTS, n, rest, cfg, &help, d);
+    if (rc >= 0 && rc < n)
+        rc = strata_diag_set(d, STRATA_EINVAL, "unexpected argument '%s'", rest[rc]);
+    free(rest);
+    if (rc < 0)
+        return rc;
     return check(cfg, d);
+}
+
+int srv_config_usage_check(strata_diag *d)
+{
+    for (size_t i = 0; i < NOPTS; i++) {
+        char want[80];
+        int w = snprintf(want, sizeof(want), "  --%s ", OPTS[i].key);
+        for (int j = 4; j < w; j++)
+            if (want[j] == '_')
+                want[j] = '-';
+        if (strstr(srv_config_usage, want) == NULL)
+            return strata_diag_set(d, STRATA_EINVAL, "the usage text does not describe --%s",
+                                   OPTS[i].key);
+    }
+    return STRATA_OK;
 }
 
 /* Keys left out of the public view: where files are, and credentials. */
@@ -417,16 +341,16 @@ char *srv_config_json(const srv_config *cfg, int full)
     if (o == NULL)
         return NULL;
     for (size_t i = 0; i < NOPTS; i++) {
-        const opt_desc *od = &OPTS[i];
-        const char *p = (const char *)cfg + od->off;
+        const strata_opt *od = &OPTS[i];
+        const char *p = (const char *)cfg + od->offset;
         json_t *v;
         if (!full && is_private(od->key))
             continue;
         if (strcmp(od->key, "enrolment_secret") == 0)
             v = json_boolean(cfg->enrolment_secret != NULL);
-        else if (od->k == K_STR)
+        else if (od->kind == STRATA_OPT_STRING)
             v = *(char *const *)p ? json_string(*(char *const *)p) : json_null();
-        else if (od->k == K_INT)
+        else if (od->kind == STRATA_OPT_INTEGER)
             v = json_integer(*(const long *)p);
         else
             v = json_real(*(const double *)p);

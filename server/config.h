@@ -7,6 +7,7 @@
 #include "request.h"
 #include "strata/compress.h"
 #include "strata/error.h"
+#include "strata/log.h"
 
 #include <stddef.h>
 #include <stdint.h>
@@ -14,6 +15,7 @@
 typedef struct srv_config {
     char *state_dir, *model, *data, *host, *policy, *server_opt, *values, *aggregator;
     char *enrolment_secret, *enrolment_secret_file, *admin_token_file, *tls_cert, *tls_key;
+    char *log_format, *log_level; /* as given; parsed into the two fields below */
     long port, rounds, min_clients, clients_per_round, min_updates, local_epochs, batch, max_steps,
         threads, http_threads, seed;
     /* Limits. */
@@ -22,6 +24,8 @@ typedef struct srv_config {
     double fraction, round_deadline, density, lr, momentum, weight_decay, prox_mu, server_lr,
         trim_fraction, clip_norm;
     strata_values_format values_format;
+    strata_log_format log_format_value;
+    strata_log_level log_level_value;
 } srv_config;
 
 /* Fills cfg with the defaults. */
@@ -31,9 +35,10 @@ void srv_config_init(srv_config *cfg);
 void srv_config_cleanup(srv_config *cfg);
 
 /* Parses argv: first the file named by --config (when present), then every
- * other option over it. Returns 0 on success, 1 when --help was printed, and
- * STRATA_EINVAL with diag naming the key for an unknown, repeated-in-file,
- * or invalid key or value, or a missing required key. */
+ * other option over it (an option given twice: the last one wins). Returns
+ * 0 on success, 1 when --help was asked for, and STRATA_EINVAL with diag
+ * naming the key for an unknown, repeated-in-file, or invalid key or value,
+ * a positional argument, or a missing required key; STRATA_ENOMEM. */
 int srv_config_parse(srv_config *cfg, int argc, char **argv, strata_diag *diag);
 
 /* The configuration as a new JSON object text (free()); NULL when out of
@@ -44,5 +49,9 @@ char *srv_config_json(const srv_config *cfg, int full);
 
 /* The --help text. */
 extern const char srv_config_usage[];
+
+/* Checks that srv_config_usage describes every option ("  --key "): 0, or
+ * STRATA_EINVAL with diag naming the first one it leaves out. */
+int srv_config_usage_check(strata_diag *diag);
 
 #endif

@@ -38,6 +38,7 @@ int main(int argc, char **argv)
         srv_config_cleanup(&cfg);
         return 2;
     }
+    strata_log_setup("strata-server", cfg.log_level_value, cfg.log_format_value);
     /* Request bodies and decoded updates are large and short-lived: keep
      * them in their own mappings, returned to the system when freed, rather
      * than in the heaps of the many HTTP threads (glibc would otherwise raise
