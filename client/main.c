@@ -14,10 +14,12 @@
 #include "strata/fileio.h"
 #include "strata/log.h"
 #include "strata/model.h"
-#include "strata/parse.h"
+#include "strata/opts.h"
 #include "strata/partition.h"
 
-#include <getopt.h>
+#include <float.h>
+#include <stddef.h>
+#include <limits.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -33,64 +35,77 @@ static void on_signal(int sig)
 }
 
 typedef struct options {
-    const char *server, *state_dir, *data, *partition, *name, *secret, *secret_file, *ca_cert;
-    char secret_buf[257];
-    long num_clients, client_index, threads, max_rounds, poll_wait;
-    unsigned long long seed;
+    char *server, *state_dir, *data, *partition, *name, *secret, *secret_file, *ca_cert;
+    long num_clients, client_index, threads, max_rounds, poll_wait, seed;
     double ef_beta;
     long ef_max_staleness;
+    char *log_format_name, *log_level_name;
     strata_log_level log_level;
     strata_log_format log_format;
 } options;
 
-static const char USAGE[] =
-    "usage: strata-client --server URL --state-dir DIR --data DIR [options]\n"
-    "  --partition SPEC       iid (default), dirichlet:ALPHA or shards:S\n"
-    "  --num-clients N        clients the training set is split over (default 1)\n"
-    "  --client-index I       this client's share, 0..N-1 (default 0)\n"
-    "  --seed S               partition seed, the same for every client (default 1)\n"
-    "  --threads T            training threads (default 1)\n"
-    "  --name NAME            name sent at registration\n"
-    "  --enrolment-secret S   the federation's enrolment secret (needed to register)\n"
-    "  --enrolment-secret-file F  or: read it from the first line of file F\n"
-    "  --ca-cert FILE         CA certificate (PEM) to trust for https\n"
-    "  --max-rounds N         stop after N uploaded updates (default: until finished)\n"
-    "  --poll-wait S          long-poll wait for tasks in seconds (default 10)\n"
-    "  --ef-beta B            residual decay per missed round, (0, 1] (default 1)\n"
-    "  --ef-max-staleness N   drop the residual after N missed rounds (default 0: never)\n"
-    "  --log-format F         text (default) or json: one JSON object per log line\n"
-    "  --log-level L          debug, info (default), warn or error\n"
-    "Exits 0 when the federation has finished, 130 when interrupted.\n";
+#define OFF(f) offsetof(options, f)
+static const strata_opt OPTS[] = {
+    {"server", STRATA_OPT_STRING, OFF(server), 0, 0, "URL", "the coordinator's URL; required"},
+    {"state_dir", STRATA_OPT_STRING, OFF(state_dir), 0, 0, "DIR",
+     "identity, staged uploads, residuals; required"},
+    {"data", STRATA_OPT_STRING, OFF(data), 0, 0, "DIR", "data set directory; required"},
+    {"partition", STRATA_OPT_STRING, OFF(partition), 0, 0, "SPEC",
+     "iid (default), dirichlet:ALPHA or shards:S"},
+    {"num_clients", STRATA_OPT_INTEGER, OFF(num_clients), 1, 1000000, "N",
+     "clients the training set is split over (default 1)"},
+    {"client_index", STRATA_OPT_INTEGER, OFF(client_index), 0, 999999, "I",
+     "this client's share, 0..N-1 (default 0)"},
+    {"seed", STRATA_OPT_INTEGER, OFF(seed), 0, (double)LONG_MAX, "S",
+     "partition seed, the same for every client (default 1)"},
+    {"threads", STRATA_OPT_INTEGER, OFF(threads), 1, 1024, "T", "training threads (default 1)"},
+    {"name", STRATA_OPT_STRING, OFF(name), 0, 0, "NAME", "name sent at registration"},
+    {"enrolment_secret", STRATA_OPT_STRING, OFF(secret), 0, 0, "S",
+     "the federation's enrolment secret (needed to register)"},
+    {"enrolment_secret_file", STRATA_OPT_STRING, OFF(secret_file), 0, 0, "F",
+     "or: read it from the first line of file F"},
+    {"ca_cert", STRATA_OPT_STRING, OFF(ca_cert), 0, 0, "FILE",
+     "CA certificate (PEM) to trust for https"},
+    {"max_rounds", STRATA_OPT_INTEGER, OFF(max_rounds), 0, 1000000000, "N",
+     "stop after N uploaded updates (default: until finished)"},
+    {"poll_wait", STRATA_OPT_INTEGER, OFF(poll_wait), 0, 30, "S",
+     "long-poll wait for tasks in seconds (default 10)"},
+    {"ef_beta", STRATA_OPT_DOUBLE, OFF(ef_beta), DBL_TRUE_MIN, 1, "B",
+     "residual decay per missed round, (0, 1] (default 1)"},
+    {"ef_max_staleness", STRATA_OPT_INTEGER, OFF(ef_max_staleness), 0, 1000000000, "N",
+     "drop the residual after N missed rounds (default 0: never)"},
+    {"log_format", STRATA_OPT_STRING, OFF(log_format_name), 0, 0, "F",
+     "text (default) or json: one JSON object per log line"},
+    {"log_level", STRATA_OPT_STRING, OFF(log_level_name), 0, 0, "L",
+     "debug, info (default), warn or error"},
+};
+#define NOPTS (sizeof(OPTS) / sizeof(OPTS[0]))
 
-/* Parses the command line into *o (zeroed on entry, then the defaults).
- * *help is 1 when --help asked for the usage text. Errors: STRATA_EINVAL,
- * after logging what is wrong (and printing the usage text). */
+/* Writes the usage text to f. */
+static void usage(FILE *f)
+{
+    strata_buf b;
+    strata_buf_init(&b, 1 << 16);
+    fputs("usage: strata-client --server URL --state-dir DIR --data DIR [options]\n", f);
+    if (strata_opts_usage(OPTS, NOPTS, &b) == STRATA_OK)
+        fputs((const char *)b.data, f);
+    fputs("Exits 0 when the federation has finished, 130 when interrupted.\n", f);
+    strata_buf_cleanup(&b);
+}
+
+/* Frees the strings *o owns. */
+static void options_cleanup(options *o)
+{
+    strata_opts_cleanup(OPTS, NOPTS, o);
+}
+
+/* Parses the command line into *o (zeroed on entry, then the defaults;
+ * options_cleanup frees it, also after an error). *help is 1 when --help
+ * asked for the usage text. Errors: STRATA_EINVAL, after logging what is
+ * wrong (and printing the usage text); STRATA_ENOMEM. */
 static int parse_options(int argc, char **argv, options *o, int *help)
 {
-    *help = 0;
-    static const struct option opts[] = {
-        {"server", required_argument, NULL, 'S'},
-        {"state-dir", required_argument, NULL, 'd'},
-        {"data", required_argument, NULL, 'D'},
-        {"partition", required_argument, NULL, 'p'},
-        {"num-clients", required_argument, NULL, 'n'},
-        {"client-index", required_argument, NULL, 'i'},
-        {"seed", required_argument, NULL, 's'},
-        {"threads", required_argument, NULL, 't'},
-        {"name", required_argument, NULL, 'N'},
-        {"enrolment-secret", required_argument, NULL, 'e'},
-        {"enrolment-secret-file", required_argument, NULL, 'E'},
-        {"ca-cert", required_argument, NULL, 'c'},
-        {"max-rounds", required_argument, NULL, 'r'},
-        {"poll-wait", required_argument, NULL, 'w'},
-        {"ef-beta", required_argument, NULL, 'b'},
-        {"ef-max-staleness", required_argument, NULL, 'm'},
-        {"log-format", required_argument, NULL, 'F'},
-        {"log-level", required_argument, NULL, 'L'},
-        {"help", no_argument, NULL, 'h'},
-        {NULL, 0, NULL, 0},
-    };
-    *o = (options){.partition = "iid",
+    *o = (options){.partition = strdup("iid"),
                    .num_clients = 1,
                    .threads = 1,
                    .poll_wait = 10,
@@ -98,89 +113,27 @@ static int parse_options(int argc, char **argv, options *o, int *help)
                    .ef_beta = 1.0,
                    .log_level = STRATA_LOG_INFO,
                    .log_format = STRATA_LOG_TEXT};
-    int c, li = 0;
-    long v;
-    while ((c = getopt_long(argc, argv, "", opts, &li)) != -1) {
-        switch (c) {
-        case 'S':
-            o->server = optarg;
-            break;
-        case 'd':
-            o->state_dir = optarg;
-            break;
-        case 'D':
-            o->data = optarg;
-            break;
-        case 'p':
-            o->partition = optarg;
-            break;
-        case 'N':
-            o->name = optarg;
-            break;
-        case 'e':
-            o->secret = optarg;
-            break;
-        case 'E':
-            o->secret_file = optarg;
-            break;
-        case 'c':
-            o->ca_cert = optarg;
-            break;
-        case 'n':
-            if (strata_parse_long(optarg, 1, 1000000, &o->num_clients))
-                goto bad;
-            break;
-        case 'i':
-            if (strata_parse_long(optarg, 0, 999999, &o->client_index))
-                goto bad;
-            break;
-        case 's':
-            if (strata_parse_long(optarg, 0, __LONG_MAX__, &v))
-                goto bad;
-            o->seed = (unsigned long long)v;
-            break;
-        case 't':
-            if (strata_parse_long(optarg, 1, 1024, &o->threads))
-                goto bad;
-            break;
-        case 'r':
-            if (strata_parse_long(optarg, 0, 1000000000, &o->max_rounds))
-                goto bad;
-            break;
-        case 'w':
-            if (strata_parse_long(optarg, 0, 30, &o->poll_wait))
-                goto bad;
-            break;
-        case 'm':
-            if (strata_parse_long(optarg, 0, 1000000000, &o->ef_max_staleness))
-                goto bad;
-            break;
-        case 'b': {
-            char *end;
-            o->ef_beta = strtod(optarg, &end);
-            if (end == optarg || *end || !(o->ef_beta > 0.0 && o->ef_beta <= 1.0))
-                goto bad;
-            break;
-        }
-        case 'F':
-            if (strata_log_parse_format(optarg, &o->log_format, NULL) < 0)
-                goto bad;
-            break;
-        case 'L':
-            if (strata_log_parse_level(optarg, &o->log_level, NULL) < 0)
-                goto bad;
-            break;
-        case 'h':
-            *help = 1;
-            return STRATA_OK;
-        default:
-            fputs(USAGE, stderr);
-            return STRATA_EINVAL;
-        }
+    if (o->partition == NULL)
+        return STRATA_ENOMEM;
+    strata_diag d = {{0}};
+    int rc = strata_opts_parse_argv(OPTS, NOPTS, argc, argv, o, help, &d);
+    if (rc < 0) {
+        usage(stderr);
+        strata_log_error("%s", strata_diag_msg(&d, rc));
+        return rc;
     }
-    if (optind != argc || !o->server || !o->state_dir || !o->data) {
-        fputs(USAGE, stderr);
+    if (*help)
+        return STRATA_OK;
+    if (rc != argc || !o->server || !o->state_dir || !o->data) {
+        usage(stderr);
         strata_log_error("--server, --state-dir and --data are required");
+        return STRATA_EINVAL;
+    }
+    if ((o->log_format_name != NULL &&
+         (rc = strata_log_parse_format(o->log_format_name, &o->log_format, &d)) < 0) ||
+        (o->log_level_name != NULL &&
+         (rc = strata_log_parse_level(o->log_level_name, &o->log_level, &d)) < 0)) {
+        strata_log_error("%s", strata_diag_msg(&d, rc));
         return STRATA_EINVAL;
     }
     if (o->client_index >= o->num_clients) {
@@ -188,10 +141,9 @@ static int parse_options(int argc, char **argv, options *o, int *help)
         return STRATA_EINVAL;
     }
     if (o->secret_file != NULL) {
-        strata_diag d = {{0}};
+        char line[257];
         size_t n = 0;
-        int rc =
-            strata_file_read_line(o->secret_file, o->secret_buf, sizeof(o->secret_buf), &n, &d);
+        rc = strata_file_read_line(o->secret_file, line, sizeof(line), &n, &d);
         if (o->secret != NULL || rc < 0 || n == 0) {
             strata_log_error("--enrolment-secret-file: %s",
                              o->secret ? "give either it or --enrolment-secret"
@@ -199,12 +151,10 @@ static int parse_options(int argc, char **argv, options *o, int *help)
                                        : "no secret on its first line");
             return STRATA_EINVAL;
         }
-        o->secret = o->secret_buf;
+        if ((o->secret = strdup(line)) == NULL)
+            return STRATA_ENOMEM;
     }
     return STRATA_OK;
-bad:
-    strata_log_error("invalid value '%s' for --%s", optarg, opts[li].name);
-    return STRATA_EINVAL;
 }
 
 /* Registers again after the coordinator refused the saved token (its state
@@ -277,10 +227,13 @@ int main(int argc, char **argv)
     strata_log_setup("strata-client", STRATA_LOG_INFO, STRATA_LOG_TEXT);
     options o;
     int help;
-    if (parse_options(argc, argv, &o, &help) < 0)
+    if (parse_options(argc, argv, &o, &help) < 0) {
+        options_cleanup(&o);
         return 2;
+    }
     if (help) {
-        fputs(USAGE, stdout);
+        usage(stdout);
+        options_cleanup(&o);
         return 0;
     }
     strata_log_setup("strata-client", o.log_level, o.log_format);
@@ -307,7 +260,7 @@ int main(int argc, char **argv)
         goto out;
     }
     if ((rc = strata_partition_new(ds.y, ds.n, ds.num_classes, o.partition, (size_t)o.num_clients,
-                                   o.seed, &part, &d)) < 0) {
+                                   (unsigned long long)o.seed, &part, &d)) < 0) {
         strata_log_error("--partition: %s", strata_diag_msg(&d, rc));
         code = 2;
         goto out;
@@ -358,5 +311,6 @@ out:
     strata_client_state_free(st);
     strata_partition_free(part);
     strata_dataset_cleanup(&ds);
+    options_cleanup(&o);
     return code;
 }

@@ -9,15 +9,15 @@
 #include "strata/clock.h"
 #include "strata/fileio.h"
 #include "strata/log.h"
-#include "strata/parse.h"
+#include "strata/opts.h"
 
 #include <errno.h>
 #include <fcntl.h>
-#include <getopt.h>
 #include <libgen.h>
 #include <limits.h>
 #include <poll.h>
 #include <signal.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -35,8 +35,9 @@ static void on_signal(int sig)
 
 typedef struct sim_opts {
     long clients, rounds, seed, local_epochs, batch, deadline;
-    const char *model, *data, *partition, *policy, *density, *values, *out, *lr, *server_opt;
+    char *model, *data, *partition, *policy, *density, *values, *out, *lr, *server_opt;
     int json;
+    char *log_format_name, *log_level_name;
     strata_log_level log_level;
     strata_log_format log_format;
 } sim_opts;
@@ -49,135 +50,105 @@ enum { SIM_EXIT_OK = 0, SIM_EXIT_FAIL = 1, SIM_EXIT_USAGE = 2, SIM_EXIT_INTERRUP
 /* How often the run's progress is polled. */
 #define POLL_INTERVAL_MS 500
 
-static const char USAGE[] =
-    "usage: strata-sim --clients N --rounds R --model mlp|cnn|ARCH.json --data DIR\n"
-    "                  [--partition iid|dirichlet:ALPHA|shards:S] [--policy SPEC] [--density D]\n"
-    "                  [--values fp32|fp16|bf16] [--local-epochs E] [--batch B] [--lr LR]\n"
-    "                  [--server-opt plain|fedavgm|fedadam|fedyogi] [--round-deadline S]\n"
-    "                  [--seed S] [--out DIR] [--json] [--log-format text|json]\n"
-    "                  [--log-level debug|info|warn|error]\n"
-    "Starts strata-server on a free loopback port and N strata-client processes (one\n"
-    "thread each), follows the run through the coordinator's REST API, shows progress,\n"
-    "and writes report.csv and report.md in --out (default out/sim). --policy none runs\n"
-    "dense FedAvg. With --json the last line of output is a JSON summary.\n";
+#define OFF(f) offsetof(sim_opts, f)
+static const strata_opt OPTS[] = {
+    {"clients", STRATA_OPT_INTEGER, OFF(clients), 1, 1000, "N", "edge clients (10)"},
+    {"rounds", STRATA_OPT_INTEGER, OFF(rounds), 1, 100000, "R", "rounds (10)"},
+    {"model", STRATA_OPT_STRING, OFF(model), 0, 0, "SPEC", "mlp (default), cnn or ARCH.json"},
+    {"data", STRATA_OPT_STRING, OFF(data), 0, 0, "DIR", "data set directory; required"},
+    {"partition", STRATA_OPT_STRING, OFF(partition), 0, 0, "SPEC",
+     "iid (default), dirichlet:ALPHA or shards:S"},
+    {"policy", STRATA_OPT_STRING, OFF(policy), 0, 0, "SPEC",
+     "the coordinator's budget policy (uniform); none: dense FedAvg"},
+    {"density", STRATA_OPT_STRING, OFF(density), 0, 0, "D", "target mean density (0.01)"},
+    {"values", STRATA_OPT_STRING, OFF(values), 0, 0, "fp32|fp16|bf16",
+     "values format of uploads (fp32)"},
+    {"local_epochs", STRATA_OPT_INTEGER, OFF(local_epochs), 1, 1000, "E",
+     "client epochs per round (1)"},
+    {"batch", STRATA_OPT_INTEGER, OFF(batch), 1, 65536, "B", "client batch size (32)"},
+    {"lr", STRATA_OPT_STRING, OFF(lr), 0, 0, "LR", "client learning rate (0.05)"},
+    {"server_opt", STRATA_OPT_STRING, OFF(server_opt), 0, 0, "NAME",
+     "plain (default), fedavgm, fedadam or fedyogi"},
+    {"round_deadline", STRATA_OPT_INTEGER, OFF(deadline), 1, 86400, "S",
+     "round deadline in seconds (120)"},
+    {"seed", STRATA_OPT_INTEGER, OFF(seed), 0, (double)LONG_MAX, "S", "seed (1)"},
+    {"out", STRATA_OPT_STRING, OFF(out), 0, 0, "DIR", "where the run and its report go (out/sim)"},
+    {"json", STRATA_OPT_FLAG, OFF(json), 0, 0, NULL, "end with a JSON summary line"},
+    {"log_format", STRATA_OPT_STRING, OFF(log_format_name), 0, 0, "text|json",
+     "text (default) or one JSON object per log line"},
+    {"log_level", STRATA_OPT_STRING, OFF(log_level_name), 0, 0, "debug|info|warn|error",
+     "the least level logged (info)"},
+};
+#define NOPTS (sizeof(OPTS) / sizeof(OPTS[0]))
 
-/* Parses the command line into *o. Returns SIM_EXIT_OK (with *help set when
- * --help was answered) or SIM_EXIT_USAGE. */
-static int parse(int argc, char **argv, sim_opts *o, int *help)
+/* Writes the usage text to f. */
+static void usage(FILE *f)
 {
-    static const struct option opts[] = {
-        {"clients", required_argument, NULL, 'c'},
-        {"rounds", required_argument, NULL, 'r'},
-        {"model", required_argument, NULL, 'm'},
-        {"data", required_argument, NULL, 'd'},
-        {"partition", required_argument, NULL, 'p'},
-        {"policy", required_argument, NULL, 'P'},
-        {"density", required_argument, NULL, 'D'},
-        {"values", required_argument, NULL, 'v'},
-        {"local-epochs", required_argument, NULL, 'e'},
-        {"batch", required_argument, NULL, 'b'},
-        {"lr", required_argument, NULL, 'l'},
-        {"server-opt", required_argument, NULL, 'o'},
-        {"round-deadline", required_argument, NULL, 't'},
-        {"seed", required_argument, NULL, 's'},
-        {"out", required_argument, NULL, 'O'},
-        {"json", no_argument, NULL, 'j'},
-        {"log-format", required_argument, NULL, 'F'},
-        {"log-level", required_argument, NULL, 'L'},
-        {"help", no_argument, NULL, 'h'},
-        {NULL, 0, NULL, 0},
-    };
+    strata_buf b;
+    strata_buf_init(&b, 1 << 16);
+    fputs("usage: strata-sim --clients N --rounds R --model mlp|cnn|ARCH.json --data DIR "
+          "[options]\n",
+          f);
+    if (strata_opts_usage(OPTS, NOPTS, &b) == STRATA_OK)
+        fputs((const char *)b.data, f);
+    fputs("Starts strata-server on a free loopback port and N strata-client processes (one\n"
+          "thread each), follows the run through the coordinator's REST API, shows progress,\n"
+          "and writes report.csv and report.md in --out (default out/sim). --policy none runs\n"
+          "dense FedAvg. With --json the last line of output is a JSON summary.\n",
+          f);
+    strata_buf_cleanup(&b);
+}
+
+/* Fills *o with the defaults (strings malloc'ed). */
+static int sim_opts_init(sim_opts *o)
+{
     *o = (sim_opts){.clients = 10,
                     .rounds = 10,
                     .seed = 1,
                     .local_epochs = 1,
                     .batch = 32,
                     .deadline = 120,
-                    .model = "mlp",
-                    .partition = "iid",
-                    .policy = "uniform",
-                    .density = "0.01",
-                    .values = "fp32",
-                    .out = "out/sim",
-                    .lr = "0.05",
-                    .server_opt = "plain",
                     .log_level = STRATA_LOG_INFO,
                     .log_format = STRATA_LOG_TEXT};
+    static const struct {
+        size_t off;
+        const char *value;
+    } defaults[] = {{OFF(model), "mlp"},    {OFF(partition), "iid"},   {OFF(policy), "uniform"},
+                    {OFF(density), "0.01"}, {OFF(values), "fp32"},     {OFF(out), "out/sim"},
+                    {OFF(lr), "0.05"},      {OFF(server_opt), "plain"}};
+    for (size_t i = 0; i < sizeof(defaults) / sizeof(defaults[0]); i++)
+        if ((*(char **)((char *)o + defaults[i].off) = strdup(defaults[i].value)) == NULL)
+            return STRATA_ENOMEM;
+    return STRATA_OK;
+}
+
+/* Parses the command line into *o (strata_opts_cleanup frees it, also after
+ * an error). Returns SIM_EXIT_OK (with *help set when --help was answered)
+ * or SIM_EXIT_USAGE. */
+static int parse(int argc, char **argv, sim_opts *o, int *help)
+{
     *help = 0;
-    int c, li = 0;
-    while ((c = getopt_long(argc, argv, "", opts, &li)) != -1) {
-        int bad = 0;
-        switch (c) {
-        case 'c':
-            bad = strata_parse_long(optarg, 1, 1000, &o->clients);
-            break;
-        case 'r':
-            bad = strata_parse_long(optarg, 1, 100000, &o->rounds);
-            break;
-        case 'e':
-            bad = strata_parse_long(optarg, 1, 1000, &o->local_epochs);
-            break;
-        case 'b':
-            bad = strata_parse_long(optarg, 1, 65536, &o->batch);
-            break;
-        case 't':
-            bad = strata_parse_long(optarg, 1, 86400, &o->deadline);
-            break;
-        case 's':
-            bad = strata_parse_long(optarg, 0, __LONG_MAX__, &o->seed);
-            break;
-        case 'm':
-            o->model = optarg;
-            break;
-        case 'd':
-            o->data = optarg;
-            break;
-        case 'p':
-            o->partition = optarg;
-            break;
-        case 'P':
-            o->policy = optarg;
-            break;
-        case 'D':
-            o->density = optarg;
-            break;
-        case 'v':
-            o->values = optarg;
-            break;
-        case 'l':
-            o->lr = optarg;
-            break;
-        case 'o':
-            o->server_opt = optarg;
-            break;
-        case 'O':
-            o->out = optarg;
-            break;
-        case 'j':
-            o->json = 1;
-            break;
-        case 'F':
-            bad = strata_log_parse_format(optarg, &o->log_format, NULL);
-            break;
-        case 'L':
-            bad = strata_log_parse_level(optarg, &o->log_level, NULL);
-            break;
-        case 'h':
-            fputs(USAGE, stdout);
-            *help = 1;
-            return SIM_EXIT_OK;
-        default:
-            fputs(USAGE, stderr);
-            return SIM_EXIT_USAGE;
-        }
-        if (bad) {
-            fprintf(stderr, "strata-sim: invalid value '%s' for --%s\n", optarg, opts[li].name);
-            return SIM_EXIT_USAGE;
-        }
+    if (sim_opts_init(o) < 0) {
+        strata_log_error("out of memory");
+        return SIM_EXIT_FAIL;
     }
-    if (optind != argc || o->data == NULL) {
-        fputs(USAGE, stderr);
-        fprintf(stderr, "strata-sim: --data is required\n");
+    strata_diag d = {{0}};
+    int rc = strata_opts_parse_argv(OPTS, NOPTS, argc, argv, o, help, &d);
+    if (rc >= 0 && *help) {
+        usage(stdout);
+        return SIM_EXIT_OK;
+    }
+    if (rc < 0 ||
+        (o->log_format_name != NULL &&
+         (rc = strata_log_parse_format(o->log_format_name, &o->log_format, &d)) < 0) ||
+        (o->log_level_name != NULL &&
+         (rc = strata_log_parse_level(o->log_level_name, &o->log_level, &d)) < 0)) {
+        strata_log_error("%s", strata_diag_msg(&d, rc));
+        return SIM_EXIT_USAGE;
+    }
+    if (rc != argc || o->data == NULL) {
+        usage(stderr);
+        strata_log_error("--data is required");
         return SIM_EXIT_USAGE;
     }
     return SIM_EXIT_OK;
@@ -456,13 +427,11 @@ out:
     return code;
 }
 
-int main(int argc, char **argv)
+/* Runs the federation the options describe; returns the exit code. */
+static int sim_main(const sim_opts *op)
 {
-    sim_opts o;
-    int help = 0, rc = parse(argc, argv, &o, &help);
-    if (rc != SIM_EXIT_OK || help)
-        return rc;
-    strata_log_setup("strata-sim", o.log_level, o.log_format);
+    const sim_opts o = *op;
+    int rc;
     struct sigaction sa;
     memset(&sa, 0, sizeof(sa));
     sa.sa_handler = on_signal;
@@ -599,4 +568,17 @@ stop:
                          .density = o.density,
                          .values = o.values};
     return sim_report_write(state, o.out, &info, o.json) < 0 ? SIM_EXIT_FAIL : SIM_EXIT_OK;
+}
+
+int main(int argc, char **argv)
+{
+    strata_log_setup("strata-sim", STRATA_LOG_INFO, STRATA_LOG_TEXT);
+    sim_opts o;
+    int help = 0, rc = parse(argc, argv, &o, &help);
+    if (rc == SIM_EXIT_OK && !help) {
+        strata_log_setup("strata-sim", o.log_level, o.log_format);
+        rc = sim_main(&o);
+    }
+    strata_opts_cleanup(OPTS, NOPTS, &o);
+    return rc;
 }
