@@ -5,6 +5,8 @@
  * store_updates.c. */
 #include "store_internal.h"
 
+#include "strata/fileio.h"
+
 #include <ctype.h>
 #include <dirent.h>
 #include <errno.h>
@@ -195,19 +197,6 @@ int strata__store_tx_begin_sync(strata_store *s, int full, strata_diag *diag)
 int strata__store_tx_begin(strata_store *s, strata_diag *diag)
 {
     return strata__store_tx_begin_sync(s, 1, diag);
-}
-
-int strata__store_fsync_dir(const char *path, strata_diag *diag)
-{
-    int fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (fd < 0)
-        return strata_diag_set(diag, STRATA_EIO, "open directory %s: %s", path, strerror(errno));
-    /* Some file systems cannot fsync a directory and say EINVAL. */
-    int rc = STRATA_OK;
-    if (fsync(fd) < 0 && errno != EINVAL)
-        rc = strata_diag_set(diag, STRATA_EIO, "fsync directory %s: %s", path, strerror(errno));
-    close(fd);
-    return rc;
 }
 
 /* mkdir that accepts an existing directory; *created says whether it made one. */
@@ -434,7 +423,7 @@ int strata_store_open(const char *state_dir, strata_store **out, strata_diag *di
             goto fail;
         any |= created;
     }
-    if (any && (rc = strata__store_fsync_dir(state_dir, diag)) < 0)
+    if (any && (rc = strata_file_fsync_dir(state_dir, diag)) < 0)
         goto fail;
 
     snprintf(path, sizeof(path), "%s/lock", state_dir);

@@ -110,9 +110,6 @@ int strata__store_query_int(strata_store *s, int id, int nkeys, int64_t k1, int6
  * whether it made one. */
 int strata__store_make_dir(const char *path, int *created, strata_diag *diag);
 
-/* fsyncs the directory at path (file systems that cannot are tolerated). */
-int strata__store_fsync_dir(const char *path, strata_diag *diag);
-
 /* snprintf into buf (len bytes); STRATA_ETOOBIG when the result does not fit. */
 int strata__store_join(char *buf, size_t len, strata_diag *diag, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));

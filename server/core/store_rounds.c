@@ -2,6 +2,8 @@
  * clients), checkpoint records, and persistent counters. */
 #include "store_internal.h"
 
+#include "strata/fileio.h"
+
 #include <ctype.h>
 #include <dirent.h>
 #include <errno.h>
@@ -133,7 +135,7 @@ int strata_store_round_open(strata_store *s, uint32_t round, uint64_t model_vers
     if (rc == STRATA_OK && created) {
         char parent[4096];
         snprintf(parent, sizeof(parent), "%s/updates", s->dir);
-        rc = strata__store_fsync_dir(parent, diag);
+        rc = strata_file_fsync_dir(parent, diag);
     }
     if (rc == STRATA_OK)
         rc = strata__store_tx_commit(s, diag);

@@ -3,6 +3,7 @@
  * payload files that no committed row describes. */
 #include "store_internal.h"
 
+#include "strata/fileio.h"
 #include "strata/hash.h"
 
 #include <ctype.h>
@@ -19,21 +20,6 @@
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
-
-static int write_all(int fd, const uint8_t *p, size_t n)
-{
-    while (n > 0) {
-        ssize_t w = write(fd, p, n);
-        if (w < 0) {
-            if (errno == EINTR)
-                continue;
-            return -1;
-        }
-        p += w;
-        n -= (size_t)w;
-    }
-    return 0;
-}
 
 static int random_receipt(char out[STRATA_STORE_RECEIPT_LEN + 1], strata_diag *diag)
 {
@@ -267,7 +253,7 @@ static int write_temp(const char *final, const uint8_t *p, size_t n, char *tmp, 
     int fd = mkostemp(tmp, O_CLOEXEC);
     if (fd < 0)
         return strata_diag_set(diag, STRATA_EIO, "create %s: %s", tmp, strerror(errno));
-    if (write_all(fd, p, n) < 0 || fsync(fd) < 0) {
+    if (strata_file_write_all(fd, p, n, NULL) < 0 || fsync(fd) < 0) {
         rc = strata_diag_set(diag, STRATA_EIO, "write %s: %s", tmp, strerror(errno));
         close(fd);
         unlink(tmp);
@@ -348,7 +334,7 @@ static int prepare_update(const strata_store *s, uint32_t round, uint64_t client
     rc = strata__store_make_dir(dir, &created, diag);
     if (rc == STRATA_OK && created) {
         snprintf(parent, sizeof(parent), "%s/updates", s->dir);
-        rc = strata__store_fsync_dir(parent, diag);
+        rc = strata_file_fsync_dir(parent, diag);
     }
     if (rc < 0)
         goto fail;
@@ -500,7 +486,7 @@ static int commit_batch(strata_store *s, strata_store_pending *const *p, size_t 
             continue;
         memcpy(path, p[i]->final, p[i]->dir_len);
         path[p[i]->dir_len] = '\0';
-        rc = strata__store_fsync_dir(path, diag);
+        rc = strata_file_fsync_dir(path, diag);
         if (rc < 0)
             goto out;
     }

@@ -10,19 +10,40 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-static int write_all(int fd, const uint8_t *p, size_t n)
+int strata_file_write_all(int fd, const void *data, size_t n, strata_diag *diag)
 {
+    const uint8_t *p = data;
+    if (fd < 0 || (p == NULL && n > 0))
+        return strata_diag_set(diag, STRATA_EINVAL, "write: bad argument");
     while (n > 0) {
         ssize_t w = write(fd, p, n);
         if (w < 0) {
             if (errno == EINTR)
                 continue;
-            return -1;
+            int e = errno;
+            strata_diag_set(diag, STRATA_EIO, "write: %s", strerror(e));
+            errno = e;
+            return STRATA_EIO;
         }
         p += w;
         n -= (size_t)w;
     }
-    return 0;
+    return STRATA_OK;
+}
+
+int strata_file_fsync_dir(const char *path, strata_diag *diag)
+{
+    if (path == NULL)
+        return strata_diag_set(diag, STRATA_EINVAL, "fsync directory: NULL path");
+    int fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0)
+        return strata_diag_set(diag, STRATA_EIO, "open directory %s: %s", path, strerror(errno));
+    /* Some file systems cannot fsync a directory and say EINVAL. */
+    int rc = STRATA_OK;
+    if (fsync(fd) < 0 && errno != EINVAL)
+        rc = strata_diag_set(diag, STRATA_EIO, "fsync directory %s: %s", path, strerror(errno));
+    close(fd);
+    return rc;
 }
 
 int strata_file_read_all(const char *path, size_t max, uint8_t **out, size_t *len,
@@ -111,7 +132,7 @@ int strata_file_write_atomic(const char *path, const void *data, size_t len, uns
 {
     if (path == NULL || path[0] == '\0' || (data == NULL && len > 0))
         return strata_diag_set(diag, STRATA_EINVAL, "write: NULL or empty argument");
-    int rc, fd = -1, dfd = -1, created = 0;
+    int rc, fd = -1, created = 0;
     size_t plen = strlen(path);
     char *tmp = malloc(plen + sizeof(".tmp.XXXXXX")), *dir = dir_of(path);
     if (tmp == NULL || dir == NULL) {
@@ -129,7 +150,7 @@ int strata_file_write_atomic(const char *path, const void *data, size_t len, uns
     /* mkostemp creates the file 0600; apply the requested mode less the umask. */
     mode_t mask = umask(0);
     umask(mask);
-    if (fchmod(fd, (mode_t)mode & ~mask) < 0 || write_all(fd, data, len) < 0) {
+    if (fchmod(fd, (mode_t)mode & ~mask) < 0 || strata_file_write_all(fd, data, len, NULL) < 0) {
         rc = strata_diag_set(diag, STRATA_EIO, "write %s: %s", tmp, strerror(errno));
         goto out;
     }
@@ -148,22 +169,10 @@ int strata_file_write_atomic(const char *path, const void *data, size_t len, uns
         goto out;
     }
     created = 0;
-    dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (dfd < 0) {
-        rc = strata_diag_set(diag, STRATA_EIO, "open directory %s: %s", dir, strerror(errno));
-        goto out;
-    }
-    /* Some file systems cannot fsync a directory and say EINVAL. */
-    if (fsync(dfd) < 0 && errno != EINVAL) {
-        rc = strata_diag_set(diag, STRATA_EIO, "fsync directory %s: %s", dir, strerror(errno));
-        goto out;
-    }
-    rc = STRATA_OK;
+    rc = strata_file_fsync_dir(dir, diag);
 out:
     if (fd >= 0)
         close(fd);
-    if (dfd >= 0)
-        close(dfd);
     if (created)
         unlink(tmp);
     free(tmp);

@@ -1,10 +1,12 @@
 #include "strata/fileio.h"
 #include "test_util.h"
 
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 static char *g_dir;
 
@@ -120,6 +122,33 @@ static void test_read_all(void)
     CU_ASSERT_PTR_NULL(data);
 }
 
+static void test_write_all_and_fsync_dir(void)
+{
+    char p[4096];
+    path_in(p, sizeof(p), "raw.bin");
+    int fd = open(p, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    CU_ASSERT_FATAL(fd >= 0);
+    static const char data[] = "0123456789";
+    CU_ASSERT_EQUAL(strata_file_write_all(fd, data, 10, NULL), STRATA_OK);
+    CU_ASSERT_EQUAL(strata_file_write_all(fd, NULL, 0, NULL), STRATA_OK);
+    close(fd);
+    uint8_t *back = NULL;
+    size_t n = 0;
+    CU_ASSERT_EQUAL(strata_file_read_all(p, 100, &back, &n, NULL), STRATA_OK);
+    CU_ASSERT_EQUAL(n, 10);
+    CU_ASSERT(back != NULL && memcmp(back, data, 10) == 0);
+    free(back);
+    strata_diag d;
+    CU_ASSERT_EQUAL(strata_file_write_all(-1, data, 10, &d), STRATA_EINVAL);
+    fd = open(p, O_RDONLY);
+    CU_ASSERT_FATAL(fd >= 0);
+    CU_ASSERT_EQUAL(strata_file_write_all(fd, data, 10, &d), STRATA_EIO); /* read-only */
+    close(fd);
+    CU_ASSERT_EQUAL(strata_file_fsync_dir(g_dir, NULL), STRATA_OK);
+    CU_ASSERT_EQUAL(strata_file_fsync_dir(p, &d), STRATA_EIO); /* not a directory */
+    CU_ASSERT_EQUAL(strata_file_fsync_dir(NULL, NULL), STRATA_EINVAL);
+}
+
 static void test_random_token(void)
 {
     char a[STRATA_TOKEN_HEX + 1], b[STRATA_TOKEN_HEX + 1];
@@ -149,6 +178,7 @@ int main(void)
         {"atomic write, mode, replace", test_write_atomic},
         {"first line of a file", test_read_line},
         {"whole file, capped", test_read_all},
+        {"write all, directory fsync", test_write_all_and_fsync_dir},
         {"random tokens", test_random_token},
         CU_TEST_INFO_NULL,
     };

@@ -20,6 +20,18 @@
 int strata_file_write_atomic(const char *path, const void *data, size_t len, unsigned mode,
                              strata_diag *diag);
 
+/* Writes all n bytes of data (borrowed) to the open descriptor fd, retrying
+ * short writes and EINTR. Errors: STRATA_EINVAL (fd < 0, or NULL data with
+ * n > 0), STRATA_EIO when write fails (errno is left as write set it; diag
+ * names the system error). Does not fsync. */
+int strata_file_write_all(int fd, const void *data, size_t n, strata_diag *diag);
+
+/* fsyncs the directory at path so that entries created, renamed or removed
+ * in it are durable; a file system that cannot fsync a directory (EINVAL) is
+ * accepted. Errors: STRATA_EINVAL (NULL path), STRATA_EIO when the directory
+ * cannot be opened or fsync'ed (diag names it). */
+int strata_file_fsync_dir(const char *path, strata_diag *diag);
+
 /* Reads the whole regular file at path into a new buffer (*out, free();
  * NUL-terminated after its *len bytes, so text can be used as a string).
  * The size is checked against max before anything is allocated, and the
