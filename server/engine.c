@@ -17,8 +17,9 @@
 
 void srv__opt_path(const srv_engine *e, uint64_t v, char *buf, size_t cap)
 {
-    snprintf(buf, cap, "%s/checkpoints/server-opt-%llu.safetensors", strata_store_dir(e->store),
-             (unsigned long long)v);
+    if (strata_store_path(strata_store_dir(e->store), STRATA_STORE_FILE_SERVER_OPT, v, 0, buf, cap,
+                          NULL) < 0)
+        buf[0] = '\0';
 }
 
 /* The global model: the latest checkpoint of the state directory (which

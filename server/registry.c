@@ -257,8 +257,9 @@ static void admin_token_path(const srv_engine *e, char *buf, size_t cap)
 {
     if (e->cfg->admin_token_file != NULL)
         snprintf(buf, cap, "%s", e->cfg->admin_token_file);
-    else
-        snprintf(buf, cap, "%s/admin.token", strata_store_dir(e->store));
+    else if (strata_store_path(strata_store_dir(e->store), STRATA_STORE_FILE_ADMIN_TOKEN, 0, 0, buf,
+                               cap, NULL) < 0)
+        buf[0] = '\0';
 }
 
 /* Reads the admin token file, creating it with a random token (mode 0600)

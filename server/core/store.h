@@ -4,7 +4,13 @@
  *                   (metadata and SHA-256 only), checkpoints, counters
  *   updates/<R>/<C>.bin   the payload of client C's update for round R
  *   checkpoints/model-<V>.safetensors   the global model of version V
+ *   checkpoints/server-opt-<V>.safetensors   the server optimiser's state
+ *                   after version V (fedavgm, fedadam, fedyogi)
  *   lock            held (flock) by the process that owns the directory
+ *   admin.token     the admin bearer token, unless --admin-token-file names
+ *                   another file
+ *
+ * Every one of these paths is composed by strata_store_path alone.
  *
  * Durability contract. strata_store_update_put (and the commit of a prepared
  * update, strata_store_update_commit and _commit_many) returns STRATA_OK only
@@ -77,6 +83,27 @@ void strata_store_close(strata_store *s);
 
 /* The state directory (borrowed; lives as long as s). */
 const char *strata_store_dir(const strata_store *s);
+
+/* The files and folders of a state directory. */
+typedef enum {
+    STRATA_STORE_FILE_DB,            /* state.db */
+    STRATA_STORE_FILE_LOCK,          /* lock */
+    STRATA_STORE_FILE_UPDATES,       /* updates */
+    STRATA_STORE_FILE_ROUND_UPDATES, /* updates/<a: round> */
+    STRATA_STORE_FILE_UPDATE,        /* updates/<a: round>/<b: client>.bin */
+    STRATA_STORE_FILE_CHECKPOINTS,   /* checkpoints */
+    STRATA_STORE_FILE_CHECKPOINT,    /* checkpoints/model-<a: version>.safetensors */
+    STRATA_STORE_FILE_SERVER_OPT,    /* checkpoints/server-opt-<a: version>.safetensors */
+    STRATA_STORE_FILE_ADMIN_TOKEN    /* admin.token */
+} strata_store_file;
+
+/* Composes the path of file under state_dir into buf (len bytes); a and b
+ * are the numbers the file's name needs (see strata_store_file), ignored
+ * otherwise. The one place that names the state directory's files.
+ * Errors: STRATA_EINVAL (NULL argument, unknown file), STRATA_ETOOBIG when
+ * the path does not fit (buf is then ""). Thread-safe. */
+int strata_store_path(const char *state_dir, strata_store_file file, uint64_t a, uint64_t b,
+                      char *buf, size_t len, strata_diag *diag);
 
 /* Number of orphan payload files and temporary files the recovery of
  * strata_store_open removed (0 for a secondary). */

@@ -353,7 +353,7 @@ out:
 static int connect_db(strata_store *s, int may_create, strata_diag *diag)
 {
     char path[4096];
-    int rc = strata__store_join(path, sizeof(path), diag, "%s/state.db", s->dir);
+    int rc = strata_store_path(s->dir, STRATA_STORE_FILE_DB, 0, 0, path, sizeof(path), diag);
     if (rc < 0)
         return rc;
     int flags = SQLITE_OPEN_READWRITE | SQLITE_OPEN_NOMUTEX | (may_create ? SQLITE_OPEN_CREATE : 0);
@@ -415,10 +415,12 @@ int strata_store_open(const char *state_dir, strata_store **out, strata_diag *di
     int created, any = 0, rc = strata__store_make_dir(state_dir, &created, diag);
     if (rc < 0)
         goto fail;
-    static const char *const subdirs[] = {"updates", "checkpoints"};
+    static const strata_store_file subdirs[] = {STRATA_STORE_FILE_UPDATES,
+                                                STRATA_STORE_FILE_CHECKPOINTS};
     for (size_t i = 0; i < 2; i++) {
-        snprintf(path, sizeof(path), "%s/%s", state_dir, subdirs[i]);
-        rc = strata__store_make_dir(path, &created, diag);
+        rc = strata_store_path(state_dir, subdirs[i], 0, 0, path, sizeof(path), diag);
+        if (rc == 0)
+            rc = strata__store_make_dir(path, &created, diag);
         if (rc < 0)
             goto fail;
         any |= created;
@@ -426,7 +428,9 @@ int strata_store_open(const char *state_dir, strata_store **out, strata_diag *di
     if (any && (rc = strata_file_fsync_dir(state_dir, diag)) < 0)
         goto fail;
 
-    snprintf(path, sizeof(path), "%s/lock", state_dir);
+    if ((rc = strata_store_path(state_dir, STRATA_STORE_FILE_LOCK, 0, 0, path, sizeof(path),
+                                diag)) < 0)
+        goto fail;
     s->lock_fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
     if (s->lock_fd < 0) {
         rc = strata_diag_set(diag, STRATA_EIO, "open %s: %s", path, strerror(errno));

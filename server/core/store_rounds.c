@@ -129,13 +129,16 @@ int strata_store_round_open(strata_store *s, uint32_t round, uint64_t model_vers
     if (rc < 0)
         goto out;
     /* The payload directory exists before any upload can be accepted. */
-    rc = strata__store_join(dir, sizeof(dir), diag, "%s/updates/%" PRIu32, s->dir, round);
+    rc = strata_store_path(s->dir, STRATA_STORE_FILE_ROUND_UPDATES, round, 0, dir, sizeof(dir),
+                           diag);
     if (rc == STRATA_OK)
         rc = strata__store_make_dir(dir, &created, diag);
     if (rc == STRATA_OK && created) {
         char parent[4096];
-        snprintf(parent, sizeof(parent), "%s/updates", s->dir);
-        rc = strata_file_fsync_dir(parent, diag);
+        rc = strata_store_path(s->dir, STRATA_STORE_FILE_UPDATES, 0, 0, parent, sizeof(parent),
+                               diag);
+        if (rc == STRATA_OK)
+            rc = strata_file_fsync_dir(parent, diag);
     }
     if (rc == STRATA_OK)
         rc = strata__store_tx_commit(s, diag);
@@ -344,8 +347,8 @@ int strata_store_checkpoint_path(const strata_store *s, uint64_t model_version, 
     strata__store_diag_clear(diag);
     if (s == NULL || buf == NULL || len == 0)
         return strata_diag_set(diag, STRATA_EINVAL, "checkpoint path: NULL argument");
-    return strata__store_join(buf, len, diag, "%s/checkpoints/model-%" PRIu64 ".safetensors",
-                              s->dir, model_version);
+    return strata_store_path(s->dir, STRATA_STORE_FILE_CHECKPOINT, model_version, 0, buf, len,
+                             diag);
 }
 
 int strata_store_checkpoint_record(strata_store *s, uint64_t model_version, strata_diag *diag)

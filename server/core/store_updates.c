@@ -112,7 +112,7 @@ static int recover_round_dir(strata_store *s, int rfd, const char *path, uint32_
 int strata__store_recover(strata_store *s, strata_diag *diag)
 {
     char path[4096], sub[4096];
-    int rc = strata__store_join(path, sizeof(path), diag, "%s/updates", s->dir);
+    int rc = strata_store_path(s->dir, STRATA_STORE_FILE_UPDATES, 0, 0, path, sizeof(path), diag);
     if (rc < 0)
         return rc;
     DIR *d = opendir(path);
@@ -137,7 +137,7 @@ int strata__store_recover(strata_store *s, strata_diag *diag)
         return rc;
 
     /* Temporary files of an interrupted checkpoint write. */
-    rc = strata__store_join(path, sizeof(path), diag, "%s/checkpoints", s->dir);
+    rc = strata_store_path(s->dir, STRATA_STORE_FILE_CHECKPOINTS, 0, 0, path, sizeof(path), diag);
     if (rc < 0)
         return rc;
     d = opendir(path);
@@ -238,8 +238,7 @@ int strata_store_update_path(const strata_store *s, uint32_t round, uint64_t cli
     strata__store_diag_clear(diag);
     if (s == NULL || buf == NULL || len == 0)
         return strata_diag_set(diag, STRATA_EINVAL, "update path: NULL argument");
-    return strata__store_join(buf, len, diag, "%s/updates/%" PRIu32 "/%" PRIu64 ".bin", s->dir,
-                              round, client_id);
+    return strata_store_path(s->dir, STRATA_STORE_FILE_UPDATE, round, client_id, buf, len, diag);
 }
 
 /* Writes the payload to a new temporary file next to `final`, fsync'ed and
@@ -312,8 +311,8 @@ static int prepare_update(const strata_store *s, uint32_t round, uint64_t client
     char final[4096], tmp[4200], dir[4096], parent[4096];
     int created;
     *out = NULL;
-    int rc = strata__store_join(final, sizeof(final), diag,
-                                "%s/updates/%" PRIu32 "/%" PRIu64 ".bin", s->dir, round, client_id);
+    int rc = strata_store_path(s->dir, STRATA_STORE_FILE_UPDATE, round, client_id, final,
+                               sizeof(final), diag);
     if (rc < 0)
         return rc;
     strata_store_pending *p = calloc(1, sizeof(*p));
@@ -333,8 +332,10 @@ static int prepare_update(const strata_store *s, uint32_t round, uint64_t client
      * round whose directory was lost. */
     rc = strata__store_make_dir(dir, &created, diag);
     if (rc == STRATA_OK && created) {
-        snprintf(parent, sizeof(parent), "%s/updates", s->dir);
-        rc = strata_file_fsync_dir(parent, diag);
+        rc = strata_store_path(s->dir, STRATA_STORE_FILE_UPDATES, 0, 0, parent, sizeof(parent),
+                               diag);
+        if (rc == STRATA_OK)
+            rc = strata_file_fsync_dir(parent, diag);
     }
     if (rc < 0)
         goto fail;

@@ -1340,9 +1340,45 @@ static void test_checkpoints(void)
     free(dir);
 }
 
+/* Every file of the state directory, and the refusals. */
+static void test_paths(void)
+{
+    static const struct {
+        strata_store_file f;
+        uint64_t a, b;
+        const char *want;
+    } cases[] = {
+        {STRATA_STORE_FILE_DB, 0, 0, "S/state.db"},
+        {STRATA_STORE_FILE_LOCK, 0, 0, "S/lock"},
+        {STRATA_STORE_FILE_UPDATES, 0, 0, "S/updates"},
+        {STRATA_STORE_FILE_ROUND_UPDATES, 7, 0, "S/updates/7"},
+        {STRATA_STORE_FILE_UPDATE, 7, 42, "S/updates/7/42.bin"},
+        {STRATA_STORE_FILE_CHECKPOINTS, 0, 0, "S/checkpoints"},
+        {STRATA_STORE_FILE_CHECKPOINT, 3, 0, "S/checkpoints/model-3.safetensors"},
+        {STRATA_STORE_FILE_SERVER_OPT, 3, 0, "S/checkpoints/server-opt-3.safetensors"},
+        {STRATA_STORE_FILE_ADMIN_TOKEN, 0, 0, "S/admin.token"},
+    };
+    char buf[64];
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        CU_ASSERT_EQUAL(
+            strata_store_path("S", cases[i].f, cases[i].a, cases[i].b, buf, sizeof(buf), NULL),
+            STRATA_OK);
+        CU_ASSERT_STRING_EQUAL(buf, cases[i].want);
+    }
+    strata_diag d;
+    CU_ASSERT_EQUAL(strata_store_path("S", STRATA_STORE_FILE_UPDATE, 1, 2, buf, 8, &d),
+                    STRATA_ETOOBIG);
+    CU_ASSERT_STRING_EQUAL(buf, "");
+    CU_ASSERT_EQUAL(strata_store_path(NULL, STRATA_STORE_FILE_DB, 0, 0, buf, sizeof(buf), &d),
+                    STRATA_EINVAL);
+    CU_ASSERT_EQUAL(strata_store_path("S", (strata_store_file)99, 0, 0, buf, sizeof(buf), &d),
+                    STRATA_EINVAL);
+}
+
 int main(void)
 {
     CU_TestInfo store_tests[] = {
+        {"state directory paths", test_paths},
         {"open, reopen, lock, schema version", test_open_reopen_schema},
         {"clients", test_clients},
         {"rounds", test_rounds},
