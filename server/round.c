@@ -22,6 +22,7 @@
 
 #include "engine_internal.h"
 
+#include "strata/buf.h"
 #include "strata/checkpoint.h"
 #include "strata/clock.h"
 #include "strata/log.h"
@@ -181,14 +182,10 @@ int srv_engine_task(srv_engine *e, uint64_t client_id, int64_t deadline_ms, void
         return STRATA_OK;
     }
     if (!e->stopping && conn != NULL && strata_clock_unix_ms() < deadline_ms) {
-        if (e->nwaiters == e->capwaiters) {
-            size_t cap = e->capwaiters ? e->capwaiters * 2 : 16;
-            srv_waiter *w = realloc(e->waiters, cap * sizeof(*w));
-            if (w == NULL)
-                goto no_task;
-            e->waiters = w;
-            e->capwaiters = cap;
-        }
+        srv_waiter *w = strata_array_grow(e->waiters, &e->capwaiters, e->nwaiters + 1, sizeof(*w));
+        if (w == NULL)
+            goto no_task;
+        e->waiters = w;
         e->waiters[e->nwaiters].conn = conn;
         e->waiters[e->nwaiters++].deadline_ms = deadline_ms;
         e->suspend(conn);

@@ -2,6 +2,8 @@
  * clients), checkpoint records, and persistent counters. */
 #include "store_internal.h"
 
+#include "strata/buf.h"
+
 #include "strata/fileio.h"
 
 #include <ctype.h>
@@ -502,17 +504,12 @@ int strata_store_counter_list(strata_store *s, strata_store_counter **out, size_
     sqlite3_stmt *st = strata__store_stmt(s, S_COUNTER_LIST);
     int step, rc = STRATA_OK;
     while ((step = sqlite3_step(st)) == SQLITE_ROW) {
-        if (k == cap) {
-            size_t ncap = cap ? 2 * cap : 16;
-            strata_store_counter *grown =
-                ncap <= SIZE_MAX / sizeof(*arr) ? realloc(arr, ncap * sizeof(*arr)) : NULL;
-            if (grown == NULL) {
-                rc = strata_diag_set(diag, STRATA_ENOMEM, "out of memory");
-                break;
-            }
-            arr = grown;
-            cap = ncap;
+        strata_store_counter *grown = strata_array_grow(arr, &cap, k + 1, sizeof(*arr));
+        if (grown == NULL) {
+            rc = strata_diag_set(diag, STRATA_ENOMEM, "out of memory");
+            break;
         }
+        arr = grown;
         const unsigned char *name = sqlite3_column_text(st, 0);
         snprintf(arr[k].name, sizeof(arr[k].name), "%s", name ? (const char *)name : "");
         arr[k].value = sqlite3_column_int64(st, 1);

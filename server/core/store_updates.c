@@ -3,6 +3,8 @@
  * payload files that no committed row describes. */
 #include "store_internal.h"
 
+#include "strata/buf.h"
+
 #include "strata/fileio.h"
 #include "strata/hash.h"
 
@@ -611,17 +613,12 @@ int strata_store_update_list(strata_store *s, uint32_t round, strata_store_updat
     sqlite3_bind_int64(st, 1, round);
     int step, rc = STRATA_OK;
     while ((step = sqlite3_step(st)) == SQLITE_ROW) {
-        if (k == cap) {
-            size_t ncap = cap ? 2 * cap : 16;
-            strata_store_update *grown =
-                ncap <= SIZE_MAX / sizeof(*arr) ? realloc(arr, ncap * sizeof(*arr)) : NULL;
-            if (grown == NULL) {
-                rc = strata_diag_set(diag, STRATA_ENOMEM, "out of memory");
-                break;
-            }
-            arr = grown;
-            cap = ncap;
+        strata_store_update *grown = strata_array_grow(arr, &cap, k + 1, sizeof(*arr));
+        if (grown == NULL) {
+            rc = strata_diag_set(diag, STRATA_ENOMEM, "out of memory");
+            break;
         }
+        arr = grown;
         strata_store_update *u = &arr[k];
         memset(u, 0, sizeof(*u));
         u->round = round;

@@ -86,6 +86,24 @@ uint8_t *strata_buf_take(strata_buf *b, size_t *len)
     return p;
 }
 
+void *strata_array_grow(void *arr, size_t *cap, size_t need, size_t elem)
+{
+    if (need <= *cap)
+        return arr;
+    size_t ncap = *cap ? *cap : 16;
+    while (ncap < need) {
+        if (ncap > SIZE_MAX / 2)
+            return NULL;
+        ncap *= 2;
+    }
+    if (elem == 0 || ncap > SIZE_MAX / elem)
+        return NULL;
+    void *p = realloc(arr, ncap * elem);
+    if (p != NULL)
+        *cap = ncap;
+    return p;
+}
+
 void strata_buf_reset(strata_buf *b)
 {
     b->len = 0;

@@ -1,4 +1,5 @@
 #include "strata/tensor.h"
+#include "strata/buf.h"
 
 #include "strata/error.h"
 
@@ -80,14 +81,10 @@ int strata_tensor_list_add(strata_tensor_list *l, const char *name, int ndim, co
     int rc = strata_shape_numel(ndim, shape, &numel);
     if (rc < 0)
         return rc;
-    if (l->count == l->cap) {
-        size_t ncap = l->cap ? l->cap * 2 : 8;
-        strata_tensor *n = realloc(l->items, ncap * sizeof(*n));
-        if (n == NULL)
-            return STRATA_ENOMEM;
-        l->items = n;
-        l->cap = ncap;
-    }
+    strata_tensor *grown = strata_array_grow(l->items, &l->cap, l->count + 1, sizeof(*grown));
+    if (grown == NULL)
+        return STRATA_ENOMEM;
+    l->items = grown;
     strata_tensor t = {0};
     t.name = malloc(namelen + 1);
     t.data = strata_alloc_floats(numel);

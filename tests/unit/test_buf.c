@@ -65,12 +65,37 @@ static void test_appendf_cap(void)
     strata_buf_cleanup(&b);
 }
 
+static void test_array_grow(void)
+{
+    size_t cap = 0;
+    int *a = strata_array_grow(NULL, &cap, 1, sizeof(int));
+    CU_ASSERT_PTR_NOT_NULL_FATAL(a);
+    CU_ASSERT_EQUAL(cap, 16);
+    for (int i = 0; i < 16; i++)
+        a[i] = i;
+    CU_ASSERT_PTR_EQUAL(strata_array_grow(a, &cap, 16, sizeof(int)), a); /* fits */
+    a = strata_array_grow(a, &cap, 17, sizeof(int));
+    CU_ASSERT_PTR_NOT_NULL_FATAL(a);
+    CU_ASSERT_EQUAL(cap, 32);
+    CU_ASSERT_EQUAL(a[15], 15);
+    a = strata_array_grow(a, &cap, 100, sizeof(int));
+    CU_ASSERT_PTR_NOT_NULL_FATAL(a);
+    CU_ASSERT_EQUAL(cap, 128);
+    /* Overflow: NULL, and the array and its capacity unchanged. */
+    CU_ASSERT_PTR_NULL(strata_array_grow(a, &cap, SIZE_MAX / 2, sizeof(int)));
+    CU_ASSERT_PTR_NULL(strata_array_grow(a, &cap, SIZE_MAX, 1));
+    CU_ASSERT_EQUAL(cap, 128);
+    CU_ASSERT_EQUAL(a[15], 15);
+    free(a);
+}
+
 int main(void)
 {
     CU_TestInfo tests[] = {
         {"append up to the cap", test_append_and_cap},
         {"formatted appends grow", test_appendf_grows},
         {"formatted appends respect the cap", test_appendf_cap},
+        {"typed arrays grow", test_array_grow},
         CU_TEST_INFO_NULL,
     };
     CU_SuiteInfo suites[] = {

@@ -43,6 +43,13 @@ int strata_buf_appendf(strata_buf *b, const char *fmt, ...) __attribute__((forma
  * length in *len (may be NULL), and leaves b empty with the same max. */
 uint8_t *strata_buf_take(strata_buf *b, size_t *len);
 
+/* Grows a typed array: returns arr (or its reallocation) with room for at
+ * least need elements of elem bytes, doubling the capacity *cap from 16,
+ * and updates *cap. Returns NULL, leaving arr and *cap as they were (arr is
+ * not freed), when the size overflows or memory runs out. For arrays of
+ * structs; byte buffers use strata_buf. */
+void *strata_array_grow(void *arr, size_t *cap, size_t need, size_t elem);
+
 /* Empties b, keeping its allocation. */
 void strata_buf_reset(strata_buf *b);
 
