@@ -18,6 +18,7 @@
  * Anything else aborts. */
 #include "request.h"
 
+#include <jansson.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
