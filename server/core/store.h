@@ -322,20 +322,12 @@ int strata_store_update_list(strata_store *s, uint32_t round, strata_store_updat
 
 void strata_store_update_list_free(strata_store_update *updates, size_t n);
 
-/* Number of acknowledged updates of a round. */
-int strata_store_update_count(strata_store *s, uint32_t round, uint64_t *count, strata_diag *diag);
-
 /* Reads client_id's payload for a round into a new buffer *buf (free()) and
  * checks its length and SHA-256 against the row. Errors: STRATA_ESTATE when
  * there is no such update, STRATA_EIO when the file is missing or its
  * content does not match. */
 int strata_store_update_read(strata_store *s, uint32_t round, uint64_t client_id, uint8_t **buf,
                              size_t *len, strata_diag *diag);
-
-/* Writes the path of an update's payload file into buf (len bytes).
- * STRATA_ETOOBIG when it does not fit. */
-int strata_store_update_path(const strata_store *s, uint32_t round, uint64_t client_id, char *buf,
-                             size_t len, strata_diag *diag);
 
 /* ---- Checkpoints ------------------------------------------------------ */
 
@@ -377,9 +369,5 @@ int strata_store_counter_add_many(strata_store *s, const strata_store_counter *d
 
 /* The counter's value; 0 for a counter never added to. */
 int strata_store_counter_get(strata_store *s, const char *name, int64_t *value, strata_diag *diag);
-
-/* All counters, sorted by name, into a new array (free()). */
-int strata_store_counter_list(strata_store *s, strata_store_counter **out, size_t *n,
-                              strata_diag *diag);
 
 #endif

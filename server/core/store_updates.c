@@ -234,15 +234,6 @@ static int check_put(strata_store *s, uint32_t round, uint64_t client,
     return 0;
 }
 
-int strata_store_update_path(const strata_store *s, uint32_t round, uint64_t client_id, char *buf,
-                             size_t len, strata_diag *diag)
-{
-    strata__store_diag_clear(diag);
-    if (s == NULL || buf == NULL || len == 0)
-        return strata_diag_set(diag, STRATA_EINVAL, "update path: NULL argument");
-    return strata_store_path(s->dir, STRATA_STORE_FILE_UPDATE, round, client_id, buf, len, diag);
-}
-
 /* Writes the payload to a new temporary file next to `final`, fsync'ed and
  * closed; tmp receives its name. */
 static int write_temp(const char *final, const uint8_t *p, size_t n, char *tmp, size_t tmplen,
@@ -417,8 +408,8 @@ static int commit_batch(strata_store *s, strata_store_pending *const *p, size_t 
         results[i] = STRATA_OK;
         if (p[i] == NULL) {
             rc = strata_diag_set(diag, STRATA_EINVAL, "update commit: NULL item %zu", i);
-        } else if (strata_store_update_path(s, p[i]->round, p[i]->client_id, path, sizeof(path),
-                                            NULL) < 0 ||
+        } else if (strata_store_path(s->dir, STRATA_STORE_FILE_UPDATE, p[i]->round, p[i]->client_id,
+                                     path, sizeof(path), NULL) < 0 ||
                    strcmp(path, p[i]->final) != 0) {
             rc = strata_diag_set(diag, STRATA_EINVAL,
                                  "update commit: item %zu was prepared for another state "
@@ -624,7 +615,8 @@ int strata_store_update_list(strata_store *s, uint32_t round, strata_store_updat
         u->round = round;
         u->client_id = (uint64_t)sqlite3_column_int64(st, 0);
         read_receipt(st, 1, &u->receipt);
-        rc = strata_store_update_path(s, round, u->client_id, path, sizeof(path), diag);
+        rc = strata_store_path(s->dir, STRATA_STORE_FILE_UPDATE, round, u->client_id, path,
+                               sizeof(path), diag);
         if (rc < 0)
             break;
         u->path = strdup(path);
@@ -650,21 +642,6 @@ int strata_store_update_list(strata_store *s, uint32_t round, strata_store_updat
     return STRATA_OK;
 }
 
-int strata_store_update_count(strata_store *s, uint32_t round, uint64_t *count, strata_diag *diag)
-{
-    strata__store_diag_clear(diag);
-    if (count != NULL)
-        *count = 0;
-    if (s == NULL || count == NULL)
-        return strata_diag_set(diag, STRATA_EINVAL, "update count: NULL argument");
-    int64_t v;
-    int rc =
-        strata__store_query_int(s, S_UPDATE_COUNT, 1, round, 0, &v, NULL, "count updates", diag);
-    if (rc == STRATA_OK)
-        *count = (uint64_t)v;
-    return rc;
-}
-
 int strata_store_update_read(strata_store *s, uint32_t round, uint64_t client_id, uint8_t **buf,
                              size_t *len, strata_diag *diag)
 {
@@ -686,7 +663,8 @@ int strata_store_update_read(strata_store *s, uint32_t round, uint64_t client_id
                                "no update of client %" PRIu64 " for round %" PRIu32, client_id,
                                round);
     char path[4096];
-    rc = strata_store_update_path(s, round, client_id, path, sizeof(path), diag);
+    rc = strata_store_path(s->dir, STRATA_STORE_FILE_UPDATE, round, client_id, path, sizeof(path),
+                           diag);
     if (rc < 0)
         return rc;
     if (r.bytes > SIZE_MAX)
