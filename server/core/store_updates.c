@@ -234,31 +234,6 @@ static int check_put(strata_store *s, uint32_t round, uint64_t client,
     return 0;
 }
 
-/* Writes the payload to a new temporary file next to `final`, fsync'ed and
- * closed; tmp receives its name. */
-static int write_temp(const char *final, const uint8_t *p, size_t n, char *tmp, size_t tmplen,
-                      strata_diag *diag)
-{
-    int rc = strata__store_join(tmp, tmplen, diag, "%s.tmp.XXXXXX", final);
-    if (rc < 0)
-        return rc;
-    int fd = mkostemp(tmp, O_CLOEXEC);
-    if (fd < 0)
-        return strata_diag_set(diag, STRATA_EIO, "create %s: %s", tmp, strerror(errno));
-    if (strata_file_write_all(fd, p, n, NULL) < 0 || fsync(fd) < 0) {
-        rc = strata_diag_set(diag, STRATA_EIO, "write %s: %s", tmp, strerror(errno));
-        close(fd);
-        unlink(tmp);
-        return rc;
-    }
-    if (close(fd) < 0) {
-        rc = strata_diag_set(diag, STRATA_EIO, "close %s: %s", tmp, strerror(errno));
-        unlink(tmp);
-        return rc;
-    }
-    return STRATA_OK;
-}
-
 struct strata_store_pending {
     uint32_t round;
     uint64_t client_id;
@@ -301,7 +276,7 @@ static int prepare_update(const strata_store *s, uint32_t round, uint64_t client
                           const uint8_t *payload, size_t len, uint64_t samples,
                           strata_store_pending **out, strata_diag *diag)
 {
-    char final[4096], tmp[4200], dir[4096], parent[4096];
+    char final[4096], dir[4096], parent[4096];
     int created;
     *out = NULL;
     int rc = strata_store_path(s->dir, STRATA_STORE_FILE_UPDATE, round, client_id, final,
@@ -338,15 +313,9 @@ static int prepare_update(const strata_store *s, uint32_t round, uint64_t client
     rc = random_receipt(p->r.id, diag);
     if (rc < 0)
         goto fail;
-    rc = write_temp(final, payload, len, tmp, sizeof(tmp), diag);
+    rc = strata_file_write_temp(final, payload, len, 0600, &p->tmp, diag);
     if (rc < 0)
         goto fail;
-    p->tmp = strdup(tmp);
-    if (p->tmp == NULL) {
-        unlink(tmp);
-        rc = strata_diag_set(diag, STRATA_ENOMEM, "out of memory");
-        goto fail;
-    }
     *out = p;
     return STRATA_OK;
 fail:

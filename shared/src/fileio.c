@@ -127,54 +127,60 @@ static char *dir_of(const char *path)
     return d;
 }
 
-int strata_file_write_atomic(const char *path, const void *data, size_t len, unsigned mode,
-                             strata_diag *diag)
+int strata_file_write_temp(const char *path, const void *data, size_t len, unsigned mode,
+                           char **tmp, strata_diag *diag)
 {
-    if (path == NULL || path[0] == '\0' || (data == NULL && len > 0))
+    if (tmp != NULL)
+        *tmp = NULL;
+    if (path == NULL || path[0] == '\0' || tmp == NULL || (data == NULL && len > 0))
         return strata_diag_set(diag, STRATA_EINVAL, "write: NULL or empty argument");
-    int rc, fd = -1, created = 0;
+    int rc = STRATA_OK, fd = -1;
     size_t plen = strlen(path);
-    char *tmp = malloc(plen + sizeof(".tmp.XXXXXX")), *dir = dir_of(path);
-    if (tmp == NULL || dir == NULL) {
-        rc = strata_diag_set(diag, STRATA_ENOMEM, "out of memory");
-        goto out;
-    }
-    memcpy(tmp, path, plen);
-    memcpy(tmp + plen, ".tmp.XXXXXX", sizeof(".tmp.XXXXXX"));
-    fd = mkostemp(tmp, O_CLOEXEC);
+    char *name = malloc(plen + sizeof(".tmp.XXXXXX"));
+    if (name == NULL)
+        return strata_diag_set(diag, STRATA_ENOMEM, "out of memory");
+    memcpy(name, path, plen);
+    memcpy(name + plen, ".tmp.XXXXXX", sizeof(".tmp.XXXXXX"));
+    fd = mkostemp(name, O_CLOEXEC);
     if (fd < 0) {
-        rc = strata_diag_set(diag, STRATA_EIO, "open %s: %s", tmp, strerror(errno));
-        goto out;
+        rc = strata_diag_set(diag, STRATA_EIO, "open %s: %s", name, strerror(errno));
+        free(name);
+        return rc;
     }
-    created = 1;
     /* mkostemp creates the file 0600; apply the requested mode less the umask. */
     mode_t mask = umask(0);
     umask(mask);
-    if (fchmod(fd, (mode_t)mode & ~mask) < 0 || strata_file_write_all(fd, data, len, NULL) < 0) {
-        rc = strata_diag_set(diag, STRATA_EIO, "write %s: %s", tmp, strerror(errno));
-        goto out;
+    if (fchmod(fd, (mode_t)mode & ~mask) < 0 || strata_file_write_all(fd, data, len, NULL) < 0)
+        rc = strata_diag_set(diag, STRATA_EIO, "write %s: %s", name, strerror(errno));
+    else if (fsync(fd) < 0)
+        rc = strata_diag_set(diag, STRATA_EIO, "fsync %s: %s", name, strerror(errno));
+    if (close(fd) < 0 && rc == STRATA_OK)
+        rc = strata_diag_set(diag, STRATA_EIO, "close %s: %s", name, strerror(errno));
+    if (rc < 0) {
+        unlink(name);
+        free(name);
+        return rc;
     }
-    if (fsync(fd) < 0) {
-        rc = strata_diag_set(diag, STRATA_EIO, "fsync %s: %s", tmp, strerror(errno));
-        goto out;
-    }
-    int crc = close(fd);
-    fd = -1;
-    if (crc < 0) {
-        rc = strata_diag_set(diag, STRATA_EIO, "close %s: %s", tmp, strerror(errno));
-        goto out;
-    }
-    if (rename(tmp, path) < 0) {
-        rc = strata_diag_set(diag, STRATA_EIO, "rename %s to %s: %s", tmp, path, strerror(errno));
-        goto out;
-    }
-    created = 0;
-    rc = strata_file_fsync_dir(dir, diag);
-out:
-    if (fd >= 0)
-        close(fd);
-    if (created)
+    *tmp = name;
+    return STRATA_OK;
+}
+
+int strata_file_write_atomic(const char *path, const void *data, size_t len, unsigned mode,
+                             strata_diag *diag)
+{
+    char *tmp = NULL, *dir = NULL;
+    int rc = strata_file_write_temp(path, data, len, mode, &tmp, diag);
+    if (rc < 0)
+        return rc;
+    if ((dir = dir_of(path)) == NULL) {
+        rc = strata_diag_set(diag, STRATA_ENOMEM, "out of memory");
         unlink(tmp);
+    } else if (rename(tmp, path) < 0) {
+        rc = strata_diag_set(diag, STRATA_EIO, "rename %s to %s: %s", tmp, path, strerror(errno));
+        unlink(tmp);
+    } else {
+        rc = strata_file_fsync_dir(dir, diag);
+    }
     free(tmp);
     free(dir);
     return rc;

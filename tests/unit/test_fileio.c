@@ -32,6 +32,42 @@ static void test_write_atomic(void)
     CU_ASSERT_EQUAL(n, 3);
 }
 
+/* The two-phase form: the temporary file holds the bytes with the mode and
+ * nothing appears at the final path until the caller renames it. */
+static void test_write_temp(void)
+{
+    char p[4096];
+    path_in(p, sizeof(p), "t.bin");
+    char *tmp = (char *)"unset";
+    CU_ASSERT_EQUAL_FATAL(strata_file_write_temp(p, "abc", 3, 0640, &tmp, NULL), STRATA_OK);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(tmp);
+    CU_ASSERT_EQUAL(strncmp(tmp, p, strlen(p)), 0);
+    CU_ASSERT_PTR_NOT_NULL(strstr(tmp, ".tmp."));
+    struct stat st;
+    CU_ASSERT_NOT_EQUAL(stat(p, &st), 0);
+    CU_ASSERT_EQUAL_FATAL(stat(tmp, &st), 0);
+    CU_ASSERT_EQUAL(st.st_size, 3);
+    mode_t mask = umask(0);
+    umask(mask);
+    CU_ASSERT_EQUAL(st.st_mode & 0777, 0640 & ~mask);
+    CU_ASSERT_EQUAL(rename(tmp, p), 0);
+    free(tmp);
+    char line[8];
+    CU_ASSERT_EQUAL(strata_file_read_line(p, line, sizeof(line), NULL, NULL), STRATA_OK);
+    CU_ASSERT_STRING_EQUAL(line, "abc");
+
+    /* A directory that does not exist: an error, *tmp NULL, nothing left. */
+    char q[4096];
+    path_in(q, sizeof(q), "missing/t.bin");
+    strata_diag d = {{0}};
+    tmp = (char *)"unset";
+    CU_ASSERT_EQUAL(strata_file_write_temp(q, "abc", 3, 0600, &tmp, &d), STRATA_EIO);
+    CU_ASSERT_PTR_NULL(tmp);
+    CU_ASSERT_PTR_NOT_NULL(strstr(d.msg, "missing"));
+    CU_ASSERT_EQUAL(strata_file_write_temp(NULL, "abc", 3, 0600, &tmp, NULL), STRATA_EINVAL);
+    CU_ASSERT_EQUAL(strata_file_write_temp(q, "abc", 3, 0600, NULL, NULL), STRATA_EINVAL);
+}
+
 /* One case of strata_file_read_line: file content, buffer size, result. */
 typedef struct {
     const char *content; /* NULL: no file */
@@ -176,6 +212,7 @@ int main(void)
 {
     CU_TestInfo tests[] = {
         {"atomic write, mode, replace", test_write_atomic},
+        {"temporary file, published by the caller", test_write_temp},
         {"first line of a file", test_read_line},
         {"whole file, capped", test_read_all},
         {"write all, directory fsync", test_write_all_and_fsync_dir},

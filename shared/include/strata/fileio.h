@@ -8,13 +8,26 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* The first phase of a durable write, for callers that publish later (or
+ * several files at once): writes len bytes of data (borrowed) to a new
+ * temporary file beside path ("<path>.tmp.XXXXXX") with mode (less the
+ * umask), fsyncs and closes it. *tmp receives its name (malloc'ed); the
+ * caller publishes it with rename(*tmp, path) followed by
+ * strata_file_fsync_dir of the directory, or unlinks it, and frees the name.
+ * Errors: STRATA_EINVAL for a NULL or empty argument, STRATA_ENOMEM,
+ * STRATA_EIO when a system call fails (diag names it and the file; nothing
+ * is left behind). *tmp is NULL on error. */
+int strata_file_write_temp(const char *path, const void *data, size_t len, unsigned mode,
+                           char **tmp, strata_diag *diag);
+
 /* Writes len bytes of data (borrowed) to path atomically: they go to a new
  * temporary file beside it ("<path>.tmp.XXXXXX"), which gets mode (less the
  * umask), is fsync'ed and renamed over path; then the directory is fsync'ed.
  * A crash leaves either the old file or the complete new one at path, and
  * concurrent writers never share a temporary file (the last rename wins).
- * Errors: STRATA_EINVAL for a NULL or empty argument, STRATA_ENOMEM, and
- * STRATA_EIO when a system call fails (diag names it and the path; the
+ * Both phases in one call (strata_file_write_temp, rename, directory
+ * fsync). Errors: STRATA_EINVAL for a NULL or empty argument, STRATA_ENOMEM,
+ * and STRATA_EIO when a system call fails (diag names it and the path; the
  * temporary file is removed; after a failed directory fsync the new file is
  * already in place). */
 int strata_file_write_atomic(const char *path, const void *data, size_t len, unsigned mode,
