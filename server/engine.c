@@ -194,8 +194,10 @@ void srv_engine_free(srv_engine *e)
 {
     if (e == NULL)
         return;
-    if (e->store != NULL)
+    if (e->store != NULL) {
         srv__metrics_flush(e);
+        srv__registry_flush_seen(e);
+    }
     srv__round_reset(e);
     strata_store_close(e->wstore);
     strata_store_close(e->store);

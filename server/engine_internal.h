@@ -51,6 +51,16 @@ typedef struct srv_tok_entry {
     uint64_t id;
 } srv_tok_entry;
 
+/* A registered client's state beside its id (registry.c): its upload-rate
+ * bucket (tokens, refilled at upload_rate per minute up to upload_rate),
+ * when it last asked for a task, and the last-seen time the store holds
+ * (written in batches by srv__registry_flush_seen). */
+typedef struct srv_client_state {
+    double tokens;
+    int64_t refilled_ms;
+    int64_t seen_ms, stored_ms;
+} srv_client_state;
+
 /* A parked long-poll connection (round.c). */
 typedef struct srv_waiter {
     void *conn;
@@ -82,12 +92,11 @@ struct srv_engine {
     strata_robust_method method;
 
     /* ---- registry.c: registered clients, ascending ids, with each one's
-     * upload-rate bucket (tokens, refilled at upload_rate per minute up to
-     * upload_rate), and the same clients by token hash (ascending), so that
-     * authenticating a request needs no database lookup. ---- */
+     * state (cstate[i] belongs to clients[i]), and the same clients by token
+     * hash (ascending), so that authenticating a request needs no database
+     * lookup. ---- */
     uint64_t *clients;
-    double *tokens;
-    int64_t *refilled_ms;
+    srv_client_state *cstate;
     size_t nclients, capclients;
     srv_tok_entry *toks;
     uint8_t admin_hash[STRATA_STORE_HASH_LEN];

@@ -9,6 +9,7 @@
 
 #include "engine_internal.h"
 
+#include "strata/buf.h"
 #include "strata/clock.h"
 #include "strata/fileio.h"
 #include "strata/hash.h"
@@ -45,28 +46,25 @@ static int cmp_tok(const void *a, const void *b)
     return memcmp(a, b, STRATA_STORE_HASH_LEN);
 }
 
-/* Adds a registered client (ids arrive ascending) and its token hash. Lock
- * held (or start-up). */
-static int add_client(srv_engine *e, uint64_t id, const uint8_t hash[STRATA_STORE_HASH_LEN])
+/* Adds a registered client (ids arrive ascending), its token hash, and its
+ * state: a full upload-rate bucket and the last time it was seen. Lock held
+ * (or start-up). */
+static int add_client(srv_engine *e, uint64_t id, const uint8_t hash[STRATA_STORE_HASH_LEN],
+                      int64_t seen_ms)
 {
-    if (e->nclients == e->capclients) {
-        size_t cap = e->capclients ? e->capclients * 2 : 64;
-        uint64_t *p = realloc(e->clients, cap * sizeof(*p));
-        if (p != NULL)
-            e->clients = p;
-        double *t = realloc(e->tokens, cap * sizeof(*t));
-        if (t != NULL)
-            e->tokens = t;
-        int64_t *m = realloc(e->refilled_ms, cap * sizeof(*m));
-        if (m != NULL)
-            e->refilled_ms = m;
-        srv_tok_entry *k = realloc(e->toks, cap * sizeof(*k));
-        if (k != NULL)
-            e->toks = k;
-        if (p == NULL || t == NULL || m == NULL || k == NULL)
-            return STRATA_ENOMEM;
-        e->capclients = cap;
-    }
+    size_t need = e->nclients + 1, c1 = e->capclients, c2 = c1, c3 = c1;
+    uint64_t *ids = strata_array_grow(e->clients, &c1, need, sizeof(*ids));
+    if (ids != NULL)
+        e->clients = ids;
+    srv_client_state *st = strata_array_grow(e->cstate, &c2, need, sizeof(*st));
+    if (st != NULL)
+        e->cstate = st;
+    srv_tok_entry *k = strata_array_grow(e->toks, &c3, need, sizeof(*k));
+    if (k != NULL)
+        e->toks = k;
+    if (ids == NULL || st == NULL || k == NULL)
+        return STRATA_ENOMEM;
+    e->capclients = c1;              /* the three grew alike, from the same capacity */
     size_t at = 0, hi = e->nclients; /* insertion point by hash */
     while (at < hi) {
         size_t mid = at + (hi - at) / 2;
@@ -78,10 +76,48 @@ static int add_client(srv_engine *e, uint64_t id, const uint8_t hash[STRATA_STOR
     memmove(&e->toks[at + 1], &e->toks[at], (e->nclients - at) * sizeof(*e->toks));
     memcpy(e->toks[at].hash, hash, STRATA_STORE_HASH_LEN);
     e->toks[at].id = id;
-    e->tokens[e->nclients] = (double)e->cfg->upload_rate;
-    e->refilled_ms[e->nclients] = strata_clock_unix_ms();
+    e->cstate[e->nclients] = (srv_client_state){.tokens = (double)e->cfg->upload_rate,
+                                                .refilled_ms = strata_clock_unix_ms(),
+                                                .seen_ms = seen_ms,
+                                                .stored_ms = seen_ms};
     e->clients[e->nclients++] = id; /* ids grow, the array stays sorted */
-    return 0;
+    return STRATA_OK;
+}
+
+void srv__registry_seen(srv_engine *e, uint64_t client_id)
+{
+    ptrdiff_t k = srv__id_find(e->clients, e->nclients, client_id);
+    if (k >= 0)
+        e->cstate[k].seen_ms = strata_clock_unix_ms();
+}
+
+void srv__registry_flush_seen(srv_engine *e)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < e->nclients; i++)
+        n += e->cstate[i].seen_ms > e->cstate[i].stored_ms;
+    if (n == 0)
+        return;
+    uint64_t *ids = malloc(n * sizeof(*ids));
+    int64_t *ms = malloc(n * sizeof(*ms));
+    strata_diag d = {{0}};
+    int rc = STRATA_ENOMEM;
+    if (ids != NULL && ms != NULL) {
+        size_t j = 0;
+        for (size_t i = 0; i < e->nclients; i++)
+            if (e->cstate[i].seen_ms > e->cstate[i].stored_ms) {
+                ids[j] = e->clients[i];
+                ms[j++] = e->cstate[i].seen_ms;
+            }
+        rc = strata_store_clients_seen(e->store, ids, ms, n, &d);
+    }
+    if (rc == STRATA_OK)
+        for (size_t i = 0; i < e->nclients; i++)
+            e->cstate[i].stored_ms = e->cstate[i].seen_ms;
+    else
+        strata_log_warn("clients' last-seen times not recorded: %s", strata_diag_msg(&d, rc));
+    free(ids);
+    free(ms);
 }
 
 /* 1 when tok is 1 to TOKEN_MAX printable characters without spaces. */
@@ -170,11 +206,12 @@ int srv_engine_rate_take(srv_engine *e, uint64_t client_id, srv_result *r)
     double wait_ms = 0;
     if (k >= 0) {
         int64_t now = strata_clock_unix_ms();
-        double t = e->tokens[k] + (double)(now - e->refilled_ms[k]) * per_ms;
+        srv_client_state *c = &e->cstate[k];
+        double t = c->tokens + (double)(now - c->refilled_ms) * per_ms;
         t = t > cap ? cap : t;
-        e->refilled_ms[k] = now;
+        c->refilled_ms = now;
         ok = t >= 1.0;
-        e->tokens[k] = ok ? t - 1.0 : t;
+        c->tokens = ok ? t - 1.0 : t;
         wait_ms = ok ? 0 : (1.0 - t) / per_ms;
     }
     pthread_mutex_unlock(&e->mu);
@@ -223,7 +260,7 @@ void srv_engine_register(srv_engine *e, const uint8_t *body, size_t len, srv_res
     }
     int rc = strata_store_client_add(e->store, hash, name, &id, &d);
     if (rc == 0)
-        rc = add_client(e, id, hash);
+        rc = add_client(e, id, hash, strata_clock_unix_ms());
     pthread_cond_broadcast(&e->cv);
     pthread_mutex_unlock(&e->mu);
     if (rc < 0)
@@ -244,7 +281,7 @@ static int load_clients(srv_engine *e, strata_diag *d)
         int found = 0;
         rc = strata_store_client_get(e->store, id, &cl, &found, d);
         if (rc == 0 && found)
-            rc = add_client(e, id, cl.token_hash);
+            rc = add_client(e, id, cl.token_hash, cl.last_seen_unix_ms);
         else
             misses++;
     }
@@ -300,12 +337,10 @@ int srv__registry_load(srv_engine *e, strata_diag *d)
 void srv__registry_cleanup(srv_engine *e)
 {
     free(e->clients);
-    free(e->tokens);
-    free(e->refilled_ms);
+    free(e->cstate);
     free(e->toks);
     e->clients = NULL;
-    e->tokens = NULL;
-    e->refilled_ms = NULL;
+    e->cstate = NULL;
     e->toks = NULL;
     e->nclients = e->capclients = 0;
 }

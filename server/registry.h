@@ -3,7 +3,8 @@
  * _admin_auth, _rate_take) are declared in engine.h.
  *
  * registry.c owns: registration, the token index, bearer parsing, the admin
- * token file, rate buckets. It may call the store, request.h and libstrata. */
+ * token file, rate buckets, clients' last-seen times. It may call the store, request.h and
+ * libstrata. */
 #ifndef STRATA_SERVER_REGISTRY_H
 #define STRATA_SERVER_REGISTRY_H
 
@@ -25,6 +26,16 @@ void srv__id_sort(uint64_t *v, size_t n);
  * STRATA_EINVAL for a token file whose first line is not a token of 16 to
  * 256 printable characters. */
 int srv__registry_load(srv_engine *e, strata_diag *d);
+
+/* Notes in memory that client_id was seen now (unknown ids are ignored).
+ * Lock held; no store access, so the task path never waits on the disk. */
+void srv__registry_seen(srv_engine *e, uint64_t client_id);
+
+/* Writes the last-seen times noted since the previous flush to the store,
+ * in one transaction; a failure is logged and retried at the next flush,
+ * never an error of the caller. Lock held, no group commit in flight (the
+ * round thread calls it when a round opens, and shutdown). */
+void srv__registry_flush_seen(srv_engine *e);
 
 /* Frees the registry's arrays. */
 void srv__registry_cleanup(srv_engine *e);

@@ -164,6 +164,7 @@ int srv_engine_task(srv_engine *e, uint64_t client_id, int64_t deadline_ms, void
 {
     *parked = 0;
     pthread_mutex_lock(&e->mu);
+    srv__registry_seen(e, client_id);
     if (e->finished) {
         int stopped = e->stopped;
         pthread_mutex_unlock(&e->mu);
@@ -274,6 +275,7 @@ static int open_round(srv_engine *e, strata_diag *d)
         goto fail;
     if ((rc = strata_store_round_open(e->store, r, e->version, sel, k, deadline, tj, d)) < 0)
         goto fail;
+    srv__registry_flush_seen(e);
     srv__round_reset(e);
     e->selected = sel;
     e->nselected = k;

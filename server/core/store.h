@@ -126,20 +126,19 @@ typedef struct strata_store_client {
 int strata_store_client_add(strata_store *s, const uint8_t token_hash[STRATA_STORE_HASH_LEN],
                             const char *name, uint64_t *client_id, strata_diag *diag);
 
-/* Looks a client up by token hash. Not registered: STRATA_OK with *found = 0. */
-int strata_store_client_by_token(strata_store *s, const uint8_t token_hash[STRATA_STORE_HASH_LEN],
-                                 strata_store_client *out, int *found, strata_diag *diag);
-
 /* Looks a client up by id. Not registered: STRATA_OK with *found = 0. */
 int strata_store_client_get(strata_store *s, uint64_t client_id, strata_store_client *out,
                             int *found, strata_diag *diag);
 
 int strata_store_client_count(strata_store *s, uint64_t *count, strata_diag *diag);
 
-/* Sets the client's last-seen time to now. STRATA_ESTATE for an unknown id.
- * Committed without an fsync of its own (synchronous=NORMAL): a power loss
- * may forget the latest touches, a process crash does not. */
-int strata_store_client_touch(strata_store *s, uint64_t client_id, strata_diag *diag);
+/* Sets the last-seen time of clients ids[0, n) to seen_ms[i] (Unix ms;
+ * raises or lowers it as given), in one transaction committed without an
+ * fsync of its own (synchronous=NORMAL): a power loss may forget the latest
+ * times, a process crash does not. Unknown ids are skipped. Errors:
+ * STRATA_EINVAL (NULL argument), STRATA_EIO (nothing is changed). */
+int strata_store_clients_seen(strata_store *s, const uint64_t *ids, const int64_t *seen_ms,
+                              size_t n, strata_diag *diag);
 
 /* ---- Rounds ----------------------------------------------------------- */
 
@@ -357,7 +356,7 @@ typedef struct strata_store_counter {
 /* Adds delta to counter `name` (created at 0): 1 to
  * STRATA_STORE_COUNTER_NAME_MAX printable ASCII bytes, e.g.
  * `updates_rejected_total{reason="shape"}`. STRATA_ETOOBIG when the sum
- * would overflow int64_t (the counter is unchanged). Like client_touch,
+ * would overflow int64_t (the counter is unchanged). Like clients_seen,
  * committed with synchronous=NORMAL: survives a process crash; a power loss
  * may forget the latest additions. Counters that must match acknowledged
  * data exactly should be derived from the updates instead. */

@@ -95,21 +95,6 @@ out:
     return rc;
 }
 
-int strata_store_client_by_token(strata_store *s, const uint8_t token_hash[STRATA_STORE_HASH_LEN],
-                                 strata_store_client *out, int *found, strata_diag *diag)
-{
-    strata__store_diag_clear(diag);
-    if (out != NULL)
-        memset(out, 0, sizeof(*out));
-    if (found != NULL)
-        *found = 0;
-    if (s == NULL || token_hash == NULL || out == NULL || found == NULL)
-        return strata_diag_set(diag, STRATA_EINVAL, "client by token: NULL argument");
-    sqlite3_stmt *st = strata__store_stmt(s, S_CLIENT_BY_TOKEN);
-    sqlite3_bind_blob(st, 1, token_hash, STRATA_STORE_HASH_LEN, SQLITE_STATIC);
-    return strata__store_fetch_client(s, st, out, found, diag);
-}
-
 int strata_store_client_get(strata_store *s, uint64_t client_id, strata_store_client *out,
                             int *found, strata_diag *diag)
 {
@@ -141,22 +126,28 @@ int strata_store_client_count(strata_store *s, uint64_t *count, strata_diag *dia
     return rc;
 }
 
-int strata_store_client_touch(strata_store *s, uint64_t client_id, strata_diag *diag)
+int strata_store_clients_seen(strata_store *s, const uint64_t *ids, const int64_t *seen_ms,
+                              size_t n, strata_diag *diag)
 {
     strata__store_diag_clear(diag);
-    if (s == NULL)
-        return strata_diag_set(diag, STRATA_EINVAL, "client touch: NULL argument");
-    if (!FITS_I64(client_id))
-        return strata_diag_set(diag, STRATA_ESTATE, "no client %" PRIu64, client_id);
-    int rc = strata__store_set_sync(s, 0, diag);
+    if (s == NULL || (n > 0 && (ids == NULL || seen_ms == NULL)))
+        return strata_diag_set(diag, STRATA_EINVAL, "clients seen: NULL argument");
+    if (n == 0)
+        return STRATA_OK;
+    int rc = strata__store_tx_begin_sync(s, 0, diag);
     if (rc < 0)
         return rc;
-    sqlite3_stmt *st = strata__store_stmt(s, S_CLIENT_TOUCH);
-    sqlite3_bind_int64(st, 1, (int64_t)client_id);
-    sqlite3_bind_int64(st, 2, strata__store_now_ms());
-    rc = strata__store_exec_stmt(s, S_CLIENT_TOUCH, diag, "touch client");
-    if (rc == STRATA_OK && sqlite3_changes(s->db) == 0)
-        rc = strata_diag_set(diag, STRATA_ESTATE, "no client %" PRIu64, client_id);
-    int rc2 = strata__store_set_sync(s, 1, rc < 0 ? NULL : diag);
-    return rc < 0 ? rc : rc2;
+    for (size_t i = 0; i < n && rc == STRATA_OK; i++) {
+        if (!FITS_I64(ids[i]))
+            continue;
+        sqlite3_stmt *st = strata__store_stmt(s, S_CLIENT_TOUCH);
+        sqlite3_bind_int64(st, 1, (int64_t)ids[i]);
+        sqlite3_bind_int64(st, 2, seen_ms[i]);
+        rc = strata__store_exec_stmt(s, S_CLIENT_TOUCH, diag, "record last-seen time");
+    }
+    if (rc == STRATA_OK)
+        rc = strata__store_tx_commit(s, diag);
+    if (rc < 0)
+        strata__store_tx_rollback(s);
+    return rc;
 }

@@ -2,6 +2,8 @@
  * authentication, the admin token, the rate buckets. */
 #include "server_fixture.h"
 
+#include "store.h"
+
 static void test_register_and_auth(void)
 {
     char *dir = strata_test_tmpdir();
@@ -96,10 +98,44 @@ static void test_rate_limit_and_capacity(void)
     free(dir);
 }
 
+/* A task request marks the client as seen; the time reaches the store when
+ * a round opens or the engine closes, and only for clients that asked. */
+static void test_last_seen(void)
+{
+    char *dir = strata_test_tmpdir();
+    CU_ASSERT_PTR_NOT_NULL_FATAL(dir);
+    fix_engine f;
+    CU_ASSERT_EQUAL_FATAL(fix_open(&f, dir, 0, NULL), 0);
+    uint64_t a = 0, b = 0;
+    CU_ASSERT_EQUAL(fix_register(&f, FIX_SECRET, &a, NULL), SRV_CREATED);
+    CU_ASSERT_EQUAL(fix_register(&f, FIX_SECRET, &b, NULL), SRV_CREATED);
+    fix_sleep_ms(30);
+    srv_result r = {0};
+    int parked = 1;
+    CU_ASSERT_EQUAL(srv_engine_task(f.e, a, 0, NULL, &parked, &r), STRATA_OK);
+    CU_ASSERT_EQUAL(r.outcome, SRV_NO_CONTENT);
+    CU_ASSERT_EQUAL(parked, 0);
+    srv_result_cleanup(&r);
+    fix_close(&f);
+
+    strata_store *s = NULL;
+    CU_ASSERT_EQUAL_FATAL(strata_store_open(dir, &s, NULL), STRATA_OK);
+    strata_store_client ca, cb;
+    int found = 0;
+    CU_ASSERT_EQUAL(strata_store_client_get(s, a, &ca, &found, NULL), STRATA_OK);
+    CU_ASSERT_EQUAL(strata_store_client_get(s, b, &cb, &found, NULL), STRATA_OK);
+    CU_ASSERT(ca.last_seen_unix_ms >= ca.created_unix_ms + 30);
+    CU_ASSERT_EQUAL(cb.last_seen_unix_ms, cb.created_unix_ms);
+    strata_store_close(s);
+    strata_test_rmtree(dir);
+    free(dir);
+}
+
 int main(void)
 {
     CU_TestInfo tests[] = {{"register and authenticate", test_register_and_auth},
                            {"rate limit and capacity", test_rate_limit_and_capacity},
+                           {"last-seen times", test_last_seen},
                            CU_TEST_INFO_NULL};
     CU_SuiteInfo suites[] = {{"server_registry", NULL, NULL, NULL, NULL, tests},
                              CU_SUITE_INFO_NULL};

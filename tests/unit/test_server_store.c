@@ -146,18 +146,18 @@ static void test_open_reopen_schema(void)
     CU_ASSERT_EQUAL_FATAL(strata_store_open_secondary(s, &second, &d), STRATA_OK);
     strata_store_client c;
     int found = 0;
-    CU_ASSERT_EQUAL(strata_store_client_by_token(second, h, &c, &found, NULL), STRATA_OK);
+    CU_ASSERT_EQUAL(strata_store_client_get(second, id, &c, &found, NULL), STRATA_OK);
     CU_ASSERT_EQUAL(found, 1);
-    CU_ASSERT_EQUAL(c.id, id);
+    CU_ASSERT(memcmp(c.token_hash, h, 32) == 0);
     strata_store_close(second);
     strata_store_close(s);
 
     /* Data survives close and reopen. */
     s = open_store(sub);
     CU_ASSERT_PTR_NOT_NULL_FATAL(s);
-    CU_ASSERT_EQUAL(strata_store_client_by_token(s, h, &c, &found, NULL), STRATA_OK);
+    CU_ASSERT_EQUAL(strata_store_client_get(s, id, &c, &found, NULL), STRATA_OK);
     CU_ASSERT_EQUAL(found, 1);
-    CU_ASSERT_EQUAL(c.id, id);
+    CU_ASSERT(memcmp(c.token_hash, h, 32) == 0);
     CU_ASSERT_STRING_EQUAL(c.name, "alpha");
     strata_store_close(s);
 
@@ -218,16 +218,12 @@ static void test_clients(void)
 
     strata_store_client c;
     int found = 0;
-    CU_ASSERT_EQUAL(strata_store_client_by_token(s, h2, &c, &found, NULL), STRATA_OK);
+    CU_ASSERT_EQUAL(strata_store_client_get(s, id2, &c, &found, NULL), STRATA_OK);
     CU_ASSERT_EQUAL(found, 1);
     CU_ASSERT_EQUAL(c.id, id2);
     CU_ASSERT_STRING_EQUAL(c.name, "");
     CU_ASSERT(memcmp(c.token_hash, h2, 32) == 0);
     CU_ASSERT(c.created_unix_ms > 0 && c.last_seen_unix_ms == c.created_unix_ms);
-
-    /* Unknown hash: not found, not an error. */
-    CU_ASSERT_EQUAL(strata_store_client_by_token(s, h3, &c, &found, NULL), STRATA_OK);
-    CU_ASSERT_EQUAL(found, 0);
     CU_ASSERT_EQUAL(strata_store_client_get(s, id1, &c, &found, NULL), STRATA_OK);
     CU_ASSERT_EQUAL(found, 1);
     CU_ASSERT_STRING_EQUAL(c.name, "edge-1");
@@ -241,13 +237,18 @@ static void test_clients(void)
     CU_ASSERT_EQUAL(strata_store_client_count(s, &n, NULL), STRATA_OK);
     CU_ASSERT_EQUAL(n, 2);
 
-    /* Touch moves last-seen forward; unknown ids are refused. */
-    struct timespec ts = {0, 5 * 1000 * 1000};
-    nanosleep(&ts, NULL);
-    CU_ASSERT_EQUAL(strata_store_client_touch(s, id1, &d), STRATA_OK);
+    /* Last-seen times are set in one batch; unknown ids are skipped. */
+    uint64_t seen_ids[] = {id1, 999, id2};
+    int64_t seen_ms[] = {c.created_unix_ms + 5000, 1, c.created_unix_ms + 7000};
+    CU_ASSERT_EQUAL(strata_store_clients_seen(s, seen_ids, seen_ms, 3, &d), STRATA_OK);
     CU_ASSERT_EQUAL(strata_store_client_get(s, id1, &c, &found, NULL), STRATA_OK);
-    CU_ASSERT(c.last_seen_unix_ms > c.created_unix_ms);
-    CU_ASSERT_EQUAL(strata_store_client_touch(s, 999, &d), STRATA_ESTATE);
+    CU_ASSERT_EQUAL(c.last_seen_unix_ms, seen_ms[0]);
+    CU_ASSERT_EQUAL(strata_store_client_get(s, id2, &c, &found, NULL), STRATA_OK);
+    CU_ASSERT_EQUAL(c.last_seen_unix_ms, seen_ms[2]);
+    CU_ASSERT_EQUAL(strata_store_client_get(s, 999, &c, &found, NULL), STRATA_OK);
+    CU_ASSERT_EQUAL(found, 0);
+    CU_ASSERT_EQUAL(strata_store_clients_seen(s, NULL, seen_ms, 1, &d), STRATA_EINVAL);
+    CU_ASSERT_EQUAL(strata_store_clients_seen(s, NULL, NULL, 0, &d), STRATA_OK);
 
     /* Bad arguments. */
     char longname[STRATA_STORE_NAME_MAX + 2];
@@ -257,7 +258,6 @@ static void test_clients(void)
     CU_ASSERT_EQUAL(strata_store_client_add(s, h3, "a\nb", &id, &d), STRATA_EINVAL);
     CU_ASSERT_EQUAL(strata_store_client_add(s, NULL, NULL, &id, &d), STRATA_EINVAL);
     CU_ASSERT_EQUAL(strata_store_client_add(s, h3, NULL, NULL, &d), STRATA_EINVAL);
-    CU_ASSERT_EQUAL(strata_store_client_by_token(s, NULL, &c, &found, &d), STRATA_EINVAL);
     CU_ASSERT_EQUAL(strata_store_client_count(s, NULL, &d), STRATA_EINVAL);
     CU_ASSERT_EQUAL(strata_store_client_count(s, &n, NULL), STRATA_OK);
     CU_ASSERT_EQUAL(n, 2);
