@@ -15,6 +15,7 @@
 #include "strata/log.h"
 #include "strata/model.h"
 #include "strata/opts.h"
+#include "strata/stop.h"
 #include "strata/partition.h"
 
 #include <float.h>
@@ -26,13 +27,8 @@
 #include <string.h>
 #include <unistd.h>
 
-static volatile sig_atomic_t g_stop;
-
-static void on_signal(int sig)
-{
-    (void)sig;
-    g_stop = 1;
-}
+/* Set once SIGINT or SIGTERM arrives (strata_stop_install). */
+static volatile sig_atomic_t *g_stop;
 
 typedef struct options {
     char *server, *state_dir, *data, *partition, *name, *secret, *secret_file, *ca_cert;
@@ -89,7 +85,9 @@ static void usage(FILE *f)
     fputs("usage: strata-client --server URL --state-dir DIR --data DIR [options]\n", f);
     if (strata_opts_usage(OPTS, NOPTS, &b) == STRATA_OK)
         fputs((const char *)b.data, f);
-    fputs("Exits 0 when the federation has finished, 130 when interrupted.\n", f);
+    fputs("Exits 0 when the federation has finished or --max-rounds updates were acknowledged,\n"
+          "1 on an error, 2 on a bad command line, 130 when interrupted.\n",
+          f);
     strata_buf_cleanup(&b);
 }
 
@@ -102,7 +100,7 @@ static void options_cleanup(options *o)
 /* Parses the command line into *o (zeroed on entry, then the defaults;
  * options_cleanup frees it, also after an error). *help is 1 when --help
  * asked for the usage text. Errors: STRATA_EINVAL, after logging what is
- * wrong (and printing the usage text); STRATA_ENOMEM. */
+ * wrong; STRATA_ENOMEM. */
 static int parse_options(int argc, char **argv, options *o, int *help)
 {
     *o = (options){.partition = strdup("iid"),
@@ -118,15 +116,17 @@ static int parse_options(int argc, char **argv, options *o, int *help)
     strata_diag d = {{0}};
     int rc = strata_opts_parse_argv(OPTS, NOPTS, argc, argv, o, help, &d);
     if (rc < 0) {
-        usage(stderr);
-        strata_log_error("%s", strata_diag_msg(&d, rc));
+        strata_log_error("%s (see --help)", strata_diag_msg(&d, rc));
         return rc;
     }
     if (*help)
         return STRATA_OK;
-    if (rc != argc || !o->server || !o->state_dir || !o->data) {
-        usage(stderr);
-        strata_log_error("--server, --state-dir and --data are required");
+    if (rc != argc) {
+        strata_log_error("unexpected argument '%s' (see --help)", argv[rc]);
+        return STRATA_EINVAL;
+    }
+    if (!o->server || !o->state_dir || !o->data) {
+        strata_log_error("--server, --state-dir and --data are required (see --help)");
         return STRATA_EINVAL;
     }
     if ((o->log_format_name != NULL &&
@@ -177,7 +177,8 @@ static int register_again(const options *o, strata_http *h, strata_client_state 
 
 /* Polls for tasks and runs them until the federation finishes (returns
  * STRATA_OK with *finished 1), --max-rounds acknowledged uploads (STRATA_OK),
- * a stop, or an error. */
+ * a stop (STRATA_ESTATE), or an error: a task request that failed for good
+ * (after the transport's retries) or a round that failed, logged. */
 static int poll_loop(const options *o, strata_client_round_ctx *rc_ctx, strata_client_identity *id,
                      int *finished)
 {
@@ -185,12 +186,12 @@ static int poll_loop(const options *o, strata_client_round_ctx *rc_ctx, strata_c
     long uploaded = 0;
     int reregistered = 0;
     int rc = STRATA_OK;
-    while (!g_stop && (o->max_rounds == 0 || uploaded < o->max_rounds)) {
+    while (!*g_stop && (o->max_rounds == 0 || uploaded < o->max_rounds)) {
         strata_client_poll outcome;
         strata_task t;
         double wait;
-        if (strata_client_session_poll(rc_ctx->http, o->poll_wait, &outcome, &t, &wait) < 0)
-            break; /* logged; ends the run as the round limit does */
+        if ((rc = strata_client_session_poll(rc_ctx->http, o->poll_wait, &outcome, &t, &wait)) < 0)
+            return *g_stop ? STRATA_ESTATE : rc; /* logged */
         if (outcome == STRATA_CLIENT_POLL_FINISHED) {
             strata_log_info("the federation has finished");
             *finished = 1;
@@ -214,12 +215,12 @@ static int poll_loop(const options *o, strata_client_round_ctx *rc_ctx, strata_c
         strata_client_upload result;
         rc = strata_client_round_run(rc_ctx, &t, &result);
         strata_task_cleanup(&t);
-        if (rc < 0 && !g_stop)
+        if (rc < 0 && !*g_stop)
             return rc;
         if (rc == STRATA_OK && result == STRATA_CLIENT_ACKED)
             uploaded++; /* a refused update is dropped and not counted */
     }
-    return g_stop ? STRATA_ESTATE : STRATA_OK;
+    return *g_stop ? STRATA_ESTATE : STRATA_OK;
 }
 
 int main(int argc, char **argv)
@@ -237,12 +238,7 @@ int main(int argc, char **argv)
         return 0;
     }
     strata_log_setup("strata-client", o.log_level, o.log_format);
-    struct sigaction sa;
-    memset(&sa, 0, sizeof(sa));
-    sa.sa_handler = on_signal;
-    sigaction(SIGINT, &sa, NULL);
-    sigaction(SIGTERM, &sa, NULL);
-    signal(SIGPIPE, SIG_IGN);
+    g_stop = strata_stop_install();
     strata_dataset ds;
     strata_dataset_init(&ds);
     strata_partition *part = NULL;
@@ -265,7 +261,7 @@ int main(int argc, char **argv)
         code = 2;
         goto out;
     }
-    if ((rc = strata_http_new(o.server, o.ca_cert, &g_stop, &h, &d)) < 0) {
+    if ((rc = strata_http_new(o.server, o.ca_cert, g_stop, &h, &d)) < 0) {
         strata_log_error("%s", strata_diag_msg(&d, rc));
         code = 2;
         goto out;
@@ -294,7 +290,7 @@ int main(int argc, char **argv)
                                    .ef_max_staleness = (uint32_t)o.ef_max_staleness,
                                    .progress =
                                        isatty(STDERR_FILENO) && o.log_format == STRATA_LOG_TEXT,
-                                   .stop = &g_stop};
+                                   .stop = g_stop};
     int settled;
     strata_client_upload result;
     if (strata_client_round_settle(&ctx, &settled, &result) < 0)
@@ -305,7 +301,7 @@ int main(int argc, char **argv)
     if (poll_loop(&o, &ctx, &id, &finished) == STRATA_OK)
         code = 0;
 out:
-    if (g_stop)
+    if (*g_stop)
         code = 130; /* interrupted: state is saved, a restart continues */
     strata_http_free(h);
     strata_client_state_free(st);

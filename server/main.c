@@ -6,6 +6,7 @@
 #include "http.h"
 
 #include "strata/log.h"
+#include "strata/stop.h"
 
 #include <malloc.h>
 #include <signal.h>
@@ -13,13 +14,8 @@
 #include <string.h>
 #include <unistd.h>
 
-static volatile sig_atomic_t g_stop;
-
-static void on_signal(int sig)
-{
-    (void)sig;
-    g_stop = 1;
-}
+/* Set once SIGINT or SIGTERM arrives (strata_stop_install). */
+static volatile sig_atomic_t *g_stop;
 
 int main(int argc, char **argv)
 {
@@ -48,12 +44,7 @@ int main(int argc, char **argv)
     sigemptyset(&set);
     sigaddset(&set, SIGINT);
     sigaddset(&set, SIGTERM);
-    struct sigaction sa;
-    memset(&sa, 0, sizeof(sa));
-    sa.sa_handler = on_signal;
-    sigaction(SIGINT, &sa, NULL);
-    sigaction(SIGTERM, &sa, NULL);
-    signal(SIGPIPE, SIG_IGN);
+    g_stop = strata_stop_install();
     /* Threads started from here on leave the signals to the main thread. */
     pthread_sigmask(SIG_BLOCK, &set, NULL);
 
@@ -79,7 +70,7 @@ int main(int argc, char **argv)
            port);
     fflush(stdout);
     pthread_sigmask(SIG_UNBLOCK, &set, NULL);
-    while (!g_stop)
+    while (!*g_stop)
         pause();
     strata_log_info("stopping");
     code = 0;

@@ -10,6 +10,7 @@
 #include "strata/fileio.h"
 #include "strata/log.h"
 #include "strata/opts.h"
+#include "strata/stop.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -25,13 +26,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-static volatile sig_atomic_t g_stop;
-
-static void on_signal(int sig)
-{
-    (void)sig;
-    g_stop = 1;
-}
+/* Set once SIGINT or SIGTERM arrives (strata_stop_install). */
+static volatile sig_atomic_t *g_stop;
 
 typedef struct sim_opts {
     long clients, rounds, seed, local_epochs, batch, deadline;
@@ -365,7 +361,7 @@ static int run(const sim_opts *o, procs *p, server_out *so, const char *client_b
 {
     char url[256] = "";
     strata_deadline start = strata_deadline_in(START_TIMEOUT_MS);
-    while (!g_stop && !server_out_listening(so, url, sizeof(url))) {
+    while (!*g_stop && !server_out_listening(so, url, sizeof(url))) {
         server_out_read(so, 200);
         if (procs_reap(p)) {
             strata_log_error("the coordinator exited early; see %s", log);
@@ -376,12 +372,12 @@ static int run(const sim_opts *o, procs *p, server_out *so, const char *client_b
             return SIM_EXIT_FAIL;
         }
     }
-    if (g_stop)
+    if (*g_stop)
         return SIM_EXIT_INTERRUPTED;
     strata_log_info("coordinator at %s, starting %ld clients (%s)", url, o->clients, o->partition);
     sim_follow *f = NULL;
     strata_diag d = {{0}};
-    int rc = sim_follow_new(url, &g_stop, &f, &d);
+    int rc = sim_follow_new(url, g_stop, &f, &d);
     if (rc < 0) {
         strata_log_error("%s", strata_diag_msg(&d, rc));
         return SIM_EXIT_FAIL;
@@ -390,7 +386,7 @@ static int run(const sim_opts *o, procs *p, server_out *so, const char *client_b
     if (start_clients(o, p, client_bin, url, clients_dir, secret_file) < 0)
         goto out;
     int64_t next_poll = 0;
-    while (!g_stop && p->done < p->nclients) {
+    while (!*g_stop && p->done < p->nclients) {
         server_out_read(so, 200);
         so->len = 0; /* after the start-up line the output is only logged */
         if (strata_clock_mono_ms() >= next_poll) {
@@ -404,7 +400,7 @@ static int run(const sim_opts *o, procs *p, server_out *so, const char *client_b
             goto out;
         }
     }
-    if (g_stop) {
+    if (*g_stop) {
         code = SIM_EXIT_INTERRUPTED;
         goto out;
     }
@@ -432,11 +428,7 @@ static int sim_main(const sim_opts *op)
 {
     const sim_opts o = *op;
     int rc;
-    struct sigaction sa;
-    memset(&sa, 0, sizeof(sa));
-    sa.sa_handler = on_signal;
-    sigaction(SIGINT, &sa, NULL);
-    sigaction(SIGTERM, &sa, NULL);
+    g_stop = strata_stop_install();
 
     char self[PATH_MAX], bindir[PATH_MAX], server_bin[PATH_MAX], client_bin[PATH_MAX];
     ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
