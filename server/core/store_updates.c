@@ -476,17 +476,28 @@ out:
     return rc;
 }
 
+/* Resets a single update's outputs (diag, *verdict ACCEPTED, *receipt
+ * zeroed when given) and returns where the verdict goes: verdict, or local
+ * when the caller passed none. */
+static strata_store_verdict *single_outputs(strata_store_verdict *verdict,
+                                            strata_store_verdict *local,
+                                            strata_store_receipt *receipt, strata_diag *diag)
+{
+    strata__store_diag_clear(diag);
+    if (verdict == NULL)
+        verdict = local;
+    *verdict = STRATA_STORE_ACCEPTED;
+    if (receipt != NULL)
+        memset(receipt, 0, sizeof(*receipt));
+    return verdict;
+}
+
 int strata_store_update_commit(strata_store *s, strata_store_pending *p,
                                strata_store_receipt *receipt, strata_store_verdict *verdict,
                                strata_diag *diag)
 {
     strata_store_verdict v_local;
-    strata__store_diag_clear(diag);
-    if (verdict == NULL)
-        verdict = &v_local;
-    *verdict = STRATA_STORE_ACCEPTED;
-    if (receipt != NULL)
-        memset(receipt, 0, sizeof(*receipt));
+    verdict = single_outputs(verdict, &v_local, receipt, diag);
     if (s == NULL || p == NULL || receipt == NULL) {
         strata_store_pending_free(p);
         return strata_diag_set(diag, STRATA_EINVAL, "update commit: NULL argument");
@@ -519,12 +530,7 @@ int strata_store_update_put(strata_store *s, uint32_t round, uint64_t client_id,
                             strata_diag *diag)
 {
     strata_store_verdict v_local;
-    strata__store_diag_clear(diag);
-    if (verdict == NULL)
-        verdict = &v_local;
-    *verdict = STRATA_STORE_ACCEPTED;
-    if (receipt != NULL)
-        memset(receipt, 0, sizeof(*receipt));
+    verdict = single_outputs(verdict, &v_local, receipt, diag);
     int rc = check_update_args(s, payload, len, samples, receipt, diag);
     if (rc < 0)
         return rc;
