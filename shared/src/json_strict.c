@@ -192,20 +192,28 @@ int strata__json_dump(const json_t *j, char **json_out, size_t *len_out)
     return STRATA_OK;
 }
 
-int strata__json_decode(const char *buf, size_t len, size_t max_bytes, size_t max_depth,
-                        const char *what, strata__json_get_fn get, void *ctx, strata_diag *diag)
+int strata__json_decode(const strata__json_codec *c, const char *buf, size_t len,
+                        const strata__json_limits *lim, void *out, strata_diag *diag)
 {
     if (diag != NULL)
         diag->msg[0] = '\0';
-    if (buf == NULL && len > 0)
-        return strata_diag_set(diag, STRATA_EINVAL, "%s decode: NULL argument", what);
+    if (out == NULL || (buf == NULL && len > 0))
+        return strata_diag_set(diag, STRATA_EINVAL, "%s decode: NULL argument", c->what);
+    memset(out, 0, c->out_size);
+    strata__json_limits l = c->defaults;
+    if (lim != NULL) {
+        l.max_bytes = lim->max_bytes ? lim->max_bytes : l.max_bytes;
+        l.max_layers = lim->max_layers ? lim->max_layers : l.max_layers;
+        l.max_name_bytes = lim->max_name_bytes ? lim->max_name_bytes : l.max_name_bytes;
+    }
     json_t *root = NULL;
-    int rc =
-        strata__json_load(buf != NULL ? buf : "", len, max_bytes, max_depth, what, &root, diag);
-    if (rc < 0)
-        return rc;
-    rc = get(root, ctx, diag);
+    int rc = strata__json_load(buf != NULL ? buf : "", len, l.max_bytes, c->max_depth, c->what,
+                               &root, diag);
+    if (rc == STRATA_OK)
+        rc = c->get(root, &l, out, diag);
     json_decref(root);
+    if (rc < 0)
+        c->cleanup(out);
     return rc;
 }
 

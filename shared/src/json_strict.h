@@ -36,12 +36,33 @@ void strata__json_quote(const char *s, size_t n, char *dst);
 int strata__json_load(const char *buf, size_t len, size_t max_bytes, size_t max_depth,
                       const char *what, json_t **out, strata_diag *diag);
 
-/* Reads one document: resets diag, refuses a NULL buf with len > 0
- * (STRATA_EINVAL), loads it as strata__json_load does and hands the root to
- * get with ctx (borrowed), then releases the root. Returns get's result. */
-typedef int (*strata__json_get_fn)(const json_t *root, void *ctx, strata_diag *diag);
-int strata__json_decode(const char *buf, size_t len, size_t max_bytes, size_t max_depth,
-                        const char *what, strata__json_get_fn get, void *ctx, strata_diag *diag);
+/* The limits of a codec's decoder (the public limits structs of the task
+ * and the round summary carry the same three fields). */
+typedef struct strata__json_limits {
+    size_t max_bytes;      /* the document */
+    size_t max_layers;     /* entries of per-layer arrays */
+    size_t max_name_bytes; /* one layer name */
+} strata__json_limits;
+
+/* A wire codec's decoder: what strata__json_decode needs to know of it. */
+typedef struct strata__json_codec {
+    const char *what;             /* names the document in messages: "task" */
+    size_t max_depth;             /* nesting the document may reach */
+    strata__json_limits defaults; /* taken for each field a caller leaves 0 */
+    size_t out_size;              /* bytes of the decoded struct */
+    /* Reads the loaded root (borrowed) into out (zeroed); errors as above. */
+    int (*get)(const json_t *root, const strata__json_limits *lim, void *out, strata_diag *diag);
+    /* Releases what get left in out after it failed, and zeroes it. */
+    void (*cleanup)(void *out);
+} strata__json_codec;
+
+/* Decodes one document with codec c: resets diag, zeroes out, takes each
+ * limit from lim (may be NULL) or, when 0 there, from c's defaults, refuses
+ * a NULL out or a NULL buf with len > 0 (STRATA_EINVAL), loads the document
+ * as strata__json_load does and hands the root to c->get, then releases the
+ * root. On error out is cleaned up (zeroed). Returns get's result. */
+int strata__json_decode(const strata__json_codec *c, const char *buf, size_t len,
+                        const strata__json_limits *lim, void *out, strata_diag *diag);
 
 /* Frees the first n strings of names (NULL entries allowed) and the array.
  * Accepts NULL. */

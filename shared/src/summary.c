@@ -25,24 +25,7 @@ static const char *const KEYS[] = {
 static const char *const STATS_KEYS[] = {
     "accuracy", "loss", "uplink_bytes", "downlink_bytes", "dense_uplink_bytes", "duration_ms"};
 
-typedef struct limits {
-    size_t max_bytes, max_layers, max_name_bytes;
-} limits;
-
-static limits resolve_limits(const strata_summary_limits *in)
-{
-    limits l = {STRATA_SUMMARY_DEFAULT_MAX_BYTES, STRATA_SUMMARY_DEFAULT_MAX_LAYERS,
-                STRATA_SUMMARY_DEFAULT_MAX_NAME_BYTES};
-    if (in != NULL) {
-        if (in->max_bytes != 0)
-            l.max_bytes = in->max_bytes;
-        if (in->max_layers != 0)
-            l.max_layers = in->max_layers;
-        if (in->max_name_bytes != 0)
-            l.max_name_bytes = in->max_name_bytes;
-    }
-    return l;
-}
+typedef strata__json_limits limits;
 
 static const char *state_name(strata_round_state s)
 {
@@ -285,9 +268,9 @@ static int get_densities(const json_t *o, const limits *lim, strata_round_summar
     return STRATA_OK;
 }
 
-static int get_summary(const json_t *o, const limits *lim, strata_round_summary *s,
-                       strata_diag *diag)
+static int get_summary(const json_t *o, const limits *lim, void *out, strata_diag *diag)
 {
+    strata_round_summary *s = out;
     int64_t round = 0;
     int rc;
     if ((rc = strata__json_known_keys(o, KEYS, COUNT(KEYS), "summary", diag)) < 0 ||
@@ -315,30 +298,27 @@ static int get_summary(const json_t *o, const limits *lim, strata_round_summary 
     return STRATA_OK;
 }
 
-/* The decoder's context: the limits and the summary being filled. */
-typedef struct summary_ctx {
-    limits l;
-    strata_round_summary *s;
-} summary_ctx;
-
-static int get_summary_cb(const json_t *root, void *ctx, strata_diag *diag)
+static void summary_cleanup_v(void *p)
 {
-    summary_ctx *c = ctx;
-    return get_summary(root, &c->l, c->s, diag);
+    strata_round_summary_cleanup(p);
 }
+
+static const strata__json_codec CODEC = {"summary",
+                                         STRATA_SUMMARY_MAX_DEPTH,
+                                         {STRATA_SUMMARY_DEFAULT_MAX_BYTES,
+                                          STRATA_SUMMARY_DEFAULT_MAX_LAYERS,
+                                          STRATA_SUMMARY_DEFAULT_MAX_NAME_BYTES},
+                                         sizeof(strata_round_summary),
+                                         get_summary,
+                                         summary_cleanup_v};
 
 int strata_round_summary_decode(const char *json, size_t len, const strata_summary_limits *lim,
                                 strata_round_summary *out, strata_diag *diag)
 {
-    if (out == NULL)
-        return strata_diag_set(diag, STRATA_EINVAL, "summary decode: NULL argument");
-    memset(out, 0, sizeof(*out));
-    summary_ctx c = {resolve_limits(lim), out};
-    int rc = strata__json_decode(json, len, c.l.max_bytes, STRATA_SUMMARY_MAX_DEPTH, "summary",
-                                 get_summary_cb, &c, diag);
-    if (rc < 0)
-        strata_round_summary_cleanup(out);
-    return rc;
+    strata__json_limits l = {0};
+    if (lim != NULL)
+        l = (strata__json_limits){lim->max_bytes, lim->max_layers, lim->max_name_bytes};
+    return strata__json_decode(&CODEC, json, len, &l, out, diag);
 }
 
 void strata_round_summary_cleanup(strata_round_summary *s)

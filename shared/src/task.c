@@ -29,24 +29,7 @@ static const char *const TRAIN_KEYS[] = {"epochs",       "batch",   "lr",       
 
 #define COUNT(a) (sizeof(a) / sizeof((a)[0]))
 
-typedef struct limits {
-    size_t max_bytes, max_layers, max_name_bytes;
-} limits;
-
-static limits resolve_limits(const strata_task_limits *in)
-{
-    limits l = {STRATA_TASK_DEFAULT_MAX_BYTES, STRATA_TASK_DEFAULT_MAX_LAYERS,
-                STRATA_TASK_DEFAULT_MAX_NAME_BYTES};
-    if (in != NULL) {
-        if (in->max_bytes != 0)
-            l.max_bytes = in->max_bytes;
-        if (in->max_layers != 0)
-            l.max_layers = in->max_layers;
-        if (in->max_name_bytes != 0)
-            l.max_name_bytes = in->max_name_bytes;
-    }
-    return l;
-}
+typedef strata__json_limits limits;
 
 /* ------------------------------------------------------------------------ */
 /* Encoding                                                                 */
@@ -288,8 +271,9 @@ static int get_train(const json_t *root, strata_task_train *tr, strata_diag *dia
     return STRATA_OK;
 }
 
-static int get_task(const json_t *root, const limits *lim, strata_task *t, strata_diag *diag)
+static int get_task(const json_t *root, const limits *lim, void *out, strata_diag *diag)
 {
+    strata_task *t = out;
     const char *where = "task";
     int64_t round = 0, total = 0, version = 0, deadline = 0, seed = 0;
     int rc;
@@ -321,30 +305,27 @@ static int get_task(const json_t *root, const limits *lim, strata_task *t, strat
     return STRATA_OK;
 }
 
-/* The decoder's context: the limits and the task being filled. */
-typedef struct task_ctx {
-    limits l;
-    strata_task *t;
-} task_ctx;
-
-static int get_task_cb(const json_t *root, void *ctx, strata_diag *diag)
+static void task_cleanup_v(void *p)
 {
-    task_ctx *c = ctx;
-    return get_task(root, &c->l, c->t, diag);
+    strata_task_cleanup(p);
 }
+
+static const strata__json_codec CODEC = {"task",
+                                         STRATA_TASK_MAX_DEPTH,
+                                         {STRATA_TASK_DEFAULT_MAX_BYTES,
+                                          STRATA_TASK_DEFAULT_MAX_LAYERS,
+                                          STRATA_TASK_DEFAULT_MAX_NAME_BYTES},
+                                         sizeof(strata_task),
+                                         get_task,
+                                         task_cleanup_v};
 
 int strata_task_decode(const char *json, size_t len, const strata_task_limits *lim,
                        strata_task *out, strata_diag *diag)
 {
-    if (out == NULL)
-        return strata_diag_set(diag, STRATA_EINVAL, "task decode: NULL argument");
-    memset(out, 0, sizeof(*out));
-    task_ctx c = {resolve_limits(lim), out};
-    int rc = strata__json_decode(json, len, c.l.max_bytes, STRATA_TASK_MAX_DEPTH, "task",
-                                 get_task_cb, &c, diag);
-    if (rc < 0)
-        strata_task_cleanup(out);
-    return rc;
+    strata__json_limits l = {0};
+    if (lim != NULL)
+        l = (strata__json_limits){lim->max_bytes, lim->max_layers, lim->max_name_bytes};
+    return strata__json_decode(&CODEC, json, len, &l, out, diag);
 }
 
 void strata_task_cleanup(strata_task *t)
