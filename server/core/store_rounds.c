@@ -193,17 +193,12 @@ static int read_selected(strata_store *s, strata_store_round *r, strata_diag *di
     sqlite3_bind_int64(st, 1, r->round);
     int step, rc = STRATA_OK;
     while ((step = sqlite3_step(st)) == SQLITE_ROW) {
-        if (n == cap) {
-            uint64_t *grown = cap <= SIZE_MAX / 2 / sizeof(uint64_t)
-                                  ? realloc(r->selected, 2 * cap * sizeof(uint64_t))
-                                  : NULL;
-            if (grown == NULL) {
-                rc = strata_diag_set(diag, STRATA_ENOMEM, "out of memory");
-                break;
-            }
-            r->selected = grown;
-            cap *= 2;
+        uint64_t *grown = strata_array_grow(r->selected, &cap, n + 1, sizeof(uint64_t));
+        if (grown == NULL) {
+            rc = strata_diag_set(diag, STRATA_ENOMEM, "out of memory");
+            break;
         }
+        r->selected = grown;
         r->selected[n++] = (uint64_t)sqlite3_column_int64(st, 0);
     }
     if (rc == STRATA_OK && step != SQLITE_DONE)

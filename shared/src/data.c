@@ -547,7 +547,7 @@ int strata_data_load_csv(const char *path, size_t limit, strata_dataset *out, st
     line_reader r = {NULL, path, {0}, 0};
     float *xs = NULL, *x = NULL;
     uint8_t *ys = NULL;
-    size_t rows = 0, cap_rows = 0, nfields = 0, dim = 0, len;
+    size_t rows = 0, cap_x = 0, cap_y = 0, nfields = 0, dim = 0, len;
     int rc, first = 1;
 
     if (diag != NULL)
@@ -609,29 +609,21 @@ int strata_data_load_csv(const char *path, size_t limit, strata_dataset *out, st
                                  path, r.lineno, fields, nfields);
             goto out;
         }
-        if (rows == cap_rows) {
-            size_t ncap = cap_rows == 0 ? 256 : cap_rows * 2;
-            if (ncap > STRATA_DATA_MAX_ELEMENTS / dim)
-                ncap = STRATA_DATA_MAX_ELEMENTS / dim;
-            if (ncap <= rows) {
-                rc = strata_diag_set(diag, STRATA_ETOOBIG,
-                                     "%s: more than %zu values; load fewer with a limit", path,
-                                     (size_t)STRATA_DATA_MAX_ELEMENTS);
-                goto out;
-            }
-            float *nx = realloc(xs, ncap * dim * sizeof(float));
-            if (nx == NULL) {
-                rc = strata_diag_set(diag, STRATA_ENOMEM, "%s: out of memory", path);
-                goto out;
-            }
+        if (rows + 1 > STRATA_DATA_MAX_ELEMENTS / dim) {
+            rc = strata_diag_set(diag, STRATA_ETOOBIG,
+                                 "%s: more than %zu values; load fewer with a limit", path,
+                                 (size_t)STRATA_DATA_MAX_ELEMENTS);
+            goto out;
+        }
+        float *nx = strata_array_grow(xs, &cap_x, (rows + 1) * dim, sizeof(float));
+        if (nx != NULL)
             xs = nx;
-            uint8_t *ny = realloc(ys, ncap);
-            if (ny == NULL) {
-                rc = strata_diag_set(diag, STRATA_ENOMEM, "%s: out of memory", path);
-                goto out;
-            }
+        uint8_t *ny = strata_array_grow(ys, &cap_y, rows + 1, 1);
+        if (ny != NULL)
             ys = ny;
-            cap_rows = ncap;
+        if (nx == NULL || ny == NULL) {
+            rc = strata_diag_set(diag, STRATA_ENOMEM, "%s: out of memory", path);
+            goto out;
         }
         float *dst = xs + rows * dim;
         for (size_t j = 0; j < dim; j++) {

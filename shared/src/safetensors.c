@@ -4,6 +4,7 @@
 
 #include "strata/safetensors.h"
 
+#include "strata/buf.h"
 #include "strata/fileio.h"
 
 #include <errno.h>
@@ -76,16 +77,11 @@ int strata_metadata_set(strata_metadata *m, const char *key, const char *value)
     }
     if (m->count >= STRATA_METADATA_MAX_ENTRIES)
         return STRATA_ETOOBIG;
-    if (m->count == m->cap) {
-        size_t ncap = m->cap ? m->cap * 2 : 8;
-        if (ncap > STRATA_METADATA_MAX_ENTRIES)
-            ncap = STRATA_METADATA_MAX_ENTRIES;
-        strata_metadata_entry *items = realloc(m->items, ncap * sizeof(*items));
-        if (items == NULL)
-            return STRATA_ENOMEM;
-        m->items = items;
-        m->cap = ncap;
-    }
+    strata_metadata_entry *items =
+        strata_array_grow(m->items, &m->cap, m->count + 1, sizeof(*items));
+    if (items == NULL)
+        return STRATA_ENOMEM;
+    m->items = items;
     char *k = dup_str(key);
     char *v = dup_str(value);
     if (k == NULL || v == NULL) {
