@@ -33,7 +33,8 @@ static const tool_command COMMANDS[] = {
     {"compress", "compress tensors into a payload with a budget policy and error feedback",
      tool_compress,
      "--in MODEL_OR_DELTA.safetensors --policy SPEC --density D [--values fp32|fp16|bf16]" CONT
-     "--out P.bin [--residual R.safetensors] [--round R] [--rounds T] [--seed S]"},
+     "--out P.bin [--residual R.safetensors] [--round R] [--rounds T] [--seed S]" CONT
+     "[--level L] [--client-id C] [--model-version V] [--samples N]"},
     {"decode", "decode a payload back to dense tensors", tool_decode,
      "--in P.bin --out DENSE.safetensors"},
     {"inspect", "print a payload's header and per-layer compressor, kept elements and bytes",

@@ -10,47 +10,16 @@
 #include "strata/safetensors.h"
 
 #include <errno.h>
-#include <getopt.h>
 #include <jansson.h>
+#include <libgen.h>
+#include <limits.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #define MAX_PAYLOAD_FILE ((size_t)1 << 31)
-
-/* Writes buf to a new temporary file beside path and fsyncs it; *tmp
- * receives its name (malloc'ed) for a later rename over path or unlink. Errors: STRATA_ENOMEM,
- * STRATA_EIO (diag names the path). */
-static int write_temp(const char *path, const uint8_t *buf, size_t len, char **tmp,
-                      strata_diag *diag)
-{
-    *tmp = NULL;
-    size_t n = strlen(path) + 16;
-    char *name = malloc(n);
-    if (name == NULL)
-        return strata_diag_set(diag, STRATA_ENOMEM, "out of memory");
-    snprintf(name, n, "%s.tmp.XXXXXX", path);
-    int fd = mkstemp(name);
-    if (fd < 0) {
-        int e = errno;
-        free(name);
-        return strata_diag_set(diag, STRATA_EIO, "%s: %s", path, strerror(e));
-    }
-    FILE *f = fdopen(fd, "wb");
-    int ok = f != NULL && fwrite(buf, 1, len, f) == len && fflush(f) == 0 && fsync(fd) == 0;
-    if (f != NULL)
-        ok &= fclose(f) == 0;
-    else
-        close(fd);
-    if (!ok) {
-        unlink(name);
-        free(name);
-        return strata_diag_set(diag, STRATA_EIO, "%s: write failed", path);
-    }
-    *tmp = name;
-    return STRATA_OK;
-}
 
 /* A single compressor for every layer ("sign", "qsgd:8", "powersgd:4", ...)
  * instead of a policy. Sets *found to 1 (and *b) when spec names one, to 0
@@ -142,107 +111,58 @@ static json_t *layout_json(const strata_tensor_list *t)
     return arr;
 }
 
-int tool_compress(int argc, char **argv)
+typedef struct compress_opts {
+    char *in, *out, *policy, *values, *residual; /* values NULL: fp32 */
+    double density;
+    long round, rounds, seed, level, client_id, model_version, samples;
+} compress_opts;
+
+#define OFF(f) offsetof(compress_opts, f)
+static const strata_opt COMPRESS_OPTS[] = {
+    {"in", STRATA_OPT_STRING, OFF(in), 0, 0, "FILE",
+     "the model or delta to compress (safetensors);\nrequired"},
+    {"policy", STRATA_OPT_STRING, OFF(policy), 0, 0, "SPEC",
+     "a budget policy (uniform, legacy-layer,\nlegacy-phase, legacy, lgreco, JSON text or\n"
+     "@file.json), or one compressor for every layer:\n"
+     "none, fp16, bf16, sign, qsgd:LEVELS, powersgd:RANK;\nrequired"},
+    {"density", STRATA_OPT_DOUBLE, OFF(density), 1e-12, 1, "D",
+     "target mean density, in (0, 1]; required"},
+    {"out", STRATA_OPT_STRING, OFF(out), 0, 0, "P.bin", "the payload file to write; required"},
+    {"values", STRATA_OPT_STRING, OFF(values), 0, 0, "F",
+     "format of kept values: fp32 (default), fp16 or bf16"},
+    {"residual", STRATA_OPT_STRING, OFF(residual), 0, 0, "FILE",
+     "error-feedback state (safetensors): read when the\nfile exists, written back after"},
+    {"round", STRATA_OPT_INTEGER, OFF(round), 0, (double)(UINT32_MAX - 1), "R",
+     "this round of the run, from 0 (default 0)"},
+    {"rounds", STRATA_OPT_INTEGER, OFF(rounds), 1, (double)UINT32_MAX, "T",
+     "rounds in the run (default 1)"},
+    {"seed", STRATA_OPT_INTEGER, OFF(seed), 0, (double)LONG_MAX, "S",
+     "seed of the random compressors (default 1)"},
+    {"level", STRATA_OPT_INTEGER, OFF(level), 1, 19, "L", "zstd level, 1-19 (default 1)"},
+    {"client_id", STRATA_OPT_INTEGER, OFF(client_id), 0, (double)LONG_MAX, "C",
+     "payload header: client id (default 0)"},
+    {"model_version", STRATA_OPT_INTEGER, OFF(model_version), 0, (double)LONG_MAX, "V",
+     "payload header: model version (default 0)"},
+    {"samples", STRATA_OPT_INTEGER, OFF(samples), 0, (double)LONG_MAX, "N",
+     "payload header: sample count (default 0)"},
+};
+#undef OFF
+#define NCOMPRESS_OPTS (sizeof(COMPRESS_OPTS) / sizeof(COMPRESS_OPTS[0]))
+
+/* Compresses o->in into the payload o->out, carrying the error-feedback
+ * residual in o->residual when given. Nothing is written unless everything
+ * succeeds. Returns a TOOL_EXIT_* code. */
+static int run_compress(const compress_opts *o)
 {
-    static const struct option opts[] = {
-        {"in", required_argument, NULL, 'i'},
-        {"out", required_argument, NULL, 'o'},
-        {"policy", required_argument, NULL, 'p'},
-        {"density", required_argument, NULL, 'd'},
-        {"values", required_argument, NULL, 'v'},
-        {"residual", required_argument, NULL, 'r'},
-        {"round", required_argument, NULL, 'R'},
-        {"rounds", required_argument, NULL, 'T'},
-        {"seed", required_argument, NULL, 's'},
-        {"level", required_argument, NULL, 'l'},
-        {"client-id", required_argument, NULL, 'C'},
-        {"model-version", required_argument, NULL, 'M'},
-        {"samples", required_argument, NULL, 'N'},
-        {"help", no_argument, NULL, 'h'},
-        {NULL, 0, NULL, 0},
-    };
-    static const char usage[] =
-        "usage: strata-tool compress --in MODEL_OR_DELTA.safetensors --policy SPEC --density D\n"
-        "         [--values fp32|fp16|bf16] --out P.bin [--residual R.safetensors]\n"
-        "         [--round R] [--rounds T] [--seed S] [--level ZSTD_LEVEL]\n"
-        "         [--client-id C] [--model-version V] [--samples N]   (payload header; 0)\n"
-        "  SPEC: a budget policy (uniform, legacy-layer, legacy-phase, legacy, lgreco, JSON\n"
-        "        text or @file.json), or one compressor for every layer: none, fp16, bf16,\n"
-        "        sign, qsgd:LEVELS, powersgd:RANK\n"
-        "  --residual: error-feedback state; read when the file exists, written back after\n";
-    const char *in = NULL, *out = NULL, *spec = NULL, *residual = NULL;
-    double density = 0.0;
-    long round = 0, rounds = 1, seed = 1, level = 1, client_id = 0, model_version = 0, samples = 0;
-    strata_values_format vf = STRATA_VALUES_FP32;
-    int c;
-    optind = 1;
-    while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
-        switch (c) {
-        case 'i':
-            in = optarg;
-            break;
-        case 'o':
-            out = optarg;
-            break;
-        case 'p':
-            spec = optarg;
-            break;
-        case 'r':
-            residual = optarg;
-            break;
-        case 'd':
-            if (strata_parse_double(optarg, 1e-12, 1.0, &density))
-                return tool_usage_error("--density: expected a number in (0, 1], got '%s'", optarg);
-            break;
-        case 'v':
-            if (strata_values_format_parse(optarg, &vf) < 0)
-                return tool_usage_error("--values: expected fp32, fp16 or bf16, got '%s'", optarg);
-            break;
-        case 'R':
-            if (strata_parse_long(optarg, 0, UINT32_MAX - 1, &round))
-                return tool_usage_error("--round: expected an integer >= 0, got '%s'", optarg);
-            break;
-        case 'T':
-            if (strata_parse_long(optarg, 1, UINT32_MAX, &rounds))
-                return tool_usage_error("--rounds: expected an integer >= 1, got '%s'", optarg);
-            break;
-        case 's':
-            if (strata_parse_long(optarg, 0, __LONG_MAX__, &seed))
-                return tool_usage_error("--seed: expected a non-negative integer, got '%s'",
-                                        optarg);
-            break;
-        case 'l':
-            if (strata_parse_long(optarg, 1, 19, &level))
-                return tool_usage_error("--level: expected a zstd level in [1, 19], got '%s'",
-                                        optarg);
-            break;
-        case 'C':
-        case 'M':
-        case 'N': {
-            long *dst = c == 'C' ? &client_id : c == 'M' ? &model_version : &samples;
-            if (strata_parse_long(optarg, 0, __LONG_MAX__, dst))
-                return tool_usage_error("--%s: expected a non-negative integer, got '%s'",
-                                        c == 'C'   ? "client-id"
-                                        : c == 'M' ? "model-version"
-                                                   : "samples",
-                                        optarg);
-            break;
-        }
-        case 'h':
-            fputs(usage, stdout);
-            return TOOL_EXIT_OK;
-        default:
-            fputs(usage, stderr);
-            return TOOL_EXIT_USAGE;
-        }
-    }
-    if (in == NULL || out == NULL || spec == NULL || density == 0.0 || optind != argc) {
-        fputs(usage, stderr);
+    if (o->in == NULL || o->out == NULL || o->policy == NULL || o->density == 0.0)
         return tool_usage_error("compress: --in, --out, --policy and --density are required");
-    }
-    if (round >= rounds)
+    strata_values_format vf = STRATA_VALUES_FP32;
+    if (o->values != NULL && strata_values_format_parse(o->values, &vf) < 0)
+        return tool_usage_error("--values: expected fp32, fp16 or bf16, got '%s'", o->values);
+    if (o->round >= o->rounds)
         return tool_usage_error("--round %ld is outside a run of %ld rounds (rounds count from 0)",
-                                round, rounds);
+                                o->round, o->rounds);
+    const char *in = o->in, *out = o->out, *residual = o->residual;
     int code = TOOL_EXIT_FAIL, rc;
     strata_diag d = {{0}};
     strata_tensor_list t;
@@ -252,7 +172,7 @@ int tool_compress(int argc, char **argv)
     strata_clayer *layers = NULL;
     uint8_t *buf = NULL;
     size_t len = 0;
-    char *meta = NULL, *tmp = NULL;
+    char *meta = NULL, *tmp = NULL, *dir = NULL;
     if ((rc = strata_safetensors_read(in, 0, &t, NULL, &d)) < 0) {
         strata_log_error("%s", strata_diag_msg(&d, rc));
         goto out;
@@ -262,8 +182,8 @@ int tool_compress(int argc, char **argv)
         strata_log_error("out of memory");
         goto out;
     }
-    if ((rc = make_budgets(spec, &t, density, (uint32_t)round, (uint32_t)rounds, budgets, &d)) <
-        0) {
+    if ((rc = make_budgets(o->policy, &t, o->density, (uint32_t)o->round, (uint32_t)o->rounds,
+                           budgets, &d)) < 0) {
         code = tool_usage_error("%s", strata_diag_msg(&d, rc));
         goto out;
     }
@@ -276,8 +196,8 @@ int tool_compress(int argc, char **argv)
         strata_log_error("residual %s: %s", residual ? residual : "", strata_diag_msg(&d, rc));
         goto out;
     }
-    if ((rc = strata_ef_step(ef, &t, budgets, vf, (uint32_t)round, (uint64_t)seed, &layers, &d)) <
-        0) {
+    if ((rc = strata_ef_step(ef, &t, budgets, vf, (uint32_t)o->round, (uint64_t)o->seed, &layers,
+                             &d)) < 0) {
         strata_log_error("compression failed: %s", strata_diag_msg(&d, rc));
         goto out;
     }
@@ -290,21 +210,21 @@ int tool_compress(int argc, char **argv)
     json_t *mj = json_pack("{s:o,s:o}", "tensors", layout_json(&t), "residual_norms", norms_j);
     meta = json_dumps(mj, JSON_COMPACT | JSON_PRESERVE_ORDER);
     json_decref(mj);
-    strata_payload p = {.round = (uint32_t)round,
-                        .model_version = (uint64_t)model_version,
-                        .client_id = (uint64_t)client_id,
-                        .sample_count = (uint64_t)samples,
+    strata_payload p = {.round = (uint32_t)o->round,
+                        .model_version = (uint64_t)o->model_version,
+                        .client_id = (uint64_t)o->client_id,
+                        .sample_count = (uint64_t)o->samples,
                         .num_layers = t.count,
                         .layers = layers,
                         .metadata_json = meta};
-    if ((rc = strata_payload_encode(&p, (int)level, &buf, &len, &d)) < 0) {
+    if ((rc = strata_payload_encode(&p, (int)o->level, &buf, &len, &d)) < 0) {
         strata_log_error("encoding failed: %s", strata_diag_msg(&d, rc));
         goto out;
     }
     /* Nothing becomes visible unless everything succeeds: the payload goes to
      * a temporary file, the residual is saved (atomically), then the payload
-     * is renamed into place. */
-    if ((rc = write_temp(out, buf, len, &tmp, &d)) < 0) {
+     * is renamed into place and its directory fsync'ed. */
+    if ((rc = strata_file_write_temp(out, buf, len, 0644, &tmp, &d)) < 0) {
         strata_log_error("%s", strata_diag_msg(&d, rc));
         goto out;
     }
@@ -312,12 +232,20 @@ int tool_compress(int argc, char **argv)
         strata_log_error("residual %s: %s", residual, strata_diag_msg(&d, rc));
         goto out;
     }
+    if ((dir = strdup(out)) == NULL) {
+        strata_log_error("out of memory");
+        goto out;
+    }
     if (rename(tmp, out) != 0) {
-        strata_log_error("%s: %s", out, strerror(errno));
+        strata_log_error("rename %s to %s: %s", tmp, out, strerror(errno));
         goto out;
     }
     free(tmp);
     tmp = NULL;
+    if ((rc = strata_file_fsync_dir(dirname(dir), &d)) < 0) {
+        strata_log_error("%s", strata_diag_msg(&d, rc));
+        goto out;
+    }
     size_t total = strata_tensor_list_numel(&t), kept = 0;
     for (size_t i = 0; i < t.count; i++)
         kept += (layers[i].comp == STRATA_COMP_TOPK || layers[i].comp == STRATA_COMP_RANDK)
@@ -332,6 +260,7 @@ out:
     if (tmp != NULL)
         unlink(tmp);
     free(tmp);
+    free(dir);
     free(meta);
     free(buf);
     if (layers)
@@ -339,6 +268,18 @@ out:
     free(budgets);
     strata_ef_free(ef);
     strata_tensor_list_cleanup(&t);
+    return code;
+}
+
+int tool_compress(int argc, char **argv)
+{
+    compress_opts o = {.rounds = 1, .seed = 1, .level = 1};
+    int done,
+        code = tool_parse("compress", "--in FILE --policy SPEC --density D --out P.bin [options]",
+                          COMPRESS_OPTS, NCOMPRESS_OPTS, argc, argv, &o, NULL, &done);
+    if (!done)
+        code = run_compress(&o);
+    strata_opts_cleanup(COMPRESS_OPTS, NCOMPRESS_OPTS, &o);
     return code;
 }
 
@@ -392,30 +333,25 @@ static void layer_layout(json_t *meta, size_t i, uint64_t numel, char *name, siz
     shape[0] = (int64_t)numel;
 }
 
-int tool_decode(int argc, char **argv)
+typedef struct decode_opts {
+    char *in, *out;
+} decode_opts;
+
+static const strata_opt DECODE_OPTS[] = {
+    {"in", STRATA_OPT_STRING, offsetof(decode_opts, in), 0, 0, "P.bin",
+     "the payload to decode; required"},
+    {"out", STRATA_OPT_STRING, offsetof(decode_opts, out), 0, 0, "FILE",
+     "the dense tensors to write (safetensors); required"},
+};
+#define NDECODE_OPTS (sizeof(DECODE_OPTS) / sizeof(DECODE_OPTS[0]))
+
+/* Decodes the payload o->in into dense tensors in o->out. Returns a
+ * TOOL_EXIT_* code. */
+static int run_decode(const decode_opts *o)
 {
-    static const struct option opts[] = {
-        {"in", required_argument, NULL, 'i'},
-        {"out", required_argument, NULL, 'o'},
-        {"help", no_argument, NULL, 'h'},
-        {NULL, 0, NULL, 0},
-    };
-    const char *in = NULL, *out = NULL;
-    int c;
-    optind = 1;
-    while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
-        if (c == 'i')
-            in = optarg;
-        else if (c == 'o')
-            out = optarg;
-        else if (c == 'h') {
-            puts("usage: strata-tool decode --in P.bin --out DENSE.safetensors");
-            return TOOL_EXIT_OK;
-        } else
-            return TOOL_EXIT_USAGE;
-    }
-    if (in == NULL || out == NULL || optind != argc)
+    if (o->in == NULL || o->out == NULL)
         return tool_usage_error("decode: --in and --out are required");
+    const char *in = o->in, *out = o->out;
     strata_payload *p = NULL;
     size_t flen;
     if (load_payload(in, &p, &flen) < 0)
@@ -452,6 +388,17 @@ out:
     return code;
 }
 
+int tool_decode(int argc, char **argv)
+{
+    decode_opts o = {0};
+    int done, code = tool_parse("decode", "--in P.bin --out DENSE.safetensors", DECODE_OPTS,
+                                NDECODE_OPTS, argc, argv, &o, NULL, &done);
+    if (!done)
+        code = run_decode(&o);
+    strata_opts_cleanup(DECODE_OPTS, NDECODE_OPTS, &o);
+    return code;
+}
+
 /* A JSON integer, or a decimal string above the signed 64-bit range. */
 static json_t *json_u64(uint64_t v)
 {
@@ -482,27 +429,21 @@ static size_t layer_array_bytes(const strata_clayer *c)
     }
 }
 
-int tool_inspect(int argc, char **argv)
+typedef struct inspect_opts {
+    int json;
+} inspect_opts;
+
+static const strata_opt INSPECT_OPTS[] = {
+    {"json", STRATA_OPT_FLAG, offsetof(inspect_opts, json), 0, 0, NULL, "print one JSON object"},
+};
+#define NINSPECT_OPTS (sizeof(INSPECT_OPTS) / sizeof(INSPECT_OPTS[0]))
+
+/* Prints the header and the per-layer table of the payload file at path.
+ * Returns a TOOL_EXIT_* code. */
+static int run_inspect(const inspect_opts *o, const char *path)
 {
-    static const struct option opts[] = {
-        {"json", no_argument, NULL, 'j'},
-        {"help", no_argument, NULL, 'h'},
-        {NULL, 0, NULL, 0},
-    };
-    int json = 0, c;
-    optind = 1;
-    while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
-        if (c == 'j')
-            json = 1;
-        else if (c == 'h') {
-            puts("usage: strata-tool inspect P.bin [--json]");
-            return TOOL_EXIT_OK;
-        } else
-            return TOOL_EXIT_USAGE;
-    }
-    if (optind != argc - 1)
+    if (path == NULL)
         return tool_usage_error("inspect: expected one payload file");
-    const char *path = argv[optind];
     strata_payload *p = NULL;
     size_t flen;
     if (load_payload(path, &p, &flen) < 0)
@@ -543,7 +484,7 @@ int tool_inspect(int argc, char **argv)
     json_object_set_new(root, "kept", json_integer((json_int_t)kept_total));
     json_object_set_new(root, "array_bytes", json_integer((json_int_t)raw_total));
     json_object_set_new(root, "per_layer", arr);
-    if (json) {
+    if (o->json) {
         char *s = json_dumps(root, JSON_COMPACT | JSON_PRESERVE_ORDER);
         puts(s);
         free(s);
@@ -578,44 +519,50 @@ int tool_inspect(int argc, char **argv)
     return TOOL_EXIT_OK;
 }
 
-int tool_policy(int argc, char **argv)
+int tool_inspect(int argc, char **argv)
 {
-    static const struct option opts[] = {
-        {"model", required_argument, NULL, 'm'},
-        {"policy", required_argument, NULL, 'p'},
-        {"density", required_argument, NULL, 'd'},
-        {"rounds", required_argument, NULL, 'T'},
-        {"json", no_argument, NULL, 'j'},
-        {"help", no_argument, NULL, 'h'},
-        {NULL, 0, NULL, 0},
-    };
-    const char *model = NULL, *spec = NULL;
-    double density = 0.0;
-    long rounds = 0;
-    int json = 0, c;
-    optind = 1;
-    while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
-        if (c == 'm')
-            model = optarg;
-        else if (c == 'p')
-            spec = optarg;
-        else if (c == 'j')
-            json = 1;
-        else if (c == 'd') {
-            if (strata_parse_double(optarg, 1e-12, 1.0, &density))
-                return tool_usage_error("--density: expected a number in (0, 1], got '%s'", optarg);
-        } else if (c == 'T') {
-            if (strata_parse_long(optarg, 1, 1000000, &rounds))
-                return tool_usage_error("--rounds: expected an integer >= 1, got '%s'", optarg);
-        } else if (c == 'h') {
-            puts("usage: strata-tool policy --model NAME|ARCH.json --policy SPEC --density D "
-                 "--rounds T [--json]");
-            return TOOL_EXIT_OK;
-        } else
-            return TOOL_EXIT_USAGE;
-    }
-    if (model == NULL || spec == NULL || density == 0.0 || rounds == 0 || optind != argc)
+    inspect_opts o = {0};
+    const char *path = NULL;
+    int done, code = tool_parse("inspect", "P.bin [--json]", INSPECT_OPTS, NINSPECT_OPTS, argc,
+                                argv, &o, &path, &done);
+    if (!done)
+        code = run_inspect(&o, path);
+    strata_opts_cleanup(INSPECT_OPTS, NINSPECT_OPTS, &o);
+    return code;
+}
+
+typedef struct policy_opts {
+    char *model, *policy;
+    double density;
+    long rounds;
+    int json;
+} policy_opts;
+
+#define OFF(f) offsetof(policy_opts, f)
+static const strata_opt POLICY_OPTS[] = {
+    {"model", STRATA_OPT_STRING, OFF(model), 0, 0, "SPEC",
+     "a built-in model (mlp, cnn) or an ARCH.json file;\nrequired"},
+    {"policy", STRATA_OPT_STRING, OFF(policy), 0, 0, "SPEC",
+     "a budget policy: uniform, legacy-layer,\nlegacy-phase, legacy, lgreco, JSON text or\n"
+     "@file.json; required"},
+    {"density", STRATA_OPT_DOUBLE, OFF(density), 1e-12, 1, "D",
+     "target mean density, in (0, 1]; required"},
+    {"rounds", STRATA_OPT_INTEGER, OFF(rounds), 1, 1000000, "T", "rounds in the run; required"},
+    {"json", STRATA_OPT_FLAG, OFF(json), 0, 0, NULL, "print one JSON object"},
+};
+#undef OFF
+#define NPOLICY_OPTS (sizeof(POLICY_OPTS) / sizeof(POLICY_OPTS[0]))
+
+/* Prints the per-layer densities of every phase of the policy o->policy on
+ * o->model and the elements kept over the run against the uniform policy.
+ * Returns a TOOL_EXIT_* code. */
+static int run_policy(const policy_opts *o)
+{
+    if (o->model == NULL || o->policy == NULL || o->density == 0.0 || o->rounds == 0)
         return tool_usage_error("policy: --model, --policy, --density and --rounds are required");
+    const char *model = o->model, *spec = o->policy;
+    double density = o->density;
+    long rounds = o->rounds;
     strata_model *m = NULL;
     strata_diag d = {{0}};
     int rc = tool_load_model(model, &m, &d);
@@ -660,7 +607,7 @@ int tool_policy(int argc, char **argv)
     }
     strata_policy_densities(uni, sizes, n, density, 0, (uint32_t)rounds, udens, NULL);
     double uni_kept = (double)strata_policy_kept(sizes, udens, n) * (double)rounds;
-    if (json) {
+    if (o->json) {
         json_t *root =
             json_pack("{s:s,s:s,s:f,s:I,s:I}", "model", model, "policy", strata_policy_name(pol),
                       "density", density, "rounds", (json_int_t)rounds, "phases", (json_int_t)P);
@@ -722,5 +669,17 @@ out:
     strata_policy_free(pol);
     strata_policy_free(uni);
     strata_model_free(m);
+    return code;
+}
+
+int tool_policy(int argc, char **argv)
+{
+    policy_opts o = {0};
+    int done, code = tool_parse(
+                  "policy", "--model NAME|ARCH.json --policy SPEC --density D --rounds T [--json]",
+                  POLICY_OPTS, NPOLICY_OPTS, argc, argv, &o, NULL, &done);
+    if (!done)
+        code = run_policy(&o);
+    strata_opts_cleanup(POLICY_OPTS, NPOLICY_OPTS, &o);
     return code;
 }

@@ -7,36 +7,32 @@
 #include "strata/partition.h"
 #include "strata/train.h"
 
-#include <getopt.h>
 #include <jansson.h>
+#include <limits.h>
 #include <math.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
-int tool_info(int argc, char **argv)
+typedef struct info_opts {
+    char *model;
+    int json;
+} info_opts;
+
+static const strata_opt INFO_OPTS[] = {
+    {"model", STRATA_OPT_STRING, offsetof(info_opts, model), 0, 0, "SPEC",
+     "a built-in model (mlp, cnn), an ARCH.json file or a\n"
+     ".safetensors file (listed as stored); required"},
+    {"json", STRATA_OPT_FLAG, offsetof(info_opts, json), 0, 0, NULL, "print one JSON object"},
+};
+#define NINFO_OPTS (sizeof(INFO_OPTS) / sizeof(INFO_OPTS[0]))
+
+/* Lists the parameter tensors of o->model. Returns a TOOL_EXIT_* code. */
+static int run_info(const info_opts *o)
 {
-    static const struct option opts[] = {
-        {"model", required_argument, NULL, 'm'},
-        {"json", no_argument, NULL, 'j'},
-        {"help", no_argument, NULL, 'h'},
-        {NULL, 0, NULL, 0},
-    };
-    const char *spec = NULL;
-    int json = 0, c;
-    optind = 1;
-    while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
-        if (c == 'm')
-            spec = optarg;
-        else if (c == 'j')
-            json = 1;
-        else if (c == 'h') {
-            puts("usage: strata-tool info --model NAME|ARCH.json|CKPT.safetensors [--json]");
-            return TOOL_EXIT_OK;
-        } else
-            return TOOL_EXIT_USAGE;
-    }
-    if (spec == NULL || optind != argc)
-        return tool_usage_error("info: --model is required (and takes no positional arguments)");
+    if (o->model == NULL)
+        return tool_usage_error("info: --model is required");
+    const char *spec = o->model;
     /* A safetensors file is listed as it is (a checkpoint, a delta, a
      * residual); anything else is built as a model. */
     strata_model *m = NULL;
@@ -54,7 +50,7 @@ int tool_info(int argc, char **argv)
     if (m != NULL)
         p = strata_model_params(m);
     size_t total = strata_tensor_list_numel(p);
-    if (json) {
+    if (o->json) {
         json_t *root = json_object(), *arr = json_array();
         for (size_t i = 0; i < p->count; i++) {
             json_t *shape = json_array();
@@ -84,145 +80,53 @@ int tool_info(int argc, char **argv)
     return TOOL_EXIT_OK;
 }
 
-typedef struct train_args {
-    const char *model, *data, *out, *normalize, *schedule;
-    long epochs, threads, batch, limit;
-    unsigned long long seed;
+int tool_info(int argc, char **argv)
+{
+    info_opts o = {0};
+    int done, code = tool_parse("info", "--model NAME|ARCH.json|CKPT.safetensors [--json]",
+                                INFO_OPTS, NINFO_OPTS, argc, argv, &o, NULL, &done);
+    if (!done)
+        code = run_info(&o);
+    strata_opts_cleanup(INFO_OPTS, NINFO_OPTS, &o);
+    return code;
+}
+
+typedef struct train_opts {
+    char *model, *data, *out, *normalize, *schedule; /* NULL: the default */
+    long epochs, threads, batch, limit, seed;
     double lr, momentum, weight_decay;
     int nesterov, json;
-} train_args;
+} train_opts;
 
-static const char TRAIN_USAGE[] =
-    "usage: strata-tool train --model NAME|ARCH.json --data DIR --epochs N [options]\n"
-    "  --threads T        threads for OpenMP and BLAS (default: OMP_NUM_THREADS or all cores)\n"
-    "  --seed S           seed for initialisation and shuffling (default 1)\n"
-    "  --batch B          mini-batch size (default 32)\n"
-    "  --lr LR            learning rate (default 0.02)\n"
-    "  --momentum M       SGD momentum (default 0.9)\n"
-    "  --weight-decay WD  L2 weight decay (default 0)\n"
-    "  --nesterov         Nesterov momentum\n"
-    "  --schedule S       learning-rate schedule: cosine (decay to 0 over the run,\n"
-    "                     default) or constant\n"
-    "  --limit N          train on the first N training images only\n"
-    "  --normalize X      input normalisation: auto (training-set mean/std, default),\n"
-    "                     none, or MEAN,STD\n"
-    "  --out FILE         write the trained model as a safetensors checkpoint\n"
-    "  --json             last line of output is a JSON summary\n";
-
-/* Parses the train options into *a. Returns TOOL_EXIT_OK (with *help set
- * when --help was answered) or TOOL_EXIT_USAGE. */
-static int parse_train(int argc, char **argv, train_args *a, int *help)
-{
-    static const struct option opts[] = {
-        {"model", required_argument, NULL, 'm'},
-        {"data", required_argument, NULL, 'd'},
-        {"epochs", required_argument, NULL, 'e'},
-        {"threads", required_argument, NULL, 't'},
-        {"seed", required_argument, NULL, 's'},
-        {"batch", required_argument, NULL, 'b'},
-        {"lr", required_argument, NULL, 'l'},
-        {"momentum", required_argument, NULL, 'M'},
-        {"weight-decay", required_argument, NULL, 'w'},
-        {"nesterov", no_argument, NULL, 'n'},
-        {"schedule", required_argument, NULL, 'S'},
-        {"limit", required_argument, NULL, 'L'},
-        {"normalize", required_argument, NULL, 'N'},
-        {"out", required_argument, NULL, 'o'},
-        {"json", no_argument, NULL, 'j'},
-        {"help", no_argument, NULL, 'h'},
-        {NULL, 0, NULL, 0},
-    };
-    *a = (train_args){.epochs = 0,
-                      .batch = 32,
-                      .seed = 1,
-                      .lr = 0.02,
-                      .momentum = 0.9,
-                      .normalize = "auto",
-                      .schedule = "cosine"};
-    int c;
-    long v;
-    *help = 0;
-    optind = 1;
-    while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
-        switch (c) {
-        case 'm':
-            a->model = optarg;
-            break;
-        case 'd':
-            a->data = optarg;
-            break;
-        case 'o':
-            a->out = optarg;
-            break;
-        case 'N':
-            a->normalize = optarg;
-            break;
-        case 'S':
-            if (strcmp(optarg, "cosine") != 0 && strcmp(optarg, "constant") != 0)
-                return tool_usage_error("--schedule: expected cosine or constant, got '%s'",
-                                        optarg);
-            a->schedule = optarg;
-            break;
-        case 'e':
-            if (strata_parse_long(optarg, 1, 100000, &a->epochs))
-                return tool_usage_error("--epochs: expected an integer >= 1, got '%s'", optarg);
-            break;
-        case 't':
-            if (strata_parse_long(optarg, 1, 1024, &a->threads))
-                return tool_usage_error("--threads: expected an integer in [1, 1024], got '%s'",
-                                        optarg);
-            break;
-        case 's':
-            if (strata_parse_long(optarg, 0, __LONG_MAX__, &v))
-                return tool_usage_error("--seed: expected a non-negative integer, got '%s'",
-                                        optarg);
-            a->seed = (unsigned long long)v;
-            break;
-        case 'b':
-            if (strata_parse_long(optarg, 1, 65536, &a->batch))
-                return tool_usage_error("--batch: expected an integer in [1, 65536], got '%s'",
-                                        optarg);
-            break;
-        case 'L':
-            if (strata_parse_long(optarg, 1, __LONG_MAX__, &a->limit))
-                return tool_usage_error("--limit: expected an integer >= 1, got '%s'", optarg);
-            break;
-        case 'l':
-            if (strata_parse_double(optarg, 1e-12, 1e6, &a->lr))
-                return tool_usage_error("--lr: expected a positive number, got '%s'", optarg);
-            break;
-        case 'M':
-            if (strata_parse_double(optarg, 0.0, 0.999999, &a->momentum))
-                return tool_usage_error("--momentum: expected a number in [0, 1), got '%s'",
-                                        optarg);
-            break;
-        case 'w':
-            if (strata_parse_double(optarg, 0.0, 1e6, &a->weight_decay))
-                return tool_usage_error("--weight-decay: expected a number >= 0, got '%s'", optarg);
-            break;
-        case 'n':
-            a->nesterov = 1;
-            break;
-        case 'j':
-            a->json = 1;
-            break;
-        case 'h':
-            fputs(TRAIN_USAGE, stdout);
-            *help = 1;
-            return TOOL_EXIT_OK;
-        default:
-            fputs(TRAIN_USAGE, stderr);
-            return TOOL_EXIT_USAGE;
-        }
-    }
-    if (optind != argc)
-        return tool_usage_error("train: unexpected argument '%s'", argv[optind]);
-    if (a->model == NULL || a->data == NULL || a->epochs == 0) {
-        fputs(TRAIN_USAGE, stderr);
-        return tool_usage_error("train: --model, --data and --epochs are required");
-    }
-    return TOOL_EXIT_OK;
-}
+#define OFF(f) offsetof(train_opts, f)
+static const strata_opt TRAIN_OPTS[] = {
+    {"model", STRATA_OPT_STRING, OFF(model), 0, 0, "SPEC",
+     "a built-in model (mlp, cnn) or an ARCH.json file;\nrequired"},
+    {"data", STRATA_OPT_STRING, OFF(data), 0, 0, "DIR", "data set directory; required"},
+    {"epochs", STRATA_OPT_INTEGER, OFF(epochs), 1, 100000, "N", "training epochs; required"},
+    {"threads", STRATA_OPT_INTEGER, OFF(threads), 1, 1024, "T",
+     "threads for OpenMP and BLAS\n(default: OMP_NUM_THREADS or all cores)"},
+    {"seed", STRATA_OPT_INTEGER, OFF(seed), 0, (double)LONG_MAX, "S",
+     "seed for initialisation and shuffling (default 1)"},
+    {"batch", STRATA_OPT_INTEGER, OFF(batch), 1, 65536, "B", "mini-batch size (default 32)"},
+    {"lr", STRATA_OPT_DOUBLE, OFF(lr), 1e-12, 1e6, "LR", "learning rate (default 0.02)"},
+    {"momentum", STRATA_OPT_DOUBLE, OFF(momentum), 0, 0.999999, "M",
+     "SGD momentum, in [0, 1) (default 0.9)"},
+    {"weight_decay", STRATA_OPT_DOUBLE, OFF(weight_decay), 0, 1e6, "WD",
+     "L2 weight decay (default 0)"},
+    {"nesterov", STRATA_OPT_FLAG, OFF(nesterov), 0, 0, NULL, "Nesterov momentum"},
+    {"schedule", STRATA_OPT_STRING, OFF(schedule), 0, 0, "S",
+     "learning-rate schedule: cosine (decay to 0 over\nthe run, default) or constant"},
+    {"limit", STRATA_OPT_INTEGER, OFF(limit), 1, (double)LONG_MAX, "N",
+     "train on the first N training images only"},
+    {"normalize", STRATA_OPT_STRING, OFF(normalize), 0, 0, "X",
+     "input normalisation: auto (training-set mean/std,\ndefault), none, or MEAN,STD"},
+    {"out", STRATA_OPT_STRING, OFF(out), 0, 0, "FILE",
+     "write the trained model as a safetensors checkpoint"},
+    {"json", STRATA_OPT_FLAG, OFF(json), 0, 0, NULL, "last line of output is a JSON summary"},
+};
+#undef OFF
+#define NTRAIN_OPTS (sizeof(TRAIN_OPTS) / sizeof(TRAIN_OPTS[0]))
 
 /* Loads one split of a data set directory into *ds (initialised here).
  * Errors: those of strata_data_load_dir, logged. */
@@ -236,64 +140,68 @@ static int load_split(const char *dir, const char *split, size_t limit, strata_d
     return rc;
 }
 
-int tool_train(int argc, char **argv)
+/* Trains o->model on o->data and reports every epoch. Returns a TOOL_EXIT_*
+ * code. */
+static int run_train(const train_opts *o)
 {
-    train_args a;
-    int help = 0, code = parse_train(argc, argv, &a, &help);
-    if (code != TOOL_EXIT_OK || help)
-        return code;
-    int threads = strata_set_threads((int)a.threads);
+    if (o->model == NULL || o->data == NULL || o->epochs == 0)
+        return tool_usage_error("train: --model, --data and --epochs are required");
+    const char *schedule = o->schedule ? o->schedule : "cosine";
+    if (strcmp(schedule, "cosine") != 0 && strcmp(schedule, "constant") != 0)
+        return tool_usage_error("--schedule: expected cosine or constant, got '%s'", schedule);
+    /* Normalisation: "auto" takes the training set's statistics below. */
+    const char *normalize = o->normalize ? o->normalize : "auto";
+    int norm_auto = strcmp(normalize, "auto") == 0;
+    float mean = 0.0f, std = 1.0f;
+    if (!norm_auto && strcmp(normalize, "none") != 0 &&
+        strata_parse_normalization(normalize, &mean, &std) < 0)
+        return tool_usage_error(
+            "--normalize: expected auto, none or MEAN,STD with STD > 0, got '%s'", normalize);
+    int threads = strata_set_threads((int)o->threads);
     strata_dataset train, test;
     strata_model *m = NULL;
     strata_sgd *opt = NULL;
     json_t *epochs = json_array();
-    int rc = 0;
-    code = TOOL_EXIT_FAIL;
+    int rc = 0, code = TOOL_EXIT_FAIL;
     strata_dataset_init(&train);
     strata_dataset_init(&test);
-    if (load_split(a.data, "train", (size_t)a.limit, &train) < 0 ||
-        load_split(a.data, "test", 0, &test) < 0)
+    if (load_split(o->data, "train", (size_t)o->limit, &train) < 0 ||
+        load_split(o->data, "test", 0, &test) < 0)
         goto out;
     strata_diag d = {{0}};
-    if ((rc = strata_model_new(a.model, &m, &d)) < 0) {
+    if ((rc = strata_model_new(o->model, &m, &d)) < 0) {
         strata_log_error("%s", strata_diag_msg(&d, rc));
         goto out;
     }
     if (strata_model_input_dim(m) != train.dim) {
-        strata_log_error("model '%s' takes %zu inputs but the data has %zu per sample", a.model,
+        strata_log_error("model '%s' takes %zu inputs but the data has %zu per sample", o->model,
                          strata_model_input_dim(m), train.dim);
         goto out;
     }
     int classes = train.num_classes > test.num_classes ? train.num_classes : test.num_classes;
     if (strata_model_output_dim(m) < (size_t)classes) {
-        strata_log_error("model '%s' has %zu outputs but the data has %d classes", a.model,
+        strata_log_error("model '%s' has %zu outputs but the data has %d classes", o->model,
                          strata_model_output_dim(m), classes);
         goto out;
     }
-    if (a.out != NULL && (rc = tool_check_writable(a.out, &d)) < 0) {
+    if (o->out != NULL && (rc = tool_check_writable(o->out, &d)) < 0) {
         strata_log_error("%s", strata_diag_msg(&d, rc));
         goto out;
     }
-    float mean = 0.0f, std = 1.0f;
-    if (strcmp(a.normalize, "auto") == 0) {
+    if (norm_auto) {
         double dm, ds;
         strata_dataset_stats(&train, &dm, &ds);
         mean = (float)dm;
         std = ds > 0 ? (float)ds : 1.0f;
-    } else if (strcmp(a.normalize, "none") != 0 &&
-               strata_parse_normalization(a.normalize, &mean, &std) < 0) {
-        code = tool_usage_error(
-            "--normalize: expected auto, none or MEAN,STD with STD > 0, got '%s'", a.normalize);
-        goto out;
     }
     strata_model_set_normalization(m, mean, std);
-    strata_model_init_params(m, a.seed);
-    strata_sgd_config cfg = {.lr = (float)a.lr,
-                             .momentum = (float)a.momentum,
-                             .weight_decay = (float)a.weight_decay,
-                             .nesterov = a.nesterov};
-    if (strcmp(a.schedule, "cosine") == 0)
-        cfg.decay_steps = (size_t)a.epochs * ((train.n + (size_t)a.batch - 1) / (size_t)a.batch);
+    strata_model_init_params(m, (uint64_t)o->seed);
+    strata_sgd_config cfg = {.lr = (float)o->lr,
+                             .momentum = (float)o->momentum,
+                             .weight_decay = (float)o->weight_decay,
+                             .nesterov = o->nesterov};
+    if (strcmp(schedule, "cosine") == 0)
+        cfg.decay_steps = (size_t)o->epochs * ((train.n + (size_t)o->batch - 1) / (size_t)o->batch);
     if ((rc = strata_sgd_new(strata_model_params(m), &cfg, &opt, &d)) < 0) {
         code = tool_usage_error("%s", strata_diag_msg(&d, rc));
         goto out;
@@ -301,16 +209,16 @@ int tool_train(int argc, char **argv)
     size_t nparams = strata_tensor_list_numel(strata_model_params(m));
     strata_log_info("training %s (%zu parameters) on %zu images, %ld epochs, batch %ld, lr %g, "
                     "%d threads, normalisation %g,%g",
-                    a.model, nparams, train.n, a.epochs, a.batch, a.lr, threads, (double)mean,
+                    o->model, nparams, train.n, o->epochs, o->batch, o->lr, threads, (double)mean,
                     (double)std);
     strata_rng rng;
-    strata_rng_seed(&rng, a.seed, 1);
+    strata_rng_seed(&rng, (uint64_t)o->seed, 1);
     double train_seconds = 0.0;
     strata_train_stats ts = {0}, es = {0};
-    for (long e = 1; e <= a.epochs; e++) {
+    for (long e = 1; e <= o->epochs; e++) {
         char label[64];
-        snprintf(label, sizeof(label), "epoch %ld/%ld", e, a.epochs);
-        if ((rc = strata_train_epoch(m, opt, &train, NULL, 0, (size_t)a.batch, 0, &rng,
+        snprintf(label, sizeof(label), "epoch %ld/%ld", e, o->epochs);
+        if ((rc = strata_train_epoch(m, opt, &train, NULL, 0, (size_t)o->batch, 0, &rng,
                                      tool_progress, label, &ts)) < 0 ||
             (rc = strata_evaluate(m, &test, NULL, 0, 128, &es)) < 0) {
             strata_log_error("training failed: %s", strata_strerror(rc));
@@ -323,7 +231,7 @@ int tool_train(int argc, char **argv)
         }
         printf("epoch %ld/%ld  train_loss %.4f  train_acc %.4f  test_loss %.4f  test_acc %.4f  "
                "%.0f img/s\n",
-               e, a.epochs, ts.loss, ts.accuracy, es.loss, es.accuracy,
+               e, o->epochs, ts.loss, ts.accuracy, es.loss, es.accuracy,
                (double)ts.samples / ts.seconds);
         fflush(stdout);
         json_array_append_new(epochs,
@@ -331,21 +239,21 @@ int tool_train(int argc, char **argv)
                                         "train_loss", ts.loss, "train_accuracy", ts.accuracy,
                                         "test_loss", es.loss, "test_accuracy", es.accuracy));
     }
-    if (a.out != NULL) {
-        if ((rc = strata_checkpoint_save(m, a.out, &d)) < 0) {
+    if (o->out != NULL) {
+        if ((rc = strata_checkpoint_save(m, o->out, &d)) < 0) {
             strata_log_error("%s", strata_diag_msg(&d, rc));
             goto out;
         }
-        strata_log_info("checkpoint written to %s", a.out);
+        strata_log_info("checkpoint written to %s", o->out);
     }
-    if (a.json) {
+    if (o->json) {
         json_t *root =
-            json_pack("{s:s,s:I,s:I,s:I,s:I,s:I,s:f,s:f,s:f,s:f,s:f,s:O}", "model", a.model,
-                      "params", (json_int_t)nparams, "epochs", (json_int_t)a.epochs, "batch",
-                      (json_int_t)a.batch, "threads", (json_int_t)threads, "train_samples",
+            json_pack("{s:s,s:I,s:I,s:I,s:I,s:I,s:f,s:f,s:f,s:f,s:f,s:O}", "model", o->model,
+                      "params", (json_int_t)nparams, "epochs", (json_int_t)o->epochs, "batch",
+                      (json_int_t)o->batch, "threads", (json_int_t)threads, "train_samples",
                       (json_int_t)train.n, "test_accuracy", es.accuracy, "test_loss", es.loss,
-                      "images_per_second", (double)train.n * (double)a.epochs / train_seconds,
-                      "train_seconds", train_seconds, "lr", a.lr, "history", epochs);
+                      "images_per_second", (double)train.n * (double)o->epochs / train_seconds,
+                      "train_seconds", train_seconds, "lr", o->lr, "history", epochs);
         char *s = json_dumps(root, JSON_COMPACT | JSON_PRESERVE_ORDER);
         puts(s);
         free(s);
@@ -361,41 +269,46 @@ out:
     return code;
 }
 
-int tool_eval(int argc, char **argv)
+int tool_train(int argc, char **argv)
 {
-    static const struct option opts[] = {
-        {"model", required_argument, NULL, 'm'},   {"data", required_argument, NULL, 'd'},
-        {"threads", required_argument, NULL, 't'}, {"json", no_argument, NULL, 'j'},
-        {"help", no_argument, NULL, 'h'},          {NULL, 0, NULL, 0},
-    };
-    const char *spec = NULL, *data = NULL;
-    long threads = 0;
-    int json = 0, c;
-    optind = 1;
-    while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
-        if (c == 'm')
-            spec = optarg;
-        else if (c == 'd')
-            data = optarg;
-        else if (c == 'j')
-            json = 1;
-        else if (c == 't') {
-            if (strata_parse_long(optarg, 1, 1024, &threads))
-                return tool_usage_error("--threads: expected an integer in [1, 1024]");
-        } else if (c == 'h') {
-            puts("usage: strata-tool eval --model CKPT.safetensors --data DIR [--threads T] "
-                 "[--json]");
-            return TOOL_EXIT_OK;
-        } else
-            return TOOL_EXIT_USAGE;
-    }
-    if (spec == NULL || data == NULL || optind != argc)
+    train_opts o = {.batch = 32, .seed = 1, .lr = 0.02, .momentum = 0.9};
+    int done, code = tool_parse("train", "--model NAME|ARCH.json --data DIR --epochs N [options]",
+                                TRAIN_OPTS, NTRAIN_OPTS, argc, argv, &o, NULL, &done);
+    if (!done)
+        code = run_train(&o);
+    strata_opts_cleanup(TRAIN_OPTS, NTRAIN_OPTS, &o);
+    return code;
+}
+
+typedef struct eval_opts {
+    char *model, *data;
+    long threads;
+    int json;
+} eval_opts;
+
+static const strata_opt EVAL_OPTS[] = {
+    {"model", STRATA_OPT_STRING, offsetof(eval_opts, model), 0, 0, "CKPT",
+     "the checkpoint (.safetensors) to evaluate; required"},
+    {"data", STRATA_OPT_STRING, offsetof(eval_opts, data), 0, 0, "DIR",
+     "data set directory (its test split); required"},
+    {"threads", STRATA_OPT_INTEGER, offsetof(eval_opts, threads), 1, 1024, "T",
+     "threads for OpenMP and BLAS\n(default: OMP_NUM_THREADS or all cores)"},
+    {"json", STRATA_OPT_FLAG, offsetof(eval_opts, json), 0, 0, NULL, "print one JSON object"},
+};
+#define NEVAL_OPTS (sizeof(EVAL_OPTS) / sizeof(EVAL_OPTS[0]))
+
+/* Evaluates the checkpoint o->model on the test split of o->data. Returns
+ * a TOOL_EXIT_* code. */
+static int run_eval(const eval_opts *o)
+{
+    if (o->model == NULL || o->data == NULL)
         return tool_usage_error("eval: --model and --data are required");
+    const char *spec = o->model;
     if (!tool_is_safetensors(spec))
         return tool_usage_error("eval: --model must be a checkpoint (.safetensors); '%s' has no "
                                 "trained weights",
                                 spec);
-    strata_set_threads((int)threads);
+    strata_set_threads((int)o->threads);
     strata_model *m = NULL;
     strata_dataset test;
     strata_dataset_init(&test);
@@ -406,7 +319,7 @@ int tool_eval(int argc, char **argv)
         strata_log_error("%s", strata_diag_msg(&d, rc));
         goto out;
     }
-    if (load_split(data, "test", 0, &test) < 0)
+    if (load_split(o->data, "test", 0, &test) < 0)
         goto out;
     strata_train_stats es;
     rc = strata_evaluate(m, &test, NULL, 0, 128, &es);
@@ -415,7 +328,7 @@ int tool_eval(int argc, char **argv)
                          strata_strerror(rc));
         goto out;
     }
-    if (json) {
+    if (o->json) {
         json_t *root =
             json_pack("{s:s,s:I,s:f,s:f}", "model", spec, "samples", (json_int_t)es.samples,
                       "test_accuracy", es.accuracy, "test_loss", es.loss);
@@ -432,56 +345,68 @@ out:
     return code;
 }
 
-int tool_partition(int argc, char **argv)
+int tool_eval(int argc, char **argv)
 {
-    static const struct option opts[] = {
-        {"data", required_argument, NULL, 'd'},
-        {"clients", required_argument, NULL, 'c'},
-        {"partition", required_argument, NULL, 'p'},
-        {"seed", required_argument, NULL, 's'},
-        {"help", no_argument, NULL, 'h'},
-        {NULL, 0, NULL, 0},
-    };
-    const char *data = NULL, *spec = "iid";
-    long clients = 10, seed = 1;
-    int c;
-    optind = 1;
-    while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
-        if (c == 'd')
-            data = optarg;
-        else if (c == 'p')
-            spec = optarg;
-        else if (c == 'c') {
-            if (strata_parse_long(optarg, 1, 1000000, &clients))
-                return tool_usage_error("--clients: expected an integer >= 1, got '%s'", optarg);
-        } else if (c == 's') {
-            if (strata_parse_long(optarg, 0, __LONG_MAX__, &seed))
-                return tool_usage_error("--seed: expected a non-negative integer, got '%s'",
-                                        optarg);
-        } else if (c == 'h') {
-            puts("usage: strata-tool partition --data DIR [--clients N] "
-                 "[--partition iid|dirichlet:ALPHA|shards:S] [--seed S]");
-            return TOOL_EXIT_OK;
-        } else
-            return TOOL_EXIT_USAGE;
-    }
-    if (data == NULL || optind != argc)
+    eval_opts o = {0};
+    int done,
+        code = tool_parse("eval", "--model CKPT.safetensors --data DIR [--threads T] [--json]",
+                          EVAL_OPTS, NEVAL_OPTS, argc, argv, &o, NULL, &done);
+    if (!done)
+        code = run_eval(&o);
+    strata_opts_cleanup(EVAL_OPTS, NEVAL_OPTS, &o);
+    return code;
+}
+
+typedef struct partition_opts {
+    char *data, *partition; /* partition NULL: iid */
+    long clients, seed;
+} partition_opts;
+
+static const strata_opt PARTITION_OPTS[] = {
+    {"data", STRATA_OPT_STRING, offsetof(partition_opts, data), 0, 0, "DIR",
+     "data set directory (its training split); required"},
+    {"clients", STRATA_OPT_INTEGER, offsetof(partition_opts, clients), 1, 1000000, "N",
+     "clients to split the training set over (default 10)"},
+    {"partition", STRATA_OPT_STRING, offsetof(partition_opts, partition), 0, 0, "SPEC",
+     "iid (default), dirichlet:ALPHA or shards:S"},
+    {"seed", STRATA_OPT_INTEGER, offsetof(partition_opts, seed), 0, (double)LONG_MAX, "S",
+     "partition seed (default 1)"},
+};
+#define NPARTITION_OPTS (sizeof(PARTITION_OPTS) / sizeof(PARTITION_OPTS[0]))
+
+/* Prints the label histogram of every client's share of o->data's training
+ * split. Returns a TOOL_EXIT_* code. */
+static int run_partition(const partition_opts *o)
+{
+    if (o->data == NULL)
         return tool_usage_error("partition: --data is required");
+    const char *spec = o->partition ? o->partition : "iid";
     strata_dataset train;
-    if (load_split(data, "train", 0, &train) < 0)
+    if (load_split(o->data, "train", 0, &train) < 0)
         return TOOL_EXIT_FAIL;
     strata_partition *p = NULL;
     strata_diag d = {{0}};
-    int rc = strata_partition_new(train.y, train.n, train.num_classes, spec, (size_t)clients,
-                                  (uint64_t)seed, &p, &d);
+    int rc = strata_partition_new(train.y, train.n, train.num_classes, spec, (size_t)o->clients,
+                                  (uint64_t)o->seed, &p, &d);
     if (rc < 0) {
         strata_dataset_cleanup(&train);
         return tool_usage_error("%s", strata_diag_msg(&d, rc));
     }
     printf("partition %s of %zu training samples over %ld clients (seed %ld)\n", spec, train.n,
-           clients, seed);
+           o->clients, o->seed);
     strata_partition_print(p, train.y, train.num_classes, stdout);
     strata_partition_free(p);
     strata_dataset_cleanup(&train);
     return TOOL_EXIT_OK;
+}
+
+int tool_partition(int argc, char **argv)
+{
+    partition_opts o = {.clients = 10, .seed = 1};
+    int done, code = tool_parse("partition", "--data DIR [options]", PARTITION_OPTS,
+                                NPARTITION_OPTS, argc, argv, &o, NULL, &done);
+    if (!done)
+        code = run_partition(&o);
+    strata_opts_cleanup(PARTITION_OPTS, NPARTITION_OPTS, &o);
+    return code;
 }

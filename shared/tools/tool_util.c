@@ -1,10 +1,12 @@
-/* strata-tool: the helpers the sub-commands share — usage errors, model
- * specs, the writability probe and the terminal progress bar. */
+/* strata-tool: the helpers the sub-commands share — option parsing, usage
+ * errors, model specs, the writability probe and the terminal progress bar. */
 #include "tool.h"
 
+#include "strata/buf.h"
 #include "strata/checkpoint.h"
+#include "strata/fileio.h"
+#include "strata/log.h"
 
-#include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -22,6 +24,103 @@ int tool_usage_error(const char *fmt, ...)
     return TOOL_EXIT_USAGE;
 }
 
+/* Prints the line after a usage error of cmd that points at its --help;
+ * returns TOOL_EXIT_USAGE. */
+static int help_hint(const char *cmd)
+{
+    fprintf(stderr, "Run 'strata-tool %s --help' for its options.\n", cmd);
+    return TOOL_EXIT_USAGE;
+}
+
+/* Prints the error of an option parse (rc, explained in d, may be NULL) for
+ * cmd; returns the command's exit code. */
+static int option_error(const char *cmd, int rc, const strata_diag *d)
+{
+    if (rc == STRATA_ENOMEM) {
+        strata_log_error("out of memory");
+        return TOOL_EXIT_FAIL;
+    }
+    tool_usage_error("%s", strata_diag_msg(d, rc));
+    return help_hint(cmd);
+}
+
+/* Prints the usage error for a positional argument cmd does not take;
+ * returns TOOL_EXIT_USAGE. */
+static int unexpected_argument(const char *cmd, const char *arg)
+{
+    tool_usage_error("%s: unexpected argument '%s'", cmd, arg);
+    return help_hint(cmd);
+}
+
+/* Prints cmd's usage text on stdout; returns the command's exit code. */
+static int print_help(const char *cmd, const char *synopsis, const strata_opt *table, size_t n)
+{
+    strata_buf b;
+    strata_buf_init(&b, 1 << 16);
+    int rc = strata_opts_usage(table, n, &b);
+    if (rc == STRATA_OK)
+        printf("usage: strata-tool %s %s\n%s", cmd, synopsis, b.data ? (const char *)b.data : "");
+    strata_buf_cleanup(&b);
+    if (rc < 0) {
+        strata_log_error("usage text: %s", strata_strerror(rc));
+        return TOOL_EXIT_FAIL;
+    }
+    return TOOL_EXIT_OK;
+}
+
+/* Whether the parse of argv[base + 1 .. i) stopped before argv[i] at the
+ * lone "--" that ends the options (1) or at the positional argv[i] (0). A
+ * "--" at i - 1 may also be the value of the option before it: parsing the
+ * arguments before it again (which sets the same values) fails only then.
+ * Errors: STRATA_ENOMEM. */
+static int ended_options(const strata_opt *table, size_t n, char **argv, int base, int i, void *dst)
+{
+    if (i - 1 <= base || strcmp(argv[i - 1], "--") != 0)
+        return 0;
+    int help = 0;
+    strata_diag d = {{0}};
+    int rc = strata_opts_parse_argv(table, n, i - 1 - base, argv + base, dst, &help, &d);
+    if (rc == STRATA_ENOMEM)
+        return rc;
+    return rc >= 0;
+}
+
+int tool_parse(const char *cmd, const char *synopsis, const strata_opt *table, size_t n, int argc,
+               char **argv, void *dst, const char **arg, int *done)
+{
+    *done = 1;
+    if (arg != NULL)
+        *arg = NULL;
+    strata_diag d = {{0}};
+    int help = 0, base = 0;
+    /* Each pass parses the options after argv[base] (the command's name or
+     * the positional found last) up to the next positional. */
+    for (;;) {
+        int rc = strata_opts_parse_argv(table, n, argc - base, argv + base, dst, &help, &d);
+        if (rc < 0)
+            return option_error(cmd, rc, &d);
+        if (help)
+            return print_help(cmd, synopsis, table, n);
+        int i = base + rc;
+        if (i >= argc)
+            break;
+        int ended = ended_options(table, n, argv, base, i, dst);
+        if (ended < 0)
+            return option_error(cmd, ended, NULL);
+        if (arg == NULL || *arg != NULL)
+            return unexpected_argument(cmd, argv[i]);
+        *arg = argv[i];
+        if (ended) {
+            if (i + 1 < argc)
+                return unexpected_argument(cmd, argv[i + 1]);
+            break;
+        }
+        base = i;
+    }
+    *done = 0;
+    return TOOL_EXIT_OK;
+}
+
 int tool_is_safetensors(const char *path)
 {
     size_t len = strlen(path);
@@ -37,20 +136,13 @@ int tool_load_model(const char *spec, strata_model **out, strata_diag *diag)
 
 int tool_check_writable(const char *path, strata_diag *diag)
 {
-    size_t n = strlen(path) + 16;
-    char *name = malloc(n);
-    if (name == NULL)
-        return strata_diag_set(diag, STRATA_ENOMEM, "out of memory");
-    snprintf(name, n, "%s.tmp.XXXXXX", path);
-    int fd = mkstemp(name);
-    int e = errno;
-    if (fd >= 0) {
-        close(fd);
-        unlink(name);
-    }
-    free(name);
-    if (fd < 0)
-        return strata_diag_set(diag, STRATA_EIO, "cannot write %s: %s", path, strerror(e));
+    char *tmp = NULL;
+    strata_diag d = {{0}};
+    int rc = strata_file_write_temp(path, NULL, 0, 0600, &tmp, &d);
+    if (rc < 0)
+        return strata_diag_set(diag, rc, "cannot write %s: %s", path, strata_diag_msg(&d, rc));
+    unlink(tmp);
+    free(tmp);
     return STRATA_OK;
 }
 

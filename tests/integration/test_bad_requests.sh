@@ -86,7 +86,7 @@ expect 200 "task of client B"
 "${C[@]}" -o "$WORK/model.safetensors" "${AA[@]}" "$URL/v1/models/0" || fail "model download"
 
 # pay OUT CLIENT [compress options...]: a payload of the round 0 task; the
-# options given replace the defaults (getopt: the last one wins).
+# options given replace the defaults (a repeated option: the last one wins).
 pay() {
     local out=$1 cid=$2
     shift 2

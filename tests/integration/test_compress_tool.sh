@@ -58,5 +58,31 @@ if "$TOOL" compress --in "$WORK/cnn.safetensors" --policy uniform --density 0.01
     --out "$WORK/x.bin" --residual "$WORK/nodir/r.safetensors" 2>/dev/null; then
     fail "unwritable residual accepted"
 fi
+
+# Options: --help lists every option on stdout; a bad value, an unknown
+# option or a stray argument exits with status 2 and a message naming it.
+"$TOOL" compress --help >"$WORK/help" || fail "compress --help"
+for o in in policy density out values residual round rounds seed level client-id model-version \
+    samples; do
+    grep -q -- "--$o " "$WORK/help" || fail "compress --help does not list --$o"
+done
+# usage_error PATTERN ARGS...: strata-tool ARGS exits 2 and its message matches PATTERN.
+usage_error() {
+    local pat=$1 rc=0
+    shift
+    "$TOOL" "$@" >/dev/null 2>"$WORK/err" || rc=$?
+    [ "$rc" = 2 ] || fail "strata-tool $*: exit status $rc, not 2"
+    grep -q -- "$pat" "$WORK/err" || fail "strata-tool $*: $(cat "$WORK/err")"
+}
+usage_error "--level" compress --in "$WORK/cnn.safetensors" --policy uniform --density 0.01 \
+    --out "$WORK/x.bin" --level 20
+usage_error "--values" compress --in "$WORK/cnn.safetensors" --policy uniform --density 0.01 \
+    --out "$WORK/x.bin" --values fp8
+usage_error "required" compress --in "$WORK/cnn.safetensors" --policy uniform --out "$WORK/x.bin"
+usage_error "--epochs" train --model mlp --data "$DATA" --epochs x
+usage_error "--nosuch" inspect --nosuch "$WORK/p32.bin"
+usage_error "'extra'" policy --model cnn --policy legacy --density 0.01 --rounds 3 extra
+usage_error "one payload file" inspect --json
+usage_error "'$WORK/p16.bin'" inspect "$WORK/p32.bin" "$WORK/p16.bin"
 [ -z "$(ls "$WORK" | grep '^x\.bin')" ] || fail "a refused command left an output file"
 echo "PASS: compress tool"
