@@ -68,23 +68,6 @@ static int print_help(const char *cmd, const char *synopsis, const strata_opt *t
     return TOOL_EXIT_OK;
 }
 
-/* Whether the parse of argv[base + 1 .. i) stopped before argv[i] at the
- * lone "--" that ends the options (1) or at the positional argv[i] (0). A
- * "--" at i - 1 may also be the value of the option before it: parsing the
- * arguments before it again (which sets the same values) fails only then.
- * Errors: STRATA_ENOMEM. */
-static int ended_options(const strata_opt *table, size_t n, char **argv, int base, int i, void *dst)
-{
-    if (i - 1 <= base || strcmp(argv[i - 1], "--") != 0)
-        return 0;
-    int help = 0;
-    strata_diag d = {{0}};
-    int rc = strata_opts_parse_argv(table, n, i - 1 - base, argv + base, dst, &help, &d);
-    if (rc == STRATA_ENOMEM)
-        return rc;
-    return rc >= 0;
-}
-
 int tool_parse(const char *cmd, const char *synopsis, const strata_opt *table, size_t n, int argc,
                char **argv, void *dst, const char **arg, int *done)
 {
@@ -104,9 +87,9 @@ int tool_parse(const char *cmd, const char *synopsis, const strata_opt *table, s
         int i = base + rc;
         if (i >= argc)
             break;
-        int ended = ended_options(table, n, argv, base, i, dst);
-        if (ended < 0)
-            return option_error(cmd, ended, NULL);
+        /* A lone "--" before it ended the options (an option's value is
+         * never "--"): what follows is positional too. */
+        int ended = strcmp(argv[i - 1], "--") == 0;
         if (arg == NULL || *arg != NULL)
             return unexpected_argument(cmd, argv[i]);
         *arg = argv[i];
