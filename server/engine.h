@@ -118,15 +118,20 @@ void srv_engine_waiter_gone(srv_engine *e, void *waiter);
 
 /* Takes a client's update for round (from the URL) as the payload body
  * (borrowed). Decodes it once (the model's sizes are the limits), checks
- * that it is the client's, validates it once against the round's task, and
- * stores it durably (group commit) before answering; an acknowledged update
- * is aggregated (FedAvg) or kept for the round's robust rule. r: SRV_OK
- * with {"round", "receipt", "duplicate"} (a repeat gets the original
- * receipt); SRV_E_BAD_PAYLOAD, SRV_E_INVALID_UPDATE, SRV_E_FORBIDDEN (the
- * payload names another client), SRV_E_NOT_SELECTED, SRV_E_ROUND_CLOSED,
- * SRV_E_ROUND_NOT_OPEN, SRV_E_INTERNAL. Each refusal is counted. Blocks on
- * disk (file write and fsync without the lock, the commit with it or on the
- * second store connection). */
+ * that it is the client's and that its frame fits the model (header round,
+ * sample count, layers) whatever the round, validates it against the
+ * round's task when the round is open, and stores it durably (group commit)
+ * before answering; an acknowledged update is aggregated (FedAvg) or kept
+ * for the round's robust rule. r: SRV_OK with {"round", "receipt",
+ * "duplicate"} (a byte-identical repeat gets the original receipt);
+ * SRV_E_BAD_PAYLOAD, SRV_E_INVALID_UPDATE, SRV_E_FORBIDDEN (the payload
+ * names another client), SRV_E_NOT_SELECTED, SRV_E_ROUND_CLOSED,
+ * SRV_E_ROUND_NOT_OPEN, SRV_E_CONFLICT (a repeat with other bytes; the
+ * stored update stays), SRV_E_UNAVAILABLE with Retry-After (the store could
+ * not make it durable: nothing acknowledged). Client input never gives
+ * SRV_E_INTERNAL. Each refusal is counted. Blocks on disk (file write and
+ * fsync without the lock, the commit with it or on the second store
+ * connection). */
 void srv_engine_upload(srv_engine *e, uint64_t client_id, uint32_t round, const uint8_t *body,
                        size_t len, srv_result *r);
 

@@ -183,6 +183,8 @@ static const struct {
     [SRV_E_FINISHED] = {410, "finished"},
     [SRV_E_ROUND_CLOSING] = {409, "round_closing"},
     [SRV_E_REQUEST_TIMEOUT] = {408, "request_timeout"},
+    [SRV_E_CONFLICT] = {409, "conflict"},
+    [SRV_E_UNAVAILABLE] = {503, "unavailable"},
     [SRV_E_INTERNAL] = {500, "internal"},
 };
 

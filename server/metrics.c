@@ -28,6 +28,8 @@ static const char *const NAMES[SRV_CTR_COUNT] = {
     UPD(FORBIDDEN, "forbidden"),
     UPD(RATE_LIMITED, "rate_limited"),
     UPD(MEDIA_TYPE, "unsupported_media_type"),
+    UPD(CONFLICT, "conflict"),
+    UPD(UNAVAILABLE, "unavailable"),
 #undef UPD
 #define REQ(c, reason) [SRV_CTR_REQ_##c] = "requests_rejected_total{reason=\"" reason "\"}"
     REQ(BAD_REQUEST, "bad_request"),
@@ -48,6 +50,8 @@ static const char *const NAMES[SRV_CTR_COUNT] = {
     REQ(FINISHED, "finished"),
     REQ(ROUND_CLOSING, "round_closing"),
     REQ(REQUEST_TIMEOUT, "request_timeout"),
+    REQ(CONFLICT, "conflict"),
+    REQ(UNAVAILABLE, "unavailable"),
     REQ(OTHER, "other"),
 #undef REQ
 };
@@ -74,6 +78,8 @@ static const srv_counter REQ_OF[SRV_OUTCOME_COUNT] = {
     [SRV_E_FINISHED] = SRV_CTR_REQ_FINISHED,
     [SRV_E_ROUND_CLOSING] = SRV_CTR_REQ_ROUND_CLOSING,
     [SRV_E_REQUEST_TIMEOUT] = SRV_CTR_REQ_REQUEST_TIMEOUT,
+    [SRV_E_CONFLICT] = SRV_CTR_REQ_CONFLICT,
+    [SRV_E_UNAVAILABLE] = SRV_CTR_REQ_UNAVAILABLE,
 };
 
 /* updates_rejected_total by outcome; SRV_CTR_ROUNDS: not counted there. */
@@ -88,6 +94,8 @@ static const srv_counter UPD_OF[SRV_OUTCOME_COUNT] = {
     [SRV_E_FORBIDDEN] = SRV_CTR_UPD_FORBIDDEN,
     [SRV_E_RATE_LIMITED] = SRV_CTR_UPD_RATE_LIMITED,
     [SRV_E_UNSUPPORTED_MEDIA_TYPE] = SRV_CTR_UPD_MEDIA_TYPE,
+    [SRV_E_CONFLICT] = SRV_CTR_UPD_CONFLICT,
+    [SRV_E_UNAVAILABLE] = SRV_CTR_UPD_UNAVAILABLE,
 };
 
 void srv__ctr_add(srv_engine *e, srv_counter c, int64_t d)

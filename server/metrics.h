@@ -36,6 +36,8 @@ typedef enum srv_counter {
     SRV_CTR_UPD_FORBIDDEN,
     SRV_CTR_UPD_RATE_LIMITED,
     SRV_CTR_UPD_MEDIA_TYPE,
+    SRV_CTR_UPD_CONFLICT,
+    SRV_CTR_UPD_UNAVAILABLE,
     /* requests_rejected_total{reason=...}: every refused request, by code */
     SRV_CTR_REQ_BAD_REQUEST,
     SRV_CTR_REQ_BAD_PAYLOAD,
@@ -55,6 +57,8 @@ typedef enum srv_counter {
     SRV_CTR_REQ_FINISHED,
     SRV_CTR_REQ_ROUND_CLOSING,
     SRV_CTR_REQ_REQUEST_TIMEOUT,
+    SRV_CTR_REQ_CONFLICT,
+    SRV_CTR_REQ_UNAVAILABLE,
     SRV_CTR_REQ_OTHER,
     SRV_CTR_COUNT
 } srv_counter;

@@ -37,7 +37,9 @@ typedef enum srv_outcome {
     SRV_E_FINISHED,
     SRV_E_ROUND_CLOSING,
     SRV_E_REQUEST_TIMEOUT,
-    SRV_E_INTERNAL, /* the coordinator failed; details only in its log */
+    SRV_E_CONFLICT,    /* the request contradicts what is stored (another update) */
+    SRV_E_UNAVAILABLE, /* a passing condition (storage full or failing): retry later */
+    SRV_E_INTERNAL,    /* the coordinator failed; details only in its log */
     SRV_OUTCOME_COUNT
 } srv_outcome;
 

@@ -38,18 +38,16 @@ struct srv_pending_upload {
     struct srv_pending_upload *next;
 };
 
-/* Checks a decoded update against the open round's task. Lock held.
- * Returns 0, or STRATA_EPROTO with the reason in msg. */
-static int validate(const srv_engine *e, const strata_payload *p, uint32_t round, char *msg,
-                    size_t mlen)
+/* Checks what a decoded update must satisfy whatever its round: the
+ * header's round is the URL's, the sample count is a usable weight, and the
+ * layers are the model's, in order, with the model's sizes. No lock needed
+ * (it reads only what start-up fixed). Returns 0, or STRATA_EPROTO with the
+ * reason in msg. */
+static int validate_frame(const srv_engine *e, const strata_payload *p, uint32_t round, char *msg,
+                          size_t mlen)
 {
     if (p->round != round) {
         snprintf(msg, mlen, "header round %u does not match the URL's round %u", p->round, round);
-        return STRATA_EPROTO;
-    }
-    if (p->model_version != e->version) {
-        snprintf(msg, mlen, "header model_version %llu, the round's model is version %llu",
-                 (unsigned long long)p->model_version, (unsigned long long)e->version);
         return STRATA_EPROTO;
     }
     if (p->sample_count == 0 || (double)p->sample_count > STRATA_AGG_MAX_WEIGHT) {
@@ -63,17 +61,33 @@ static int validate(const srv_engine *e, const strata_payload *p, uint32_t round
     }
     for (size_t i = 0; i < e->nlayers; i++) {
         const strata_clayer *l = &p->layers[i];
-        const strata_budget *b = &e->budgets[i];
-        const char *nm = e->names[i];
         if (l->layer_index != i) {
-            snprintf(msg, mlen, "layer %zu (%s) is missing", i, nm);
+            snprintf(msg, mlen, "layer %zu (%s) is missing", i, e->names[i]);
             return STRATA_EPROTO;
         }
         if (l->numel != e->numel[i]) {
-            snprintf(msg, mlen, "layer %zu (%s): %llu elements, expected %zu", i, nm,
+            snprintf(msg, mlen, "layer %zu (%s): %llu elements, expected %zu", i, e->names[i],
                      (unsigned long long)l->numel, e->numel[i]);
             return STRATA_EPROTO;
         }
+    }
+    return 0;
+}
+
+/* Checks an update that passed validate_frame against the open round's
+ * task: model version, and each layer's compressor, value format and
+ * budget. Lock held. Returns 0, or STRATA_EPROTO with the reason in msg. */
+static int validate_task(const srv_engine *e, const strata_payload *p, char *msg, size_t mlen)
+{
+    if (p->model_version != e->version) {
+        snprintf(msg, mlen, "header model_version %llu, the round's model is version %llu",
+                 (unsigned long long)p->model_version, (unsigned long long)e->version);
+        return STRATA_EPROTO;
+    }
+    for (size_t i = 0; i < e->nlayers; i++) {
+        const strata_clayer *l = &p->layers[i];
+        const strata_budget *b = &e->budgets[i];
+        const char *nm = e->names[i];
         if (l->comp != b->comp) {
             snprintf(msg, mlen, "layer %zu (%s): compressor %s, the task says %s", i, nm,
                      strata_comp_name(l->comp), strata_comp_name(b->comp));
@@ -115,7 +129,7 @@ static void accept_update(srv_engine *e, const strata_payload *p, uint32_t round
         strata_diag d = {{0}};
         int rc = strata_agg_add_clipped(e->agg, p->layers, p->num_layers, (double)p->sample_count,
                                         e->cfg->clip_norm, NULL, &d);
-        if (rc < 0) /* validate() and the decoder make this unreachable */
+        if (rc < 0) /* the validation and the decoder make this unreachable */
             strata_log_error("round %u: stored update not aggregated: %s", round,
                              strata_diag_msg(&d, rc));
     }
@@ -133,10 +147,19 @@ static void receipt_result(srv_result *r, uint32_t round, const strata_store_rec
                                "duplicate", rc->duplicate ? 1 : 0));
 }
 
-/* Answers a store refusal, counted. */
-static void verdict_result(srv_engine *e, srv_result *r, uint32_t round, strata_store_verdict v)
+/* Answers a store refusal, counted; msg is the store's explanation. */
+static void verdict_result(srv_engine *e, srv_result *r, uint32_t round, strata_store_verdict v,
+                           const char *msg)
 {
-    if (v == STRATA_STORE_REJECT_NOT_SELECTED) {
+    if (v == STRATA_STORE_REJECT_CONFLICT) {
+        srv__ctr_add(e, SRV_CTR_UPD_CONFLICT, 1);
+        if (msg[0] != '\0')
+            srv_result_error(r, SRV_E_CONFLICT, "%s", msg);
+        else
+            srv_result_error(r, SRV_E_CONFLICT,
+                             "an update with other content is stored for round %u; it is kept",
+                             round);
+    } else if (v == STRATA_STORE_REJECT_NOT_SELECTED) {
         srv__ctr_add(e, SRV_CTR_UPD_NOT_SELECTED, 1);
         srv_result_error(r, SRV_E_NOT_SELECTED, "this client was not selected for round %u", round);
     } else if (v == STRATA_STORE_REJECT_ROUND_CLOSED) {
@@ -148,16 +171,28 @@ static void verdict_result(srv_engine *e, srv_result *r, uint32_t round, strata_
     }
 }
 
-/* The result of a store put or commit: receipt, refusal or internal. */
+/* Seconds a client waits before retrying an upload the store could not
+ * make durable. */
+#define UNAVAILABLE_RETRY_S 5
+
+/* The result of a store put or commit: receipt, refusal, or a failure to
+ * make the update durable (storage full or failing): nothing was
+ * acknowledged, so the client is told to retry later, and the detail (paths,
+ * SQLite's words) goes to the log only. */
 static void stored_result(srv_engine *e, srv_result *r, uint32_t round, int rc,
                           const strata_store_receipt *rec, strata_store_verdict v, const char *msg)
 {
-    if (rc == STRATA_ESTATE)
-        verdict_result(e, r, round, v);
-    else if (rc < 0)
-        srv_result_internal(r, msg);
-    else
+    if (rc == STRATA_ESTATE) {
+        verdict_result(e, r, round, v, msg);
+    } else if (rc < 0) {
+        strata_log_error("round %u: an update could not be stored: %s", round, msg);
+        srv__ctr_add(e, SRV_CTR_UPD_UNAVAILABLE, 1);
+        srv_result_error(r, SRV_E_UNAVAILABLE,
+                         "the coordinator cannot store updates now; retry later");
+        r->retry_after = UNAVAILABLE_RETRY_S;
+    } else {
         receipt_result(r, round, rec);
+    }
 }
 
 /* Queues u and returns once it is decided (lock held on entry and exit).
@@ -248,10 +283,10 @@ static void upload_alone(srv_engine *e, uint64_t cid, uint32_t round, const stra
         e->open && round == e->next_round ? srv__id_find(e->selected, e->nselected, cid) : -1;
     if (e->open && round == e->next_round && !e->closing && (k < 0 || !e->reported[k])) {
         if (k < 0) {
-            verdict_result(e, r, round, STRATA_STORE_REJECT_NOT_SELECTED);
+            verdict_result(e, r, round, STRATA_STORE_REJECT_NOT_SELECTED, "");
             return;
         }
-        if (validate(e, p, round, msg, sizeof(msg)) < 0) {
+        if (validate_task(e, p, msg, sizeof(msg)) < 0) {
             srv__ctr_add(e, SRV_CTR_UPD_INVALID, 1);
             srv_result_error(r, SRV_E_INVALID_UPDATE, "%s", msg);
             return;
@@ -265,9 +300,10 @@ static void upload_alone(srv_engine *e, uint64_t cid, uint32_t round, const stra
         stored_result(e, r, round, rc, &rec, v, strata_diag_msg(&d, rc));
     } else if (e->closing && round == e->next_round && (k < 0 || !e->reported[k])) {
         verdict_result(e, r, round,
-                       k < 0 ? STRATA_STORE_REJECT_NOT_SELECTED : STRATA_STORE_REJECT_ROUND_CLOSED);
+                       k < 0 ? STRATA_STORE_REJECT_NOT_SELECTED : STRATA_STORE_REJECT_ROUND_CLOSED,
+                       "");
     } else if (!e->open && round >= e->next_round) {
-        verdict_result(e, r, round, STRATA_STORE_REJECT_UNKNOWN_ROUND);
+        verdict_result(e, r, round, STRATA_STORE_REJECT_UNKNOWN_ROUND, "");
     } else {
         /* A closed round (or a repeat for the open one): the store answers
          * duplicates with the original receipt and refuses the rest. */
@@ -305,6 +341,13 @@ void srv_engine_upload(srv_engine *e, uint64_t cid, uint32_t round, const uint8_
         strata_payload_free(p);
         return;
     }
+    char msg[512];
+    if (validate_frame(e, p, round, msg, sizeof(msg)) < 0) {
+        srv__ctr_add(e, SRV_CTR_UPD_INVALID, 1);
+        srv_result_error(r, SRV_E_INVALID_UPDATE, "%s", msg);
+        strata_payload_free(p);
+        return;
+    }
     /* The slow half of the durable write (the payload file, written and
      * fsync'ed) runs before the lock when the upload looks acceptable, so
      * uploads overlap their fsyncs; the commit under the lock decides. When
@@ -315,8 +358,7 @@ void srv_engine_upload(srv_engine *e, uint64_t cid, uint32_t round, const uint8_
     ptrdiff_t k = e->open && round == e->next_round && !e->closing
                       ? srv__id_find(e->selected, e->nselected, cid)
                       : -1;
-    char msg[512];
-    int candidate = k >= 0 && !e->reported[k] && validate(e, p, round, msg, sizeof(msg)) == 0;
+    int candidate = k >= 0 && !e->reported[k] && validate_task(e, p, msg, sizeof(msg)) == 0;
     pthread_mutex_unlock(&e->mu);
     if (candidate && strata_store_update_prepare(e->store, round, cid, body, len, p->sample_count,
                                                  &pend, &d) < 0)

@@ -216,7 +216,8 @@ typedef enum {
     STRATA_STORE_DUPLICATE = 1,            /* stored before; original receipt (200) */
     STRATA_STORE_REJECT_UNKNOWN_ROUND = 2, /* STRATA_ESTATE (HTTP 404 or 409) */
     STRATA_STORE_REJECT_ROUND_CLOSED = 3,  /* STRATA_ESTATE (HTTP 409) */
-    STRATA_STORE_REJECT_NOT_SELECTED = 4   /* STRATA_ESTATE (HTTP 403) */
+    STRATA_STORE_REJECT_NOT_SELECTED = 4,  /* STRATA_ESTATE (HTTP 403) */
+    STRATA_STORE_REJECT_CONFLICT = 5       /* STRATA_ESTATE: other bytes stored (HTTP 409) */
 } strata_store_verdict;
 
 /* Stores client_id's update for round `round` durably (see the contract at
@@ -225,12 +226,14 @@ typedef enum {
  * *receipt describes it. samples > 0 is the FedAvg weight.
  *
  * Idempotent by (client, round): when the client already has an update for
- * the round, nothing changes (even when the bytes differ, and even when the
+ * the round with the same bytes (SHA-256), nothing changes (even when the
  * round has closed since) and the call returns STRATA_OK with the ORIGINAL
  * receipt, receipt->duplicate = 1 and *verdict = STRATA_STORE_DUPLICATE.
+ * When the stored update's bytes differ, nothing changes either and the
+ * call refuses with STRATA_STORE_REJECT_CONFLICT.
  *
  * Refusals return STRATA_ESTATE and say why in *verdict: unknown round,
- * closed round, or a client not selected for the round. verdict may be NULL.
+ * closed round, a client not selected for the round, or a conflict. verdict may be NULL.
  * Other errors (EINVAL, EIO, ENOMEM) leave *verdict at ACCEPTED's value 0 and
  * must not be acknowledged. */
 int strata_store_update_put(strata_store *s, uint32_t round, uint64_t client_id,

@@ -191,16 +191,26 @@ static int find_update(strata_store *s, uint32_t round, uint64_t client,
     return rc;
 }
 
-/* Decides whether (round, client) may upload: 1 duplicate (receipt filled),
- * 0 acceptable, STRATA_ESTATE with *verdict set when refused. */
+/* Decides whether (round, client) may upload the payload whose SHA-256 is
+ * sha256: 1 duplicate (receipt filled), 0 acceptable, STRATA_ESTATE with
+ * *verdict set when refused (a stored update with other bytes: conflict). */
 static int check_put(strata_store *s, uint32_t round, uint64_t client,
-                     strata_store_receipt *receipt, strata_store_verdict *verdict,
-                     strata_diag *diag)
+                     const uint8_t sha256[STRATA_STORE_HASH_LEN], strata_store_receipt *receipt,
+                     strata_store_verdict *verdict, strata_diag *diag)
 {
     int found;
     int rc = find_update(s, round, client, receipt, &found, diag);
     if (rc < 0)
         return rc;
+    if (found && memcmp(receipt->sha256, sha256, STRATA_STORE_HASH_LEN) != 0) {
+        *verdict = STRATA_STORE_REJECT_CONFLICT;
+        rc = strata_diag_set(diag, STRATA_ESTATE,
+                             "client %" PRIu64 " already has an update with other content for "
+                             "round %" PRIu32 " (receipt %s); it is kept",
+                             client, round, receipt->id);
+        memset(receipt, 0, sizeof(*receipt));
+        return rc;
+    }
     if (found) {
         receipt->duplicate = 1;
         *verdict = STRATA_STORE_DUPLICATE;
@@ -400,7 +410,7 @@ static int commit_batch(strata_store *s, strata_store_pending *const *p, size_t 
         strata_store_pending *q = p[i];
         strata_diag d;
         d.msg[0] = '\0';
-        int c = check_put(s, q->round, q->client_id, &receipts[i], &verdicts[i], &d);
+        int c = check_put(s, q->round, q->client_id, q->r.sha256, &receipts[i], &verdicts[i], &d);
         if (c == 1)
             continue; /* a duplicate: the original receipt, STRATA_OK */
         if (c == STRATA_ESTATE && verdicts[i] != STRATA_STORE_ACCEPTED) {
@@ -541,7 +551,9 @@ int strata_store_update_put(strata_store *s, uint32_t round, uint64_t client_id,
                                round);
     }
     /* Cheap refusals and duplicates before any file is written. */
-    rc = check_put(s, round, client_id, receipt, verdict, diag);
+    uint8_t sha[STRATA_STORE_HASH_LEN];
+    strata_sha256(payload, len, sha);
+    rc = check_put(s, round, client_id, sha, receipt, verdict, diag);
     if (rc != 0)
         return rc < 0 ? rc : STRATA_OK;
     strata_store_pending *p = NULL;

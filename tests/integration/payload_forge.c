@@ -19,6 +19,9 @@
  *                         longer strictly ascending; descending order cannot
  *                         be expressed in the gap encoding)
  *   --bad-crc             one bit of the stored CRC32C is flipped
+ *   --huge-samples        the header's sample_count becomes 2^63 (beyond any
+ *                         weight the coordinator takes; strata-tool cannot
+ *                         write it)
  *
  * Exits 0 on success, 1 when the input has no layer the mode applies to or
  * is not a well-formed payload, 2 on a usage error. */
@@ -40,7 +43,7 @@
 #define COMP_TOPK 3
 #define COMP_RANDK 4
 
-typedef enum { M_NONE, M_NAN, M_OOR, M_UNSORTED, M_BAD_CRC } forge_mode;
+typedef enum { M_NONE, M_NAN, M_OOR, M_UNSORTED, M_BAD_CRC, M_HUGE_SAMPLES } forge_mode;
 
 static int die(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static int die(int code, const char *fmt, ...)
@@ -215,8 +218,11 @@ static int forge(const uint8_t *body, size_t len, forge_mode mode, uint8_t **out
     if (nb == NULL)
         return die(1, "out of memory");
     memcpy(nb, body, HEADER_LEN);
+    if (mode == M_HUGE_SAMPLES)
+        for (int b = 0; b < 8; b++) /* sample_count: u64 LE at offset 32 */
+            nb[32 + b] = b == 7 ? 0x80 : 0;
     size_t at = HEADER_LEN, n = HEADER_LEN;
-    int done = mode == M_BAD_CRC;
+    int done = mode == M_BAD_CRC || mode == M_HUGE_SAMPLES;
     for (uint32_t i = 0; i < nlayers; i++) {
         if (len - at < BLOCK_LEN + 8)
             goto bad;
@@ -280,13 +286,10 @@ bad:
 int main(int argc, char **argv)
 {
     static const struct option opts[] = {
-        {"in", required_argument, NULL, 'i'},
-        {"out", required_argument, NULL, 'o'},
-        {"nan", no_argument, NULL, 'n'},
-        {"index-out-of-range", no_argument, NULL, 'r'},
-        {"unsorted", no_argument, NULL, 'u'},
-        {"bad-crc", no_argument, NULL, 'c'},
-        {NULL, 0, NULL, 0},
+        {"in", required_argument, NULL, 'i'},     {"out", required_argument, NULL, 'o'},
+        {"nan", no_argument, NULL, 'n'},          {"index-out-of-range", no_argument, NULL, 'r'},
+        {"unsorted", no_argument, NULL, 'u'},     {"bad-crc", no_argument, NULL, 'c'},
+        {"huge-samples", no_argument, NULL, 's'}, {NULL, 0, NULL, 0},
     };
     const char *in = NULL, *outp = NULL;
     forge_mode mode = M_NONE;
@@ -303,7 +306,12 @@ int main(int argc, char **argv)
         case 'r':
         case 'u':
         case 'c':
-            mode = c == 'n' ? M_NAN : c == 'r' ? M_OOR : c == 'u' ? M_UNSORTED : M_BAD_CRC;
+        case 's':
+            mode = c == 'n'   ? M_NAN
+                   : c == 'r' ? M_OOR
+                   : c == 'u' ? M_UNSORTED
+                   : c == 'c' ? M_BAD_CRC
+                              : M_HUGE_SAMPLES;
             modes++;
             break;
         default:
@@ -312,7 +320,7 @@ int main(int argc, char **argv)
     }
     if (in == NULL || outp == NULL || modes != 1 || optind != argc)
         return die(2, "usage: payload_forge --in P.bin --out Q.bin "
-                      "--nan|--index-out-of-range|--unsorted|--bad-crc");
+                      "--nan|--index-out-of-range|--unsorted|--bad-crc|--huge-samples");
     uint8_t *frame = NULL, *body = NULL, *forged = NULL, *z = NULL;
     size_t flen = 0, flen2 = 0;
     int code = 1;

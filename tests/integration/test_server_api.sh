@@ -3,6 +3,7 @@
 # endpoint, the error statuses, and one full round with a real payload.
 . "$(dirname "$0")/lib.sh"
 SERVER="$BUILD/strata-server"
+FORGE="$BUILD/payload_forge"
 [ -x "$SERVER" ] || fail "no $SERVER"
 command -v curl >/dev/null || fail "curl is required"
 
@@ -152,8 +153,30 @@ expect 404 "unknown round"
 req POST /v1/rounds/0/updates "${A[@]}" "${B[@]}" --data-binary @"$WORK/up.bin"
 expect 200 "repeat after close"
 [ "$(json_field "$BODY" duplicate)" = true ] || fail "repeat after close: $BODY"
+# A repeat with other content is a conflict (the stored update stays), and
+# every path validates the payload first: a bad sample count for a closed
+# round, a repeat, or a round that never opened is 422, never 500.
 "$TOOL" compress --in "$WORK/model.safetensors" --policy uniform --density 0.05 --round 0 \
-    --rounds 2 --out "$WORK/up1.bin" --client-id "$CID" --model-version 1 --samples 10 \
+    --rounds 2 --out "$WORK/other.bin" --client-id "$CID" --model-version 0 --samples 101 >/dev/null
+req POST /v1/rounds/0/updates "${A[@]}" "${B[@]}" --data-binary @"$WORK/other.bin"
+expect 409 "repeat with other content"
+echo "$BODY" | grep -q '"code":"conflict"' || fail "409 body: $BODY"
+for r in 0 5; do
+    "$TOOL" compress --in "$WORK/model.safetensors" --policy uniform --density 0.05 \
+        --round "$r" --rounds 6 --out "$WORK/zero.bin" --client-id "$CID" --model-version 0 \
+        --samples 0 >/dev/null
+    "$TOOL" compress --in "$WORK/model.safetensors" --policy uniform --density 0.05 \
+        --round "$r" --rounds 6 --out "$WORK/ok.bin" --client-id "$CID" --model-version 0 \
+        --samples 7 >/dev/null
+    "$FORGE" --in "$WORK/ok.bin" --out "$WORK/huge.bin" --huge-samples || fail "payload_forge"
+    for bad in zero huge; do
+        req POST "/v1/rounds/$r/updates" "${A[@]}" "${B[@]}" --data-binary @"$WORK/$bad.bin"
+        expect 422 "$bad sample_count for round $r"
+        echo "$BODY" | grep -q invalid_update || fail "422 body: $BODY"
+    done
+done
+"$TOOL" compress --in "$WORK/model.safetensors" --policy uniform --density 0.05 --round 5 \
+    --rounds 6 --out "$WORK/up1.bin" --client-id "$CID" --model-version 1 --samples 10 \
     >/dev/null
 req POST /v1/rounds/5/updates "${A[@]}" "${B[@]}" --data-binary @"$WORK/up1.bin"
 expect 409 "round never opened"

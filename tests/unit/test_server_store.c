@@ -445,10 +445,17 @@ static void test_update_put(void)
     CU_ASSERT_EQUAL(list[0].receipt.samples, 10);
     strata_store_update_list_free(list, n);
 
-    /* A repeat (even with other bytes) returns the original receipt and
-     * changes nothing. */
+    /* A repeat with other bytes is a conflict: refused, the stored update
+     * kept. */
     const uint8_t other[5] = {1, 2, 3, 4, 5};
-    CU_ASSERT_EQUAL(strata_store_update_put(s, 1, ids[0], other, 5, 99, &rc2, &v, &d), STRATA_OK);
+    CU_ASSERT_EQUAL(strata_store_update_put(s, 1, ids[0], other, 5, 99, &rc2, &v, &d),
+                    STRATA_ESTATE);
+    CU_ASSERT_EQUAL(v, STRATA_STORE_REJECT_CONFLICT);
+    CU_ASSERT_EQUAL(rc2.id[0], '\0');
+    CU_ASSERT_PTR_NOT_NULL(strstr(d.msg, "other content"));
+    /* A byte-identical repeat (even with another sample count) returns the
+     * original receipt and changes nothing. */
+    CU_ASSERT_EQUAL(strata_store_update_put(s, 1, ids[0], abc, 3, 99, &rc2, &v, &d), STRATA_OK);
     CU_ASSERT_EQUAL(v, STRATA_STORE_DUPLICATE);
     CU_ASSERT_EQUAL(rc2.duplicate, 1);
     CU_ASSERT_STRING_EQUAL(rc2.id, rc1.id);
@@ -835,7 +842,7 @@ static void *race_put(void *arg)
 {
     racer *r = arg;
     uint8_t payload[256];
-    memset(payload, r->index + 1, sizeof(payload));
+    memset(payload, 7, sizeof(payload)); /* every racer sends the same update */
     r->rc = strata_store_update_put(r->s, 1, r->client, payload, sizeof(payload), 1, &r->receipt,
                                     &r->verdict, NULL);
     return NULL;
@@ -865,7 +872,7 @@ static void test_concurrent_same_update(void)
         pthread_join(th[i], NULL);
 
     /* Exactly one accepted; the others got its receipt; the file holds the
-     * accepted bytes. */
+     * bytes once. */
     int accepted = -1, n_accepted = 0;
     for (int i = 0; i < RACERS; i++) {
         CU_ASSERT_EQUAL(r[i].rc, STRATA_OK);
@@ -882,7 +889,7 @@ static void test_concurrent_same_update(void)
     uint8_t *data = NULL;
     size_t len = 0;
     CU_ASSERT_EQUAL(strata_store_update_read(s, 1, ids[0], &data, &len, NULL), STRATA_OK);
-    CU_ASSERT(len == 256 && data != NULL && data[0] == accepted + 1 && data[255] == accepted + 1);
+    CU_ASSERT(len == 256 && data != NULL && data[0] == 7 && data[255] == 7);
     free(data);
     char rdir[1200];
     snprintf(rdir, sizeof(rdir), "%s/updates/1", dir);
@@ -981,9 +988,16 @@ static void test_update_prepare_commit(void)
     CU_ASSERT_STRING_EQUAL(list[0].receipt.id, r1.id);
     strata_store_update_list_free(list, n);
 
-    /* A second prepared update of the same client: the original receipt,
-     * the file unchanged, the temporary file gone. */
+    /* A second prepared update of the same client with other bytes: a
+     * conflict, the file unchanged, the temporary file gone. */
     p = prepare(s, 1, ids[0], "other bytes", 5);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(p);
+    CU_ASSERT_EQUAL(strata_store_update_commit(s, p, &r2, &v, &d), STRATA_ESTATE);
+    CU_ASSERT_EQUAL(v, STRATA_STORE_REJECT_CONFLICT);
+    CU_ASSERT_EQUAL(read_small(path, buf, sizeof(buf)), 3);
+    CU_ASSERT_EQUAL(count_entries(rdir), 1);
+    /* The same bytes again: the original receipt. */
+    p = prepare(s, 1, ids[0], "abc", 5);
     CU_ASSERT_PTR_NOT_NULL_FATAL(p);
     CU_ASSERT_EQUAL(strata_store_update_commit(s, p, &r2, &v, &d), STRATA_OK);
     CU_ASSERT_EQUAL(v, STRATA_STORE_DUPLICATE);
@@ -1073,12 +1087,12 @@ static void test_update_commit_many(void)
     /* n == 0 does nothing. */
     CU_ASSERT_EQUAL(strata_store_update_commit_many(s, NULL, 0, NULL, NULL, NULL, &d), STRATA_OK);
 
-    /* A batch: five new updates, a second one of client 0 (a duplicate of
-     * the first in the same batch), an unselected client and a client stored
-     * before the batch. */
+    /* A batch: five new updates, a second one of client 0 with other bytes
+     * (a conflict with the first in the same batch), an unselected client
+     * and a byte-identical repeat of a client stored before the batch. */
     enum { N = 8 };
     strata_store_pending *p[N];
-    const char *text[N] = {"u0", "u1", "u2", "u3", "u4", "u0 again", "x7", "late6"};
+    const char *text[N] = {"u0", "u1", "u2", "u3", "u4", "u0 again", "x7", "early"};
     const uint64_t who[N] = {ids[0], ids[1], ids[2], ids[3], ids[4], ids[0], ids[7], ids[6]};
     for (int i = 0; i < N; i++) {
         p[i] = prepare(s, 1, who[i], text[i], (uint64_t)i + 1);
@@ -1097,9 +1111,8 @@ static void test_update_commit_many(void)
         CU_ASSERT_EQUAL(rec[i].samples, (uint64_t)i + 1);
         CU_ASSERT_EQUAL(strlen(rec[i].id), STRATA_STORE_RECEIPT_LEN);
     }
-    CU_ASSERT_EQUAL(res[5], STRATA_OK);
-    CU_ASSERT_EQUAL(ver[5], STRATA_STORE_DUPLICATE);
-    CU_ASSERT_STRING_EQUAL(rec[5].id, rec[0].id);
+    CU_ASSERT_EQUAL(res[5], STRATA_ESTATE);
+    CU_ASSERT_EQUAL(ver[5], STRATA_STORE_REJECT_CONFLICT);
     CU_ASSERT_EQUAL(res[6], STRATA_ESTATE);
     CU_ASSERT_EQUAL(ver[6], STRATA_STORE_REJECT_NOT_SELECTED);
     CU_ASSERT_EQUAL(res[7], STRATA_OK);

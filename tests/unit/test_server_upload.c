@@ -69,6 +69,10 @@ static void test_outcomes(void)
     CU_ASSERT_EQUAL(fix_upload(&f, sel[0], 0, p, len, &dup), SRV_OK);
     CU_ASSERT_EQUAL(dup, 1);
     free(p);
+    /* A repeat with other content: a conflict, the first update kept. */
+    CU_ASSERT_EQUAL_FATAL(fix_payload(0, 0, sel[0], 10, 0.02f, &p, &len), 0);
+    CU_ASSERT_EQUAL(fix_upload(&f, sel[0], 0, p, len, NULL), SRV_E_CONFLICT);
+    free(p);
     /* The second selected client closes round 0; a late upload for it is
      * refused as closed. */
     CU_ASSERT_EQUAL_FATAL(fix_payload(0, 0, sel[1], 10, 0.01f, &p, &len), 0);
@@ -77,6 +81,14 @@ static void test_outcomes(void)
     CU_ASSERT_TRUE(fix_wait_version(&f, 1, 20000));
     CU_ASSERT_EQUAL_FATAL(fix_payload(0, 0, out, 10, 0.01f, &p, &len), 0);
     CU_ASSERT_EQUAL(fix_upload(&f, out, 0, p, len, NULL), SRV_E_ROUND_CLOSED);
+    free(p);
+    /* Every path validates first: zero samples for the closed round (a
+     * repeat of an accepted client) and for a round that never opened. */
+    CU_ASSERT_EQUAL_FATAL(fix_payload(0, 0, sel[0], 0, 0.01f, &p, &len), 0);
+    CU_ASSERT_EQUAL(fix_upload(&f, sel[0], 0, p, len, NULL), SRV_E_INVALID_UPDATE);
+    free(p);
+    CU_ASSERT_EQUAL_FATAL(fix_payload(7, 1, sel[0], 0, 0.01f, &p, &len), 0);
+    CU_ASSERT_EQUAL(fix_upload(&f, sel[0], 7, p, len, NULL), SRV_E_INVALID_UPDATE);
     free(p);
 
     srv_result r = {0};
@@ -87,7 +99,8 @@ static void test_outcomes(void)
     CU_ASSERT_PTR_NOT_NULL(strstr(m, "strata_updates_rejected_total{reason=\"not_selected\"} 1\n"));
     CU_ASSERT_PTR_NOT_NULL(strstr(m, "strata_updates_rejected_total{reason=\"forbidden\"} 1\n"));
     CU_ASSERT_PTR_NOT_NULL(
-        strstr(m, "strata_updates_rejected_total{reason=\"invalid_update\"} 3\n"));
+        strstr(m, "strata_updates_rejected_total{reason=\"invalid_update\"} 5\n"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(m, "strata_updates_rejected_total{reason=\"conflict\"} 1\n"));
     CU_ASSERT_PTR_NOT_NULL(strstr(m, "strata_updates_rejected_total{reason=\"bad_payload\"} 2\n"));
     CU_ASSERT_PTR_NOT_NULL(strstr(m, "strata_updates_rejected_total{reason=\"round_closed\"} 1\n"));
     CU_ASSERT_PTR_NOT_NULL(
