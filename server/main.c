@@ -12,6 +12,7 @@
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 /* Set once SIGINT or SIGTERM arrives (strata_stop_install). */
@@ -40,6 +41,11 @@ int main(int argc, char **argv)
      * than in the heaps of the many HTTP threads (glibc would otherwise raise
      * this threshold after the first such free). */
     mallopt(M_MMAP_THRESHOLD, 256 * 1024);
+    /* The state directory holds token hashes and the run's history: every
+     * file the coordinator creates is 0600 and every directory 0700,
+     * whatever the operator's umask (the store also tightens a database
+     * left by an older run). */
+    umask(077);
     sigset_t set;
     sigemptyset(&set);
     sigaddset(&set, SIGINT);

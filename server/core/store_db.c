@@ -384,6 +384,22 @@ static int connect_db(strata_store *s, int may_create, strata_diag *diag)
     return prepare_all(s, diag);
 }
 
+/* Makes the database and its WAL and shared-memory files 0600 (SQLite
+ * creates them with the umask's permissions, and an older run may have left
+ * them readable by others). Errors: STRATA_EIO when one cannot be changed. */
+static int private_db_files(const strata_store *s, strata_diag *diag)
+{
+    static const char *const suffixes[] = {"", "-wal", "-shm"};
+    char db[4096], path[4200];
+    int rc = strata_store_path(s->dir, STRATA_STORE_FILE_DB, 0, 0, db, sizeof(db), diag);
+    for (size_t i = 0; rc == STRATA_OK && i < sizeof(suffixes) / sizeof(suffixes[0]); i++) {
+        snprintf(path, sizeof(path), "%s%s", db, suffixes[i]);
+        if (chmod(path, 0600) < 0 && errno != ENOENT)
+            rc = strata_diag_set(diag, STRATA_EIO, "chmod %s: %s", path, strerror(errno));
+    }
+    return rc;
+}
+
 static strata_store *store_alloc(const char *dir)
 {
     strata_store *s = calloc(1, sizeof(*s));
@@ -445,6 +461,8 @@ int strata_store_open(const char *state_dir, strata_store **out, strata_diag *di
         goto fail;
     }
     rc = connect_db(s, 1, diag);
+    if (rc == STRATA_OK)
+        rc = private_db_files(s, diag);
     if (rc < 0)
         goto fail;
     rc = strata__store_recover(s, diag);

@@ -31,6 +31,10 @@ cat >"$WORK/cfg.json" <<'JSON'
 {"min_clients": 1, "clients_per_round": 1, "rounds": 3, "round_deadline": 30,
  "policy": "uniform", "density": 0.05, "enrolment_secret": "s3cret"}
 JSON
+# The state directory is made by the operator under a permissive umask; the
+# coordinator's files in it must still be private (checked at the end).
+umask 022
+mkdir "$WORK/state"
 "$SERVER" --config "$WORK/cfg.json" --state-dir "$WORK/state" --model mlp --data "$DATA" \
     --port 0 --rounds 2 >"$WORK/server.out" 2>"$WORK/server.err" &
 SPID=$!
@@ -260,4 +264,12 @@ kill -TERM "$SPID"
 wait "$SPID" || fail "restarted server exit status $?: $(tail -n 20 "$WORK/server2.err")"
 SPID=""
 wait "$POLL" || true
+# Every file the coordinator made is 0600 and every directory 0700, whatever
+# the umask (state.db and its -wal/-shm hold token hashes).
+[ -e "$WORK/state/state.db" ] && [ -e "$WORK/state/admin.token" ] || fail "no state.db or admin.token"
+bad=$(find "$WORK/state" -mindepth 1 \( -type f ! -perm 0600 \) -o \( -type d ! -perm 0700 \) |
+    while read -r p; do echo "$p $(stat -c %a "$p")"; done)
+[ -z "$bad" ] || fail "state files readable by others: $bad"
+[ -n "$(find "$WORK/state/updates" -name '*.bin')" ] || fail "no update files to check"
+[ -n "$(find "$WORK/state/checkpoints" -name '*.safetensors')" ] || fail "no checkpoints to check"
 echo "PASS test_server_api"
