@@ -75,6 +75,7 @@ const char srv_config_usage[] =
     "  --request-timeout S       seconds to receive one whole request (120)\n"
     "  --max-clients N           registered clients (100000)\n"
     "  --upload-rate N           uploads per client per minute (30)\n"
+    "  --enrolment-rate N        wrong enrolment secrets per address per minute (10)\n"
     "\n"
     "Logging:\n"
     "  --log-format text|json    text lines (default), or one JSON object a line\n"
@@ -130,6 +131,7 @@ static const strata_opt OPTS[] = {
     {"request_timeout", STRATA_OPT_INTEGER, OFF(request_timeout), 1, 86400, "S", NULL},
     {"max_clients", STRATA_OPT_INTEGER, OFF(max_clients), 1, 1000000, "N", NULL},
     {"upload_rate", STRATA_OPT_INTEGER, OFF(upload_rate), 1, 1000000, "N", NULL},
+    {"enrolment_rate", STRATA_OPT_INTEGER, OFF(enrolment_rate), 1, 1000000, "N", NULL},
     {"log_format", STRATA_OPT_STRING, OFF(log_format), 0, 0, "text|json", NULL},
     {"log_level", STRATA_OPT_STRING, OFF(log_level), 0, 0, "debug|info|warn|error", NULL},
 };
@@ -163,6 +165,7 @@ void srv_config_init(srv_config *cfg)
     cfg->request_timeout = 120;
     cfg->max_clients = 100000;
     cfg->upload_rate = 30;
+    cfg->enrolment_rate = 10;
     cfg->log_format = strdup("text");
     cfg->log_level = strdup("info");
 }

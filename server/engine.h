@@ -84,13 +84,17 @@ int srv_engine_auth(srv_engine *e, const char *authorization, uint64_t *client_i
  * (missing or unknown token) or SRV_E_FORBIDDEN (a client's token). */
 int srv_engine_admin_auth(srv_engine *e, const char *authorization, srv_result *r);
 
-/* Registers a client from the JSON body of POST /v1/clients (borrowed):
- * checks the enrolment secret, makes a random token, stores the client
- * (durably, before answering) and indexes its token hash. r: SRV_CREATED
- * with {"client_id", "token"}; SRV_E_BAD_REQUEST / SRV_E_TOO_LARGE (the
- * body), SRV_E_BAD_SECRET, SRV_E_TOO_MANY_CLIENTS, SRV_E_INTERNAL. Blocks
- * on the store's commit under the engine lock. */
-void srv_engine_register(srv_engine *e, const uint8_t *body, size_t len, srv_result *r);
+/* Registers a client from the JSON body of POST /v1/clients (borrowed),
+ * sent from address peer (text, borrowed; NULL or "" when unknown): checks
+ * the enrolment secret, makes a random token, stores the client (durably,
+ * before answering) and indexes its token hash. An address that sent
+ * enrolment_rate wrong secrets within a minute is refused before anything
+ * else until its bucket refills. r: SRV_CREATED with {"client_id",
+ * "token"}; SRV_E_RATE_LIMITED with Retry-After, SRV_E_BAD_REQUEST /
+ * SRV_E_TOO_LARGE (the body), SRV_E_BAD_SECRET, SRV_E_TOO_MANY_CLIENTS,
+ * SRV_E_INTERNAL. Blocks on the store's commit under the engine lock. */
+void srv_engine_register(srv_engine *e, const char *peer, const uint8_t *body, size_t len,
+                         srv_result *r);
 
 /* Takes one upload from the client's rate bucket (upload_rate per minute).
  * Returns STRATA_OK, or STRATA_ESTATE with r set to SRV_E_RATE_LIMITED and

@@ -51,15 +51,35 @@ typedef struct srv_tok_entry {
     uint64_t id;
 } srv_tok_entry;
 
-/* A registered client's state beside its id (registry.c): its upload-rate
- * bucket (tokens, refilled at upload_rate per minute up to upload_rate),
- * when it last asked for a task, and the last-seen time the store holds
- * (written in batches by srv__registry_flush_seen). */
-typedef struct srv_client_state {
+/* A rate bucket (registry.c): tokens refilled at a rate a minute up to
+ * that rate, as of refilled_ms. */
+typedef struct srv_bucket {
     double tokens;
     int64_t refilled_ms;
+} srv_bucket;
+
+/* A registered client's state beside its id (registry.c): its upload-rate
+ * bucket (upload_rate a minute), when it last asked for a task, and the
+ * last-seen time the store holds (written in batches by
+ * srv__registry_flush_seen). */
+typedef struct srv_client_state {
+    srv_bucket uploads;
     int64_t seen_ms, stored_ms;
 } srv_client_state;
+
+/* Addresses whose wrong enrolment secrets are counted at once; beyond it the
+ * entry refilled longest ago is reused. */
+#define SRV_PEERS 1024
+
+/* The longest address text (an IPv6 address, NUL included). */
+#define SRV_PEER_MAX 46
+
+/* One address's bucket of wrong enrolment secrets (enrolment_rate a
+ * minute). */
+typedef struct srv_peer {
+    char addr[SRV_PEER_MAX];
+    srv_bucket wrong;
+} srv_peer;
 
 /* A parked long-poll connection (round.c). */
 typedef struct srv_waiter {
@@ -100,6 +120,7 @@ struct srv_engine {
     size_t nclients, capclients;
     srv_tok_entry *toks;
     uint8_t admin_hash[STRATA_STORE_HASH_LEN];
+    srv_peer *peers; /* SRV_PEERS entries; addr "" when unused */
 
     /* ---- admin.c: controls (persisted as store counters) ---- */
     int paused, stopped;

@@ -297,6 +297,26 @@ static int query_ulong(struct MHD_Connection *c, const char *key, unsigned long 
     return parse_id(v, strlen(v), max, out);
 }
 
+/* Room for a peer address as text (an IPv6 address and its NUL). */
+#define SRV_PEER_TEXT INET6_ADDRSTRLEN
+
+/* Writes the connection's peer address as text into out ("" when unknown). */
+static void peer_address(struct MHD_Connection *c, char out[SRV_PEER_TEXT])
+{
+    out[0] = '\0';
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(c, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
+    const struct sockaddr *sa = ci != NULL ? ci->client_addr : NULL;
+    if (sa == NULL)
+        return;
+    const void *a =
+        sa->sa_family == AF_INET    ? (const void *)&((const struct sockaddr_in *)sa)->sin_addr
+        : sa->sa_family == AF_INET6 ? (const void *)&((const struct sockaddr_in6 *)sa)->sin6_addr
+                                    : NULL;
+    if (a == NULL || inet_ntop(sa->sa_family, a, out, SRV_PEER_TEXT) == NULL)
+        out[0] = '\0';
+}
+
 static void dispatch(srv_http *h, struct MHD_Connection *c, req *q, srv_result *r, int *parked)
 {
     srv_engine *e = h->e;
@@ -313,9 +333,12 @@ static void dispatch(srv_http *h, struct MHD_Connection *c, req *q, srv_result *
     case R_STATUS:
         srv_engine_status(e, r);
         break;
-    case R_CLIENTS:
-        srv_engine_register(e, q->body.data, q->body.len, r);
+    case R_CLIENTS: {
+        char peer[SRV_PEER_TEXT];
+        peer_address(c, peer);
+        srv_engine_register(e, peer, q->body.data, q->body.len, r);
         break;
+    }
     case R_TASKS:
         if (!q->waited) {
             if (query_ulong(c, "wait", 0, MAX_WAIT_S, &a) < 0) {

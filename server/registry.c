@@ -76,10 +76,10 @@ static int add_client(srv_engine *e, uint64_t id, const uint8_t hash[STRATA_STOR
     memmove(&e->toks[at + 1], &e->toks[at], (e->nclients - at) * sizeof(*e->toks));
     memcpy(e->toks[at].hash, hash, STRATA_STORE_HASH_LEN);
     e->toks[at].id = id;
-    e->cstate[e->nclients] = (srv_client_state){.tokens = (double)e->cfg->upload_rate,
-                                                .refilled_ms = strata_clock_unix_ms(),
-                                                .seen_ms = seen_ms,
-                                                .stored_ms = seen_ms};
+    e->cstate[e->nclients] =
+        (srv_client_state){.uploads = {(double)e->cfg->upload_rate, strata_clock_unix_ms()},
+                           .seen_ms = seen_ms,
+                           .stored_ms = seen_ms};
     e->clients[e->nclients++] = id; /* ids grow, the array stays sorted */
     return STRATA_OK;
 }
@@ -197,37 +197,86 @@ int srv_engine_admin_auth(srv_engine *e, const char *h, srv_result *r)
     return STRATA_EPROTO;
 }
 
+/* Refills b at rate tokens a minute (its capacity) up to now and returns
+ * the milliseconds until it holds one token (0 when it does). */
+static double bucket_wait_ms(srv_bucket *b, double rate, int64_t now)
+{
+    double per_ms = rate / 60000.0, t = b->tokens + (double)(now - b->refilled_ms) * per_ms;
+    b->tokens = t > rate ? rate : t;
+    b->refilled_ms = now;
+    return b->tokens >= 1.0 ? 0.0 : (1.0 - b->tokens) / per_ms;
+}
+
+/* Sets r's Retry-After to wait_ms rounded up to a second, at least 1. */
+static void retry_after(srv_result *r, double wait_ms)
+{
+    r->retry_after = (int)ceil(wait_ms / 1000.0);
+    if (r->retry_after < 1)
+        r->retry_after = 1;
+}
+
 int srv_engine_rate_take(srv_engine *e, uint64_t client_id, srv_result *r)
 {
-    double per_ms = (double)e->cfg->upload_rate / 60000.0, cap = (double)e->cfg->upload_rate;
     pthread_mutex_lock(&e->mu);
     ptrdiff_t k = srv__id_find(e->clients, e->nclients, client_id);
-    int ok = 1;
     double wait_ms = 0;
     if (k >= 0) {
-        int64_t now = strata_clock_unix_ms();
-        srv_client_state *c = &e->cstate[k];
-        double t = c->tokens + (double)(now - c->refilled_ms) * per_ms;
-        t = t > cap ? cap : t;
-        c->refilled_ms = now;
-        ok = t >= 1.0;
-        c->tokens = ok ? t - 1.0 : t;
-        wait_ms = ok ? 0 : (1.0 - t) / per_ms;
+        srv_bucket *b = &e->cstate[k].uploads;
+        wait_ms = bucket_wait_ms(b, (double)e->cfg->upload_rate, strata_clock_unix_ms());
+        if (wait_ms == 0)
+            b->tokens -= 1.0;
     }
     pthread_mutex_unlock(&e->mu);
-    if (ok)
+    if (wait_ms == 0)
         return STRATA_OK;
     srv__ctr_add(e, SRV_CTR_UPD_RATE_LIMITED, 1);
     srv_result_error(r, SRV_E_RATE_LIMITED, "more than %ld uploads in a minute from this client",
                      e->cfg->upload_rate);
-    r->retry_after = (int)ceil(wait_ms / 1000.0);
-    if (r->retry_after < 1)
-        r->retry_after = 1;
+    retry_after(r, wait_ms);
     return STRATA_ESTATE;
 }
 
-void srv_engine_register(srv_engine *e, const uint8_t *body, size_t len, srv_result *r)
+/* The wrong-secret bucket of address addr (NULL or "": unknown, one bucket
+ * for all such), made full when it has none, in a free entry or else in the
+ * one refilled longest ago. Lock held. */
+static srv_bucket *peer_bucket(srv_engine *e, const char *addr, int64_t now)
 {
+    const char *key = addr != NULL && addr[0] != '\0' ? addr : "?";
+    srv_peer *victim = NULL;
+    for (size_t i = 0; i < SRV_PEERS; i++) {
+        srv_peer *p = &e->peers[i];
+        if (p->addr[0] == '\0') {
+            if (victim == NULL || victim->addr[0] != '\0')
+                victim = p;
+        } else if (strncmp(p->addr, key, sizeof(p->addr)) == 0) {
+            return &p->wrong;
+        } else if (victim == NULL ||
+                   (victim->addr[0] != '\0' && p->wrong.refilled_ms < victim->wrong.refilled_ms)) {
+            victim = p;
+        }
+    }
+    snprintf(victim->addr, sizeof(victim->addr), "%s", key);
+    victim->wrong = (srv_bucket){(double)e->cfg->enrolment_rate, now};
+    return &victim->wrong;
+}
+
+void srv_engine_register(srv_engine *e, const char *peer, const uint8_t *body, size_t len,
+                         srv_result *r)
+{
+    /* An address that sent enrolment_rate wrong secrets within a minute
+     * waits, whatever it sends now: guessing the secret stays slow. */
+    double rate = (double)e->cfg->enrolment_rate;
+    int64_t now = strata_clock_unix_ms();
+    pthread_mutex_lock(&e->mu);
+    double wait_ms = bucket_wait_ms(peer_bucket(e, peer, now), rate, now);
+    pthread_mutex_unlock(&e->mu);
+    if (wait_ms > 0) {
+        srv_result_error(r, SRV_E_RATE_LIMITED,
+                         "more than %ld wrong enrolment secrets in a minute from this address",
+                         e->cfg->enrolment_rate);
+        retry_after(r, wait_ms);
+        return;
+    }
     srv_register_req rq;
     strata_diag pd = {{0}};
     int prc = srv_request_register(body, len, &e->jlim, &rq, &pd);
@@ -237,6 +286,9 @@ void srv_engine_register(srv_engine *e, const uint8_t *body, size_t len, srv_res
         return;
     }
     if (!srv_secret_equal(rq.secret, e->cfg->enrolment_secret)) {
+        pthread_mutex_lock(&e->mu);
+        peer_bucket(e, peer, now)->tokens -= 1.0;
+        pthread_mutex_unlock(&e->mu);
         srv_result_error(r, SRV_E_BAD_SECRET, "wrong enrolment_secret");
         return;
     }
@@ -330,6 +382,9 @@ static int load_admin_token(srv_engine *e, strata_diag *d)
 
 int srv__registry_load(srv_engine *e, strata_diag *d)
 {
+    e->peers = calloc(SRV_PEERS, sizeof(*e->peers));
+    if (e->peers == NULL)
+        return strata_diag_set(d, STRATA_ENOMEM, "out of memory");
     int rc = load_clients(e, d);
     return rc < 0 ? rc : load_admin_token(e, d);
 }
@@ -339,6 +394,8 @@ void srv__registry_cleanup(srv_engine *e)
     free(e->clients);
     free(e->cstate);
     free(e->toks);
+    free(e->peers);
+    e->peers = NULL;
     e->clients = NULL;
     e->cstate = NULL;
     e->toks = NULL;

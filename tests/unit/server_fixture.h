@@ -93,7 +93,7 @@ static inline srv_outcome fix_register(fix_engine *f, const char *secret, uint64
     char body[256];
     snprintf(body, sizeof(body), "{\"name\":\"c\",\"enrolment_secret\":\"%s\"}", secret);
     srv_result r = {0};
-    srv_engine_register(f->e, (const uint8_t *)body, strlen(body), &r);
+    srv_engine_register(f->e, "127.0.0.1", (const uint8_t *)body, strlen(body), &r);
     srv_outcome o = r.outcome;
     json_t *j = fix_json(&r);
     *id = (uint64_t)json_integer_value(json_object_get(j, "client_id"));

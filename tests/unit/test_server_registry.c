@@ -19,7 +19,7 @@ static void test_register_and_auth(void)
 
     srv_result r = {0};
     const char *bad = "{\"enrolment_secret\":1}";
-    srv_engine_register(f.e, (const uint8_t *)bad, strlen(bad), &r);
+    srv_engine_register(f.e, "127.0.0.1", (const uint8_t *)bad, strlen(bad), &r);
     CU_ASSERT_EQUAL(r.outcome, SRV_E_BAD_REQUEST);
     CU_ASSERT_PTR_NOT_NULL(strstr(r.message, "enrolment_secret"));
     srv_result_cleanup(&r);
@@ -98,6 +98,57 @@ static void test_rate_limit_and_capacity(void)
     free(dir);
 }
 
+/* Registers from address peer with secret; returns the outcome and the
+ * result's Retry-After in *retry (may be NULL). */
+static srv_outcome register_from(fix_engine *f, const char *peer, const char *secret, int *retry)
+{
+    char body[256];
+    snprintf(body, sizeof(body), "{\"enrolment_secret\":\"%s\"}", secret);
+    srv_result r = {0};
+    srv_engine_register(f->e, peer, (const uint8_t *)body, strlen(body), &r);
+    srv_outcome o = r.outcome;
+    if (retry != NULL)
+        *retry = r.retry_after;
+    srv_result_cleanup(&r);
+    return o;
+}
+
+/* Wrong enrolment secrets are limited per address: after enrolment_rate
+ * of them the address waits (even with the right secret); other addresses
+ * are not affected. */
+static void test_enrolment_limit(void)
+{
+    char *dir = strata_test_tmpdir();
+    CU_ASSERT_PTR_NOT_NULL_FATAL(dir);
+    fix_engine f;
+    const char *extra[] = {"--enrolment-rate", "3", NULL};
+    CU_ASSERT_EQUAL_FATAL(fix_open(&f, dir, 0, extra), 0);
+    int retry = 0;
+    for (int i = 0; i < 3; i++)
+        CU_ASSERT_EQUAL(register_from(&f, "10.0.0.1", "guess", NULL), SRV_E_BAD_SECRET);
+    CU_ASSERT_EQUAL(register_from(&f, "10.0.0.1", "guess", &retry), SRV_E_RATE_LIMITED);
+    CU_ASSERT(retry >= 1 && retry <= 20);
+    CU_ASSERT_EQUAL(register_from(&f, "10.0.0.1", FIX_SECRET, NULL), SRV_E_RATE_LIMITED);
+    CU_ASSERT_EQUAL(register_from(&f, "fe80::1", FIX_SECRET, NULL), SRV_CREATED);
+    CU_ASSERT_EQUAL(register_from(&f, NULL, "guess", NULL), SRV_E_BAD_SECRET);
+    /* Many addresses: the table reuses old entries, every answer stays
+     * defined. */
+    char addr[32];
+    for (int i = 0; i < 3000; i++) {
+        snprintf(addr, sizeof(addr), "10.1.%d.%d", i / 256, i % 256);
+        CU_ASSERT_EQUAL(register_from(&f, addr, "guess", NULL), SRV_E_BAD_SECRET);
+    }
+    srv_result r = {0};
+    srv_engine_status(f.e, &r);
+    json_t *j = fix_json(&r);
+    CU_ASSERT_EQUAL(json_integer_value(json_object_get(j, "registered_clients")), 1);
+    json_decref(j);
+    srv_result_cleanup(&r);
+    fix_close(&f);
+    strata_test_rmtree(dir);
+    free(dir);
+}
+
 /* A task request marks the client as seen; the time reaches the store when
  * a round opens or the engine closes, and only for clients that asked. */
 static void test_last_seen(void)
@@ -136,6 +187,7 @@ int main(void)
     CU_TestInfo tests[] = {{"register and authenticate", test_register_and_auth},
                            {"rate limit and capacity", test_rate_limit_and_capacity},
                            {"last-seen times", test_last_seen},
+                           {"enrolment limit per address", test_enrolment_limit},
                            CU_TEST_INFO_NULL};
     CU_SuiteInfo suites[] = {{"server_registry", NULL, NULL, NULL, NULL, tests},
                              CU_SUITE_INFO_NULL};
