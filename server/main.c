@@ -8,6 +8,10 @@
 #include "strata/log.h"
 #include "strata/stop.h"
 
+#include "store.h"
+
+#include <errno.h>
+#include <ftw.h>
 #include <malloc.h>
 #include <signal.h>
 #include <stdio.h>
@@ -17,6 +21,74 @@
 
 /* Set once SIGINT or SIGTERM arrives (strata_stop_install). */
 static volatile sig_atomic_t *g_stop;
+
+/* The entries of a state directory a start may create, with whether each
+ * existed before it: a start that fails in a directory without a database
+ * removes exactly what it made, so that it leaves nothing behind. */
+static const strata_store_file FRESH_ENTRIES[] = {
+    STRATA_STORE_FILE_DB,          STRATA_STORE_FILE_LOCK,        STRATA_STORE_FILE_UPDATES,
+    STRATA_STORE_FILE_CHECKPOINTS, STRATA_STORE_FILE_ADMIN_TOKEN,
+};
+#define NFRESH (sizeof(FRESH_ENTRIES) / sizeof(FRESH_ENTRIES[0]))
+
+typedef struct fresh_state {
+    int dir_existed, fresh; /* fresh: no database yet */
+    int existed[NFRESH];
+} fresh_state;
+
+static int exists(const char *path)
+{
+    struct stat st;
+    return lstat(path, &st) == 0;
+}
+
+/* Notes what the state directory holds before the engine opens it. */
+static void fresh_note(const char *dir, fresh_state *f)
+{
+    char path[4200];
+    memset(f, 0, sizeof(*f));
+    f->dir_existed = exists(dir);
+    for (size_t i = 0; i < NFRESH; i++)
+        f->existed[i] =
+            strata_store_path(dir, FRESH_ENTRIES[i], 0, 0, path, sizeof(path), NULL) == STRATA_OK &&
+            exists(path);
+    f->fresh = !f->existed[0];
+}
+
+static int remove_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
+{
+    (void)st;
+    (void)flag;
+    (void)ftw;
+    return remove(path) < 0 && errno != ENOENT ? -1 : 0;
+}
+
+/* After a failed start in a fresh state directory: removes what the start
+ * made (the whole directory when it made the directory). */
+static void fresh_undo(const char *dir, const fresh_state *f)
+{
+    if (!f->fresh)
+        return;
+    char path[4200];
+    if (!f->dir_existed) {
+        if (exists(dir) && nftw(dir, remove_entry, 16, FTW_DEPTH | FTW_PHYS) < 0)
+            strata_log_warn("could not remove %s, made by this failed start", dir);
+        return;
+    }
+    static const char *const db_extra[] = {"-wal", "-shm"};
+    for (size_t i = 0; i < NFRESH; i++) {
+        if (f->existed[i] ||
+            strata_store_path(dir, FRESH_ENTRIES[i], 0, 0, path, sizeof(path), NULL) < 0)
+            continue;
+        if (exists(path) && nftw(path, remove_entry, 16, FTW_DEPTH | FTW_PHYS) < 0)
+            strata_log_warn("could not remove %s, made by this failed start", path);
+        for (size_t k = 0; i == 0 && k < 2; k++) {
+            char side[4300];
+            snprintf(side, sizeof(side), "%s%s", path, db_extra[k]);
+            remove(side);
+        }
+    }
+}
 
 int main(int argc, char **argv)
 {
@@ -56,8 +128,10 @@ int main(int argc, char **argv)
 
     srv_engine *e = NULL;
     srv_http *h = NULL;
-    int code = 1;
+    int code = 1, started = 0;
     unsigned port = 0;
+    fresh_state fresh;
+    fresh_note(cfg.state_dir, &fresh);
     if ((rc = srv_engine_open(&cfg, &e, &d)) < 0) {
         strata_log_error("%s", strata_diag_msg(&d, rc));
         goto out;
@@ -70,6 +144,7 @@ int main(int argc, char **argv)
         strata_log_error("cannot start the round thread");
         goto out;
     }
+    started = 1;
     /* This line stays on stdout, in this form: tests and strata-sim read
      * the address from it. */
     printf("strata-server: listening on %s://%s:%u\n", cfg.tls_cert ? "https" : "http", cfg.host,
@@ -85,6 +160,8 @@ out:
         srv_engine_stop(e);
     srv_http_stop(h);
     srv_engine_free(e);
+    if (code != 0 && !started)
+        fresh_undo(cfg.state_dir, &fresh);
     srv_config_cleanup(&cfg);
     return code;
 }

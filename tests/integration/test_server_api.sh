@@ -27,6 +27,23 @@ set -e
 [ "$rc" -eq 2 ] || fail "unknown config key: exit $rc, expected 2"
 grep -q bogus_key "$WORK/bad.err" || fail "the error does not name the key"
 
+# A start that fails (bad data set, bad model) leaves nothing behind: no
+# state directory it made, nothing new in one the operator made.
+for args in "--data $WORK/no-such-data --model mlp" "--data $DATA --model no-such-model"; do
+    # shellcheck disable=SC2086
+    if "$SERVER" --state-dir "$WORK/failed" $args --enrolment-secret s3cret \
+        >/dev/null 2>"$WORK/failed.err"; then
+        fail "start with $args succeeded"
+    fi
+    [ ! -e "$WORK/failed" ] || fail "a failed start ($args) left $(ls -A "$WORK/failed")"
+    mkdir "$WORK/failed"
+    # shellcheck disable=SC2086
+    "$SERVER" --state-dir "$WORK/failed" $args --enrolment-secret s3cret >/dev/null 2>&1 &&
+        fail "start with $args succeeded"
+    [ -z "$(ls -A "$WORK/failed")" ] || fail "a failed start ($args) left $(ls -A "$WORK/failed")"
+    rmdir "$WORK/failed"
+done
+
 cat >"$WORK/cfg.json" <<'JSON'
 {"min_clients": 1, "clients_per_round": 1, "rounds": 3, "round_deadline": 30,
  "policy": "uniform", "density": 0.05, "enrolment_secret": "s3cret"}
@@ -39,6 +56,14 @@ mkdir "$WORK/state"
     --port 0 --rounds 2 >"$WORK/server.out" 2>"$WORK/server.err" &
 SPID=$!
 wait_listening "$SPID" "$WORK/server.out" "$WORK/server.err"
+# Its port is busy now: a second coordinator cannot listen there and leaves
+# no state directory behind.
+if "$SERVER" --state-dir "$WORK/busy" --model mlp --data "$DATA" --enrolment-secret s3cret \
+    --port "${URL##*:}" >/dev/null 2>"$WORK/busy.err"; then
+    fail "a second coordinator listened on a busy port"
+fi
+grep -q "cannot listen" "$WORK/busy.err" || fail "busy port: $(cat "$WORK/busy.err")"
+[ ! -e "$WORK/busy" ] || fail "a failed start (busy port) left $(ls -A "$WORK/busy")"
 
 C=(curl -sS --max-time 20)
 # req METHOD PATH [curl args...]: sets CODE and BODY.
