@@ -181,7 +181,15 @@ static int residuals_for(const strata_client_round_ctx *c, const strata_task *t,
         *ef = NULL;
     }
     if (*ef == NULL)
-        rc = strata_ef_new(delta, c->ef_beta, c->ef_max_staleness, ef);
+        return strata_ef_new(delta, c->ef_beta, c->ef_max_staleness, ef);
+    /* The options given now win over the settings saved with the
+     * residuals. */
+    int changed = 0;
+    rc = strata_ef_configure(*ef, c->ef_beta, c->ef_max_staleness, &changed);
+    if (rc == STRATA_OK && changed)
+        strata_log_info("residuals: staleness settings now --ef-beta %g --ef-max-staleness %u "
+                        "(the saved ones differed)",
+                        c->ef_beta, c->ef_max_staleness);
     return rc;
 }
 

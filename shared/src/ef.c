@@ -33,6 +33,19 @@ struct strata_ef {
     uint32_t last_round;
 };
 
+int strata_ef_configure(strata_ef *ef, double beta, uint32_t max_staleness, int *changed)
+{
+    if (changed != NULL)
+        *changed = 0;
+    if (ef == NULL || !(beta > 0.0 && beta <= 1.0))
+        return STRATA_EINVAL;
+    if (changed != NULL)
+        *changed = ef->beta != beta || ef->max_staleness != max_staleness;
+    ef->beta = beta;
+    ef->max_staleness = max_staleness;
+    return STRATA_OK;
+}
+
 void strata_ef_free(strata_ef *ef)
 {
     if (ef == NULL)

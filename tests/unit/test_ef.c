@@ -555,6 +555,21 @@ static void test_save_load(void)
     CU_ASSERT_EQUAL_FATAL(strata_ef_load(path, &layout, &back, &d), STRATA_OK);
     uint32_t last;
     CU_ASSERT_EQUAL(strata_ef_last_round(back, &last), STRATA_ESTATE);
+    /* The settings saved are the ones loaded; new ones replace them (and
+     * are saved with the residuals); a bad beta changes nothing. */
+    int changed = -1;
+    CU_ASSERT_EQUAL(strata_ef_configure(back, 0.7, 5, &changed), STRATA_OK);
+    CU_ASSERT_EQUAL(changed, 0);
+    CU_ASSERT_EQUAL(strata_ef_configure(back, 0.5, 2, &changed), STRATA_OK);
+    CU_ASSERT_EQUAL(changed, 1);
+    CU_ASSERT_EQUAL(strata_ef_configure(back, 0.0, 2, &changed), STRATA_EINVAL);
+    CU_ASSERT_EQUAL(strata_ef_configure(NULL, 0.5, 2, &changed), STRATA_EINVAL);
+    CU_ASSERT_EQUAL_FATAL(strata_ef_save(back, other, &d), STRATA_OK);
+    strata_ef_free(back);
+    back = NULL;
+    CU_ASSERT_EQUAL_FATAL(strata_ef_load(other, &layout, &back, &d), STRATA_OK);
+    CU_ASSERT_EQUAL(strata_ef_configure(back, 0.5, 2, &changed), STRATA_OK);
+    CU_ASSERT_EQUAL(changed, 0);
     strata_ef_free(back);
     back = NULL;
 

@@ -47,6 +47,12 @@ int strata_ef_new(const strata_tensor_list *layout, double beta, uint32_t max_st
 /* Frees ef. Accepts NULL. */
 void strata_ef_free(strata_ef *ef);
 
+/* Sets the staleness settings of ef (see strata_ef_new) for its next steps,
+ * e.g. a client's options over those saved with its residuals; *changed
+ * (may be NULL) is 1 when they differ from ef's. Errors: STRATA_EINVAL (NULL
+ * ef, beta outside (0, 1]; ef unchanged). */
+int strata_ef_configure(strata_ef *ef, double beta, uint32_t max_staleness, int *changed);
+
 /* One error-feedback round (see the file comment). delta (borrowed) must
  * have exactly the layout of the residuals; budgets (borrowed) holds one
  * budget per tensor; vf is the values format of the kept float values; round
