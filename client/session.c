@@ -16,8 +16,17 @@ int strata_client_session_register(strata_http *h, strata_client_state *st, cons
     strata_http_response r = {0};
     strata_diag d = {{0}};
     char *body = NULL;
-    json_t *req = json_object(), *j = NULL;
-    int rc = STRATA_ENOMEM;
+    json_t *req = NULL, *j = NULL;
+    /* One registration id for every attempt: a repeat after a lost answer
+     * gets the same client (with a new token). */
+    char reg[STRATA_CLIENT_REGISTRATION_LEN + 1];
+    int rc = strata_client_state_registration_id(st, reg, &d);
+    if (rc < 0) {
+        strata_log_error("registration id: %s", strata_diag_msg(&d, rc));
+        return rc;
+    }
+    rc = STRATA_ENOMEM;
+    req = json_pack("{s:s}", "registration_id", reg);
     if (req == NULL || (name && json_object_set_new(req, "name", json_string(name)) != 0) ||
         (secret && json_object_set_new(req, "enrolment_secret", json_string(secret)) != 0) ||
         (body = json_dumps(req, JSON_COMPACT)) == NULL)
@@ -29,8 +38,9 @@ int strata_client_session_register(strata_http *h, strata_client_state *st, cons
         strata_log_error("registration failed: %s", strata_diag_msg(&d, rc));
         goto out;
     }
-    j = r.status == 201 ? json_loadb((const char *)r.body, r.len, JSON_REJECT_DUPLICATES, NULL)
-                        : NULL;
+    j = r.status == 201 || r.status == 200
+            ? json_loadb((const char *)r.body, r.len, JSON_REJECT_DUPLICATES, NULL)
+            : NULL;
     const char *tok = json_string_value(json_object_get(j, "token"));
     json_t *cid = json_object_get(j, "client_id");
     if (tok == NULL || strlen(tok) >= sizeof(id->token) || !json_is_integer(cid)) {

@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #define F_IDENTITY "identity.json"
+#define F_REGISTRATION "registration"
 #define F_MODEL "model.safetensors"
 #define F_MODEL_ETAG "model.etag"
 #define F_RESIDUAL "residual.safetensors"
@@ -175,6 +176,30 @@ int strata_client_state_save_identity(const strata_client_state *s,
     int rc = strata_file_write_atomic(p, text, strlen(text), 0600, diag);
     free(text);
     return rc;
+}
+
+int strata_client_state_registration_id(const strata_client_state *s,
+                                        char id[STRATA_CLIENT_REGISTRATION_LEN + 1],
+                                        strata_diag *diag)
+{
+    char p[PATH_MAX];
+    path_of(s, F_REGISTRATION, p);
+    size_t n = 0;
+    char line[STRATA_CLIENT_REGISTRATION_LEN + 2]; /* room to tell a longer line */
+    int rc = strata_file_read_line(p, line, sizeof(line), &n, diag);
+    if (rc == STRATA_OK && n == STRATA_CLIENT_REGISTRATION_LEN) {
+        memcpy(id, line, n + 1);
+        return STRATA_OK;
+    }
+    if (rc < 0 && rc != STRATA_ESTATE && rc != STRATA_ETOOBIG)
+        return rc;
+    /* None yet (or not one of ours): a new one, durable before it is used. */
+    char tok[STRATA_TOKEN_HEX + 1];
+    if ((rc = strata_random_token(tok, diag)) < 0)
+        return rc;
+    memcpy(id, tok, STRATA_CLIENT_REGISTRATION_LEN);
+    id[STRATA_CLIENT_REGISTRATION_LEN] = '\0';
+    return strata_file_write_atomic(p, id, STRATA_CLIENT_REGISTRATION_LEN, 0600, diag);
 }
 
 int strata_client_state_model_etag(const strata_client_state *s, char *etag, size_t cap)
@@ -347,7 +372,8 @@ int strata_client_state_last_receipt(const strata_client_state *s, int *present,
 int strata_client_state_forget(strata_client_state *s, strata_diag *diag)
 {
     static const char *const federation[] = {
-        F_RESIDUAL, F_RESIDUAL_PENDING, F_PENDING_PAYLOAD, F_PENDING_MARK, F_MODEL, F_MODEL_ETAG};
+        F_RESIDUAL, F_RESIDUAL_PENDING, F_PENDING_PAYLOAD, F_PENDING_MARK,
+        F_MODEL,    F_MODEL_ETAG,       F_REGISTRATION};
     int rc = STRATA_OK;
     for (size_t i = 0; i < sizeof(federation) / sizeof(federation[0]); i++)
         keep_first(&rc, remove_file(s, federation[i], rc == STRATA_OK ? diag : NULL));

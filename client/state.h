@@ -6,6 +6,10 @@
  *   identity.json                 {"client_id":N,"token":"...","server":"URL"}
  *                                 from registration (mode 0600); kept across
  *                                 federations of the same coordinator
+ *   registration                  the registration id (random, mode 0600),
+ *                                 written before the first attempt: a
+ *                                 registration repeated after a lost answer
+ *                                 gets the same client from the coordinator
  *   model.safetensors, model.etag the last downloaded global model and its
  *                                 ETag, revalidated with If-None-Match
  *   residual.safetensors          the error-feedback residuals after the last
@@ -82,6 +86,17 @@ int strata_client_state_save_identity(const strata_client_state *s,
                                       const strata_client_identity *id, const char *server,
                                       strata_diag *diag);
 
+/* Length of a registration id (hex characters). */
+#define STRATA_CLIENT_REGISTRATION_LEN 32
+
+/* The registration id for this state directory into id (NUL-terminated):
+ * the saved one, or a new random one, saved durably (mode 0600) before it
+ * is returned. Errors: STRATA_EIO (no randomness, or the file cannot be
+ * written or read; diag names it). */
+int strata_client_state_registration_id(const strata_client_state *s,
+                                        char id[STRATA_CLIENT_REGISTRATION_LEN + 1],
+                                        strata_diag *diag);
+
 /* Copies the cached model's ETag into etag (cap bytes); "" when no model is
  * cached or its ETag does not fit. Never fails for a missing file. Errors:
  * STRATA_EINVAL (cap 0). */
@@ -138,9 +153,9 @@ int strata_client_state_settle(strata_client_state *s, uint32_t round, const cha
 int strata_client_state_last_receipt(const strata_client_state *s, int *present, uint32_t *round);
 
 /* Forgets the federation (the coordinator no longer knows us): removes
- * residuals, the stage and the cached model, and moves the receipts log to
- * receipts.log.old. The identity file stays (it is replaced on the next
- * registration). Errors: STRATA_EIO (diag names the file; every file is
+ * residuals, the stage, the cached model and the registration id, and moves
+ * the receipts log to receipts.log.old. The identity file stays (it is
+ * replaced on the next registration). Errors: STRATA_EIO (diag names the file; every file is
  * still tried). */
 int strata_client_state_forget(strata_client_state *s, strata_diag *diag);
 

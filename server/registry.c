@@ -46,6 +46,37 @@ static int cmp_tok(const void *a, const void *b)
     return memcmp(a, b, STRATA_STORE_HASH_LEN);
 }
 
+/* Inserts (hash, id) into the token index, which holds n entries and has
+ * room for one more, keeping it ascending by hash. Lock held. */
+static void tok_insert(srv_engine *e, size_t n, const uint8_t hash[STRATA_STORE_HASH_LEN],
+                       uint64_t id)
+{
+    size_t at = 0, hi = n; /* insertion point by hash */
+    while (at < hi) {
+        size_t mid = at + (hi - at) / 2;
+        if (memcmp(e->toks[mid].hash, hash, STRATA_STORE_HASH_LEN) < 0)
+            at = mid + 1;
+        else
+            hi = mid;
+    }
+    memmove(&e->toks[at + 1], &e->toks[at], (n - at) * sizeof(*e->toks));
+    memcpy(e->toks[at].hash, hash, STRATA_STORE_HASH_LEN);
+    e->toks[at].id = id;
+}
+
+/* Gives registered client id the token hash hash (a repeated registration):
+ * its old token stops working. Lock held. */
+static void tok_replace(srv_engine *e, uint64_t id, const uint8_t hash[STRATA_STORE_HASH_LEN])
+{
+    size_t i = 0;
+    while (i < e->nclients && e->toks[i].id != id)
+        i++;
+    if (i == e->nclients)
+        return;
+    memmove(&e->toks[i], &e->toks[i + 1], (e->nclients - i - 1) * sizeof(*e->toks));
+    tok_insert(e, e->nclients - 1, hash, id);
+}
+
 /* Adds a registered client (ids arrive ascending), its token hash, and its
  * state: a full upload-rate bucket and the last time it was seen. Lock held
  * (or start-up). */
@@ -64,18 +95,8 @@ static int add_client(srv_engine *e, uint64_t id, const uint8_t hash[STRATA_STOR
         e->toks = k;
     if (ids == NULL || st == NULL || k == NULL)
         return STRATA_ENOMEM;
-    e->capclients = c1;              /* the three grew alike, from the same capacity */
-    size_t at = 0, hi = e->nclients; /* insertion point by hash */
-    while (at < hi) {
-        size_t mid = at + (hi - at) / 2;
-        if (memcmp(e->toks[mid].hash, hash, STRATA_STORE_HASH_LEN) < 0)
-            at = mid + 1;
-        else
-            hi = mid;
-    }
-    memmove(&e->toks[at + 1], &e->toks[at], (e->nclients - at) * sizeof(*e->toks));
-    memcpy(e->toks[at].hash, hash, STRATA_STORE_HASH_LEN);
-    e->toks[at].id = id;
+    e->capclients = c1; /* the three grew alike, from the same capacity */
+    tok_insert(e, e->nclients, hash, id);
     e->cstate[e->nclients] =
         (srv_client_state){.uploads = {(double)e->cfg->upload_rate, strata_clock_unix_ms()},
                            .seen_ms = seen_ms,
@@ -310,15 +331,20 @@ void srv_engine_register(srv_engine *e, const char *peer, const uint8_t *body, s
                          e->cfg->max_clients);
         return;
     }
-    int rc = strata_store_client_add(e->store, hash, name, &id, &d);
-    if (rc == 0)
+    int existed = 0;
+    int rc = strata_store_client_add(e->store, hash, name,
+                                     rq.has_registration_id ? rq.registration_id : NULL, &id,
+                                     &existed, &d);
+    if (rc == 0 && existed)
+        tok_replace(e, id, hash);
+    else if (rc == 0)
         rc = add_client(e, id, hash, strata_clock_unix_ms());
     pthread_cond_broadcast(&e->cv);
     pthread_mutex_unlock(&e->mu);
     if (rc < 0)
         srv_result_internal(r, strata_diag_msg(&d, rc));
     else
-        srv__result_json(r, SRV_CREATED,
+        srv__result_json(r, existed ? SRV_OK : SRV_CREATED,
                          json_pack("{s:I,s:s}", "client_id", (json_int_t)id, "token", tok));
 }
 

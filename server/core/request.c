@@ -3,6 +3,7 @@
 
 #include "strata/jsonscan.h"
 
+#include <ctype.h>
 #include <jansson.h>
 #include <string.h>
 
@@ -66,6 +67,7 @@ typedef enum {
     TEXT_ANY,       /* any UTF-8 (jansson validated it) */
     TEXT_ASCII,     /* printable ASCII, 0x20 to 0x7e */
     TEXT_PRINTABLE, /* UTF-8 without C0, DEL or C1 controls */
+    TEXT_ID,        /* letters, digits, '-' and '_' */
 } text_rule;
 
 static int follows_rule(const char *s, size_t n, text_rule rule)
@@ -73,6 +75,8 @@ static int follows_rule(const char *s, size_t n, text_rule rule)
     const unsigned char *u = (const unsigned char *)s;
     for (size_t i = 0; i < n; i++) {
         if (rule == TEXT_ASCII && (u[i] < 0x20 || u[i] > 0x7e))
+            return 0;
+        if (rule == TEXT_ID && !isalnum(u[i]) && u[i] != '-' && u[i] != '_')
             return 0;
         if (rule == TEXT_PRINTABLE &&
             (u[i] < 0x20 || u[i] == 0x7f ||
@@ -127,7 +131,7 @@ static int only_keys(json_t *root, const char *const *allowed, const char *allow
 int srv_request_register(const uint8_t *body, size_t len, const srv_json_limits *lim,
                          srv_register_req *out, strata_diag *diag)
 {
-    static const char *const keys[] = {"name", "enrolment_secret", NULL};
+    static const char *const keys[] = {"name", "enrolment_secret", "registration_id", NULL};
     if (out == NULL)
         return strata_diag_set(diag, STRATA_EINVAL, "srv_request_register: NULL argument");
     memset(out, 0, sizeof(*out));
@@ -135,7 +139,7 @@ int srv_request_register(const uint8_t *body, size_t len, const srv_json_limits 
     int rc = srv_json_parse(body, len, lim, &root, diag);
     if (rc < 0)
         goto out;
-    rc = only_keys(root, keys, "name, enrolment_secret", diag);
+    rc = only_keys(root, keys, "name, enrolment_secret, registration_id", diag);
     if (rc < 0)
         goto out;
     const json_t *name = json_object_get(root, "name");
@@ -152,6 +156,13 @@ int srv_request_register(const uint8_t *body, size_t len, const srv_json_limits 
     }
     rc = take_string(secret, "enrolment_secret", 1, SRV_SECRET_MAX, TEXT_ANY, "text", out->secret,
                      &out->has_secret, diag);
+    if (rc < 0)
+        goto out;
+    const json_t *reg = json_object_get(root, "registration_id");
+    if (reg != NULL)
+        rc = take_string(reg, "registration_id", SRV_REGISTRATION_MIN, SRV_REGISTRATION_MAX,
+                         TEXT_ID, "letters, digits, '-' or '_'", out->registration_id,
+                         &out->has_registration_id, diag);
 out:
     json_decref(root);
     if (rc < 0)

@@ -80,11 +80,17 @@ int srv_json_parse(const uint8_t *body, size_t len, const srv_json_limits *lim, 
 /* Longest enrolment secret, in bytes. */
 #define SRV_SECRET_MAX 256
 
+/* Shortest and longest registration id, in bytes. */
+#define SRV_REGISTRATION_MIN 16
+#define SRV_REGISTRATION_MAX 64
+
 typedef struct srv_register_req {
-    char name[SRV_NAME_MAX + 1];     /* NUL-terminated; "" when has_name is 0 */
-    int has_name;                    /* 1 when the body had "name" */
-    char secret[SRV_SECRET_MAX + 1]; /* NUL-terminated */
-    int has_secret;                  /* 1 on success (the key is required) */
+    char name[SRV_NAME_MAX + 1];                    /* NUL-terminated; "" when has_name is 0 */
+    int has_name;                                   /* 1 when the body had "name" */
+    char secret[SRV_SECRET_MAX + 1];                /* NUL-terminated */
+    int has_secret;                                 /* 1 on success (the key is required) */
+    char registration_id[SRV_REGISTRATION_MAX + 1]; /* "" when has_registration_id is 0 */
+    int has_registration_id;
 } srv_register_req;
 
 /* Parses the body of POST /v1/clients (see srv_json_parse for the limits,
@@ -93,7 +99,11 @@ typedef struct srv_register_req {
  *   "name"              optional string of 0 to SRV_NAME_MAX printable ASCII
  *                       characters (0x20 to 0x7e);
  *   "enrolment_secret"  required string of 1 to SRV_SECRET_MAX bytes of any
- *                       UTF-8 text without NUL.
+ *                       UTF-8 text without NUL;
+ *   "registration_id"   optional string of SRV_REGISTRATION_MIN to
+ *                       SRV_REGISTRATION_MAX letters, digits, '-' or '_':
+ *                       the client's choice, the same for every attempt
+ *                       of one registration.
  * Any other key, a value that is not a string, a missing secret or a value
  * that breaks its rule is STRATA_EPROTO; the message names the key. The
  * secret is only extracted here: compare it with srv_secret_equal. Errors:

@@ -50,10 +50,11 @@
 
 /* The schema this build creates and reads. An older database is migrated on
  * open; a newer one is refused. */
-#define STRATA_STORE_SCHEMA_VERSION 1
+#define STRATA_STORE_SCHEMA_VERSION 2
 
 #define STRATA_STORE_HASH_LEN STRATA_SHA256_LEN /* SHA-256 (strata/hash.h) */
 #define STRATA_STORE_RECEIPT_LEN 32             /* hex characters of a receipt id */
+#define STRATA_STORE_REGISTRATION_MAX 64        /* bytes of a registration id */
 #define STRATA_STORE_NAME_MAX 128               /* bytes of a client name */
 #define STRATA_STORE_COUNTER_NAME_MAX 127       /* bytes of a counter name */
 
@@ -121,10 +122,16 @@ typedef struct strata_store_client {
 
 /* Registers a client identified by the SHA-256 of its bearer token (the token
  * itself is never stored). name may be NULL; at most STRATA_STORE_NAME_MAX
- * bytes, no control characters. Errors: STRATA_ESTATE when a client with
- * this token hash exists. */
+ * bytes, no control characters. registration_id (may be NULL: none) is the
+ * client's name for this registration, 1 to STRATA_STORE_REGISTRATION_MAX
+ * bytes: when a client registered with it before, that client's token hash
+ * becomes token_hash (its old token stops working), *existed is 1 and
+ * *client_id is its id; otherwise a new client is stored with it (*existed
+ * 0). One transaction. Errors: STRATA_EINVAL (bad argument), STRATA_ESTATE
+ * when another client has this token hash. */
 int strata_store_client_add(strata_store *s, const uint8_t token_hash[STRATA_STORE_HASH_LEN],
-                            const char *name, uint64_t *client_id, strata_diag *diag);
+                            const char *name, const char *registration_id, uint64_t *client_id,
+                            int *existed, strata_diag *diag);
 
 /* Looks a client up by id. Not registered: STRATA_OK with *found = 0. */
 int strata_store_client_get(strata_store *s, uint64_t client_id, strata_store_client *out,

@@ -47,12 +47,56 @@ int strata__store_fetch_client(strata_store *s, sqlite3_stmt *st, strata_store_c
     return rc;
 }
 
+/* The client registered with registration id reg: *found and *id. */
+static int registration_get(strata_store *s, const char *reg, uint64_t *id, int *found,
+                            strata_diag *diag)
+{
+    int64_t v = 0;
+    int is_null = 1;
+    sqlite3_stmt *st = strata__store_stmt(s, S_REGISTRATION_GET);
+    sqlite3_bind_text(st, 1, reg, -1, SQLITE_STATIC);
+    int step = sqlite3_step(st), rc = STRATA_OK;
+    if (step == SQLITE_ROW) {
+        is_null = 0;
+        v = sqlite3_column_int64(st, 0);
+    } else if (step != SQLITE_DONE) {
+        rc = strata__store_db_error(s, diag, "look up registration");
+    }
+    strata__store_stmt_done(st);
+    *found = !is_null;
+    *id = (uint64_t)v;
+    return rc;
+}
+
+/* Stores a new client (and its registration id when reg is not NULL). */
+static int insert_client(strata_store *s, const uint8_t *token_hash, const char *name, size_t nlen,
+                         const char *reg, uint64_t *id, strata_diag *diag)
+{
+    sqlite3_stmt *st = strata__store_stmt(s, S_CLIENT_INSERT);
+    sqlite3_bind_blob(st, 1, token_hash, STRATA_STORE_HASH_LEN, SQLITE_STATIC);
+    sqlite3_bind_text(st, 2, name, (int)nlen, SQLITE_STATIC);
+    sqlite3_bind_int64(st, 3, strata__store_now_ms());
+    int rc = strata__store_exec_stmt(s, S_CLIENT_INSERT, diag, "insert client");
+    if (rc < 0)
+        return rc;
+    *id = (uint64_t)sqlite3_last_insert_rowid(s->db);
+    if (reg == NULL)
+        return STRATA_OK;
+    st = strata__store_stmt(s, S_REGISTRATION_INSERT);
+    sqlite3_bind_text(st, 1, reg, -1, SQLITE_STATIC);
+    sqlite3_bind_int64(st, 2, (int64_t)*id);
+    return strata__store_exec_stmt(s, S_REGISTRATION_INSERT, diag, "insert registration");
+}
+
 int strata_store_client_add(strata_store *s, const uint8_t token_hash[STRATA_STORE_HASH_LEN],
-                            const char *name, uint64_t *client_id, strata_diag *diag)
+                            const char *name, const char *registration_id, uint64_t *client_id,
+                            int *existed, strata_diag *diag)
 {
     strata__store_diag_clear(diag);
     if (client_id != NULL)
         *client_id = 0;
+    if (existed != NULL)
+        *existed = 0;
     if (s == NULL || token_hash == NULL || client_id == NULL)
         return strata_diag_set(diag, STRATA_EINVAL, "client add: NULL argument");
     if (name == NULL)
@@ -65,6 +109,10 @@ int strata_store_client_add(strata_store *s, const uint8_t token_hash[STRATA_STO
         if ((unsigned char)name[i] < 0x20 || name[i] == 0x7f)
             return strata_diag_set(diag, STRATA_EINVAL, "client name contains a control character");
     }
+    if (registration_id != NULL &&
+        (registration_id[0] == '\0' || strlen(registration_id) > STRATA_STORE_REGISTRATION_MAX))
+        return strata_diag_set(diag, STRATA_EINVAL, "registration id: 1 to %d bytes",
+                               STRATA_STORE_REGISTRATION_MAX);
     int rc = strata__store_tx_begin(s, diag);
     if (rc < 0)
         return rc;
@@ -78,17 +126,27 @@ int strata_store_client_add(strata_store *s, const uint8_t token_hash[STRATA_STO
         rc = strata_diag_set(diag, STRATA_ESTATE, "a client with this token hash is registered");
         goto out;
     }
-    st = strata__store_stmt(s, S_CLIENT_INSERT);
-    sqlite3_bind_blob(st, 1, token_hash, STRATA_STORE_HASH_LEN, SQLITE_STATIC);
-    sqlite3_bind_text(st, 2, name, (int)nlen, SQLITE_STATIC);
-    sqlite3_bind_int64(st, 3, strata__store_now_ms());
-    rc = strata__store_exec_stmt(s, S_CLIENT_INSERT, diag, "insert client");
+    uint64_t id = 0;
+    int known = 0;
+    if (registration_id != NULL &&
+        (rc = registration_get(s, registration_id, &id, &known, diag)) < 0)
+        goto out;
+    if (known) {
+        st = strata__store_stmt(s, S_CLIENT_SET_TOKEN);
+        sqlite3_bind_int64(st, 1, (int64_t)id);
+        sqlite3_bind_blob(st, 2, token_hash, STRATA_STORE_HASH_LEN, SQLITE_STATIC);
+        rc = strata__store_exec_stmt(s, S_CLIENT_SET_TOKEN, diag, "replace token");
+    } else {
+        rc = insert_client(s, token_hash, name, nlen, registration_id, &id, diag);
+    }
     if (rc < 0)
         goto out;
-    uint64_t id = (uint64_t)sqlite3_last_insert_rowid(s->db);
     rc = strata__store_tx_commit(s, diag);
-    if (rc == STRATA_OK)
+    if (rc == STRATA_OK) {
         *client_id = id;
+        if (existed != NULL)
+            *existed = known;
+    }
 out:
     if (rc < 0)
         strata__store_tx_rollback(s);

@@ -62,6 +62,14 @@ static const char schema_v1[] =
     "CREATE TABLE counters(name TEXT PRIMARY KEY, value INTEGER NOT NULL) WITHOUT ROWID;"
     "INSERT INTO schema_version(version) VALUES(1);";
 
+/* Version 2: registration ids, so that a repeated registration (an answer
+ * lost to a crash or a cut link) gets the same client. */
+static const char migrate_v2[] =
+    "CREATE TABLE registrations("
+    " registration_id TEXT PRIMARY KEY,"
+    " client_id INTEGER NOT NULL UNIQUE REFERENCES clients(id)) WITHOUT ROWID;"
+    "UPDATE schema_version SET version = 2;";
+
 #define ROUND_COLUMNS                                                                              \
     "round, model_version, state, opened_ms, deadline_ms, closed_ms, task, summary,"               \
     " (SELECT count(*) FROM round_clients c WHERE c.round = r.round),"                             \
@@ -79,6 +87,10 @@ static const char *const stmt_sql[N_STMT] = {
                        " WHERE id = ?1",
     [S_CLIENT_COUNT] = "SELECT count(*) FROM clients",
     [S_CLIENT_TOUCH] = "UPDATE clients SET last_seen_ms = ?2 WHERE id = ?1",
+    [S_CLIENT_SET_TOKEN] = "UPDATE clients SET token_hash = ?2 WHERE id = ?1",
+    [S_REGISTRATION_GET] = "SELECT client_id FROM registrations WHERE registration_id = ?1",
+    [S_REGISTRATION_INSERT] =
+        "INSERT INTO registrations(registration_id, client_id) VALUES(?1, ?2)",
     [S_JSON_VALID] = "SELECT json_valid(?1)",
     [S_ROUND_MAX] = "SELECT max(round) FROM rounds",
     [S_ROUND_OPEN_ANY] = "SELECT round FROM rounds WHERE state = 0 LIMIT 1",
@@ -341,7 +353,9 @@ static int check_schema(strata_store *s, int may_create, strata_diag *diag)
             strata_diag_set(diag, STRATA_ESTATE, "%s/state.db has no valid schema version", s->dir);
         goto out;
     }
-    /* Version 1 is the first; migrations from older versions go here. */
+    /* Migrations, oldest first, in the same transaction. */
+    if (version < 2 && (rc = exec_sql(s, migrate_v2, diag)) < 0)
+        goto out;
     rc = exec_sql(s, "COMMIT", diag);
 out:
     /* The prepared statements do not exist yet. */

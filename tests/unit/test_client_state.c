@@ -90,6 +90,29 @@ static void test_identity(void)
     strata_client_state_free(s);
 }
 
+/* The registration id is made once, kept across opens, and forgotten with
+ * the federation. */
+static void test_registration_id(void)
+{
+    strata_client_state *s = open_state();
+    char a[STRATA_CLIENT_REGISTRATION_LEN + 1], b[STRATA_CLIENT_REGISTRATION_LEN + 1];
+    CU_ASSERT_EQUAL_FATAL(strata_client_state_registration_id(s, a, NULL), STRATA_OK);
+    CU_ASSERT_EQUAL(strlen(a), STRATA_CLIENT_REGISTRATION_LEN);
+    strata_client_state_free(s);
+    s = open_state();
+    CU_ASSERT_EQUAL_FATAL(strata_client_state_registration_id(s, b, NULL), STRATA_OK);
+    CU_ASSERT_STRING_EQUAL(a, b);
+    char p[4096];
+    path_in(p, sizeof(p), "registration");
+    struct stat st;
+    CU_ASSERT_EQUAL(stat(p, &st), 0);
+    CU_ASSERT_EQUAL(st.st_mode & 0777, 0600);
+    CU_ASSERT_EQUAL(strata_client_state_forget(s, NULL), STRATA_OK);
+    CU_ASSERT_EQUAL_FATAL(strata_client_state_registration_id(s, b, NULL), STRATA_OK);
+    CU_ASSERT_STRING_NOT_EQUAL(a, b);
+    strata_client_state_free(s);
+}
+
 static void test_model_etag(void)
 {
     strata_client_state *s = open_state();
@@ -272,6 +295,7 @@ static int suite_clean(void)
 int main(void)
 {
     CU_TestInfo tests[] = {
+        {"registration id", test_registration_id},
         {"open creates the directory", test_open_creates_dir},
         {"identity", test_identity},
         {"model cache and ETag", test_model_etag},

@@ -149,6 +149,62 @@ static void test_enrolment_limit(void)
     free(dir);
 }
 
+/* Registers with a registration id; writes the id and "Bearer TOKEN". */
+static srv_outcome register_with_id(fix_engine *f, const char *reg, uint64_t *id, char auth[128])
+{
+    char body[256];
+    snprintf(body, sizeof(body), "{\"enrolment_secret\":\"%s\",\"registration_id\":\"%s\"}",
+             FIX_SECRET, reg);
+    srv_result r = {0};
+    srv_engine_register(f->e, "127.0.0.1", (const uint8_t *)body, strlen(body), &r);
+    srv_outcome o = r.outcome;
+    json_t *j = fix_json(&r);
+    *id = (uint64_t)json_integer_value(json_object_get(j, "client_id"));
+    const char *tok = json_string_value(json_object_get(j, "token"));
+    snprintf(auth, 128, "Bearer %s", tok != NULL ? tok : "");
+    json_decref(j);
+    srv_result_cleanup(&r);
+    return o;
+}
+
+/* A repeated registration (its answer was lost) gets the same client and a
+ * new token; the old token stops working; no second client appears, also
+ * after a restart. */
+static void test_idempotent_registration(void)
+{
+    char *dir = strata_test_tmpdir();
+    CU_ASSERT_PTR_NOT_NULL_FATAL(dir);
+    fix_engine f;
+    CU_ASSERT_EQUAL_FATAL(fix_open(&f, dir, 0, NULL), 0);
+    uint64_t a = 0, b = 0, c = 0, id = 0;
+    char auth_a[128], auth_b[128], auth_c[128];
+    CU_ASSERT_EQUAL(register_with_id(&f, "0123456789abcdef", &a, auth_a), SRV_CREATED);
+    CU_ASSERT_EQUAL(register_with_id(&f, "0123456789abcdef", &b, auth_b), SRV_OK);
+    CU_ASSERT_EQUAL(b, a);
+    CU_ASSERT_STRING_NOT_EQUAL(auth_a, auth_b);
+    srv_result r = {0};
+    CU_ASSERT_EQUAL(srv_engine_auth(f.e, auth_a, &id, &r), STRATA_EPROTO);
+    srv_result_cleanup(&r);
+    CU_ASSERT_EQUAL(srv_engine_auth(f.e, auth_b, &id, &r), STRATA_OK);
+    CU_ASSERT_EQUAL(id, a);
+    CU_ASSERT_EQUAL(register_with_id(&f, "another-registration", &c, auth_c), SRV_CREATED);
+    CU_ASSERT(c > a);
+    fix_close(&f);
+    CU_ASSERT_EQUAL_FATAL(fix_open(&f, dir, 0, NULL), 0);
+    CU_ASSERT_EQUAL(srv_engine_auth(f.e, auth_b, &id, &r), STRATA_OK);
+    CU_ASSERT_EQUAL(id, a);
+    CU_ASSERT_EQUAL(srv_engine_auth(f.e, auth_a, &id, &r), STRATA_EPROTO);
+    srv_result_cleanup(&r);
+    srv_engine_status(f.e, &r);
+    json_t *j = fix_json(&r);
+    CU_ASSERT_EQUAL(json_integer_value(json_object_get(j, "registered_clients")), 2);
+    json_decref(j);
+    srv_result_cleanup(&r);
+    fix_close(&f);
+    strata_test_rmtree(dir);
+    free(dir);
+}
+
 /* A task request marks the client as seen; the time reaches the store when
  * a round opens or the engine closes, and only for clients that asked. */
 static void test_last_seen(void)
@@ -188,6 +244,7 @@ int main(void)
                            {"rate limit and capacity", test_rate_limit_and_capacity},
                            {"last-seen times", test_last_seen},
                            {"enrolment limit per address", test_enrolment_limit},
+                           {"idempotent registration", test_idempotent_registration},
                            CU_TEST_INFO_NULL};
     CU_SuiteInfo suites[] = {{"server_registry", NULL, NULL, NULL, NULL, tests},
                              CU_SUITE_INFO_NULL};

@@ -89,7 +89,8 @@ static void add_clients(strata_store *s, int n, uint64_t *ids)
     for (int i = 0; i < n; i++) {
         uint8_t h[STRATA_STORE_HASH_LEN];
         token_hash(i + 1, h);
-        CU_ASSERT_EQUAL_FATAL(strata_store_client_add(s, h, NULL, &ids[i], NULL), STRATA_OK);
+        CU_ASSERT_EQUAL_FATAL(strata_store_client_add(s, h, NULL, NULL, &ids[i], NULL, NULL),
+                              STRATA_OK);
     }
 }
 
@@ -134,7 +135,7 @@ static void test_open_reopen_schema(void)
     uint8_t h[32];
     uint64_t id = 0;
     token_hash(1, h);
-    CU_ASSERT_EQUAL(strata_store_client_add(s, h, "alpha", &id, NULL), STRATA_OK);
+    CU_ASSERT_EQUAL(strata_store_client_add(s, h, "alpha", NULL, &id, NULL, NULL), STRATA_OK);
 
     /* The directory is owned by one store at a time. */
     strata_store *second = NULL;
@@ -161,9 +162,39 @@ static void test_open_reopen_schema(void)
     CU_ASSERT_STRING_EQUAL(c.name, "alpha");
     strata_store_close(s);
 
-    /* A database written by a newer build is refused with a clear error. */
+    /* A database of schema version 1 (no registrations) is migrated on
+     * open: its clients stay, registration ids work. */
     sqlite3 *db = NULL;
     snprintf(path, sizeof(path), "%s/state.db", sub);
+    CU_ASSERT_EQUAL_FATAL(sqlite3_open(path, &db), SQLITE_OK);
+    CU_ASSERT_EQUAL(sqlite3_exec(db,
+                                 "DROP TABLE registrations; UPDATE schema_version SET version = 1",
+                                 NULL, NULL, NULL),
+                    SQLITE_OK);
+    sqlite3_close(db);
+    s = open_store(sub);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(s);
+    CU_ASSERT_EQUAL(strata_store_client_get(s, id, &c, &found, NULL), STRATA_OK);
+    CU_ASSERT_EQUAL(found, 1);
+    uint8_t h2[32];
+    uint64_t id2 = 0;
+    int existed = -1;
+    token_hash(2, h2);
+    CU_ASSERT_EQUAL(strata_store_client_add(s, h2, NULL, "reg-0123456789ab", &id2, &existed, &d),
+                    STRATA_OK);
+    CU_ASSERT_EQUAL(existed, 0);
+    strata_store_close(s);
+    CU_ASSERT_EQUAL_FATAL(sqlite3_open(path, &db), SQLITE_OK);
+    sqlite3_stmt *vst = NULL;
+    CU_ASSERT_EQUAL_FATAL(
+        sqlite3_prepare_v2(db, "SELECT max(version) FROM schema_version", -1, &vst, NULL),
+        SQLITE_OK);
+    CU_ASSERT_EQUAL(sqlite3_step(vst), SQLITE_ROW);
+    CU_ASSERT_EQUAL(sqlite3_column_int(vst, 0), STRATA_STORE_SCHEMA_VERSION);
+    sqlite3_finalize(vst);
+    sqlite3_close(db);
+
+    /* A database written by a newer build is refused with a clear error. */
     CU_ASSERT_EQUAL_FATAL(sqlite3_open(path, &db), SQLITE_OK);
     CU_ASSERT_EQUAL(sqlite3_exec(db, "UPDATE schema_version SET version = 99", NULL, NULL, NULL),
                     SQLITE_OK);
@@ -210,8 +241,8 @@ static void test_clients(void)
     token_hash(3, h3);
     uint64_t id1 = 0, id2 = 0, id = 7, n = 0;
 
-    CU_ASSERT_EQUAL(strata_store_client_add(s, h1, "edge-1", &id1, &d), STRATA_OK);
-    CU_ASSERT_EQUAL(strata_store_client_add(s, h2, NULL, &id2, &d), STRATA_OK);
+    CU_ASSERT_EQUAL(strata_store_client_add(s, h1, "edge-1", NULL, &id1, NULL, &d), STRATA_OK);
+    CU_ASSERT_EQUAL(strata_store_client_add(s, h2, NULL, NULL, &id2, NULL, &d), STRATA_OK);
     CU_ASSERT(id1 >= 1 && id2 > id1);
     CU_ASSERT_EQUAL(strata_store_client_count(s, &n, NULL), STRATA_OK);
     CU_ASSERT_EQUAL(n, 2);
@@ -231,11 +262,34 @@ static void test_clients(void)
     CU_ASSERT_EQUAL(found, 0);
 
     /* A token hash registers once. */
-    CU_ASSERT_EQUAL(strata_store_client_add(s, h1, "again", &id, &d), STRATA_ESTATE);
+    CU_ASSERT_EQUAL(strata_store_client_add(s, h1, "again", NULL, &id, NULL, &d), STRATA_ESTATE);
     CU_ASSERT_EQUAL(id, 0);
     CU_ASSERT(strstr(d.msg, "token hash") != NULL);
     CU_ASSERT_EQUAL(strata_store_client_count(s, &n, NULL), STRATA_OK);
     CU_ASSERT_EQUAL(n, 2);
+
+    /* A registration id: the first use stores a new client; a repeat (with
+     * a new token hash) gets the same client, whose old hash is gone. */
+    uint8_t h4[32], h5[32];
+    uint64_t r1 = 0, r2 = 0;
+    int existed = -1;
+    token_hash(4, h4);
+    token_hash(5, h5);
+    CU_ASSERT_EQUAL(strata_store_client_add(s, h4, "r", "reg-aaaaaaaaaaaa", &r1, &existed, &d),
+                    STRATA_OK);
+    CU_ASSERT_EQUAL(existed, 0);
+    CU_ASSERT_EQUAL(strata_store_client_add(s, h5, "r", "reg-aaaaaaaaaaaa", &r2, &existed, &d),
+                    STRATA_OK);
+    CU_ASSERT_EQUAL(existed, 1);
+    CU_ASSERT_EQUAL(r2, r1);
+    CU_ASSERT_EQUAL(strata_store_client_get(s, r1, &c, &found, NULL), STRATA_OK);
+    CU_ASSERT(memcmp(c.token_hash, h5, 32) == 0);
+    /* A token hash in use is refused even with a new registration id. */
+    CU_ASSERT_EQUAL(strata_store_client_add(s, h5, "r", "reg-bbbbbbbbbbbb", &r2, &existed, &d),
+                    STRATA_ESTATE);
+    CU_ASSERT_EQUAL(strata_store_client_add(s, h3, "r", "", &r2, &existed, &d), STRATA_EINVAL);
+    CU_ASSERT_EQUAL(strata_store_client_count(s, &n, NULL), STRATA_OK);
+    CU_ASSERT_EQUAL(n, 3);
 
     /* Last-seen times are set in one batch; unknown ids are skipped. */
     uint64_t seen_ids[] = {id1, 999, id2};
@@ -254,13 +308,13 @@ static void test_clients(void)
     char longname[STRATA_STORE_NAME_MAX + 2];
     memset(longname, 'x', sizeof(longname) - 1);
     longname[sizeof(longname) - 1] = '\0';
-    CU_ASSERT_EQUAL(strata_store_client_add(s, h3, longname, &id, &d), STRATA_EINVAL);
-    CU_ASSERT_EQUAL(strata_store_client_add(s, h3, "a\nb", &id, &d), STRATA_EINVAL);
-    CU_ASSERT_EQUAL(strata_store_client_add(s, NULL, NULL, &id, &d), STRATA_EINVAL);
-    CU_ASSERT_EQUAL(strata_store_client_add(s, h3, NULL, NULL, &d), STRATA_EINVAL);
+    CU_ASSERT_EQUAL(strata_store_client_add(s, h3, longname, NULL, &id, NULL, &d), STRATA_EINVAL);
+    CU_ASSERT_EQUAL(strata_store_client_add(s, h3, "a\nb", NULL, &id, NULL, &d), STRATA_EINVAL);
+    CU_ASSERT_EQUAL(strata_store_client_add(s, NULL, NULL, NULL, &id, NULL, &d), STRATA_EINVAL);
+    CU_ASSERT_EQUAL(strata_store_client_add(s, h3, NULL, NULL, NULL, NULL, &d), STRATA_EINVAL);
     CU_ASSERT_EQUAL(strata_store_client_count(s, NULL, &d), STRATA_EINVAL);
     CU_ASSERT_EQUAL(strata_store_client_count(s, &n, NULL), STRATA_OK);
-    CU_ASSERT_EQUAL(n, 2);
+    CU_ASSERT_EQUAL(n, 3);
 
     strata_store_close(s);
     strata_test_rmtree(dir);
