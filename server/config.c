@@ -48,7 +48,8 @@ const char srv_config_usage[] =
     "  --prox-mu X               FedProx proximal term (0)\n"
     "  --max-steps N             client step cap per round, 0 = none (0)\n"
     "  --server-opt NAME         plain, fedavgm, fedadam, fedyogi (plain)\n"
-    "  --server-lr X             server learning rate (1)\n"
+    "  --server-lr X             server learning rate (0: the optimiser's default: 1 for\n"
+    "                            plain and fedavgm, 0.05 for fedadam and fedyogi)\n"
     "  --seed S                  seed of the initial model, sampling and task seeds (1)\n"
     "  --threads N               threads for evaluation (1)\n"
     "  --http-threads N          threads serving requests (16); uploads wait for the disk\n"
@@ -110,7 +111,7 @@ static const strata_opt OPTS[] = {
     {"prox_mu", STRATA_OPT_DOUBLE, OFF(prox_mu), 0, 1e6, "X", NULL},
     {"max_steps", STRATA_OPT_INTEGER, OFF(max_steps), 0, 1L << 40, "N", NULL},
     {"server_opt", STRATA_OPT_STRING, OFF(server_opt), 0, 0, "NAME", NULL},
-    {"server_lr", STRATA_OPT_DOUBLE, OFF(server_lr), 1e-12, 1e6, "X", NULL},
+    {"server_lr", STRATA_OPT_DOUBLE, OFF(server_lr), 0, 1e6, "X", NULL},
     {"seed", STRATA_OPT_INTEGER, OFF(seed), 0, 9007199254740991.0, "S", NULL},
     {"threads", STRATA_OPT_INTEGER, OFF(threads), 1, 1024, "N", NULL},
     {"http_threads", STRATA_OPT_INTEGER, OFF(http_threads), 1, 1024, "N", NULL},
@@ -152,7 +153,7 @@ void srv_config_init(srv_config *cfg)
     cfg->local_epochs = 1;
     cfg->batch = 32;
     cfg->lr = 0.05;
-    cfg->server_lr = 1;
+    cfg->server_lr = 0; /* the optimiser's default */
     cfg->seed = 1;
     cfg->threads = 1;
     cfg->http_threads = 16;

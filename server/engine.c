@@ -103,7 +103,8 @@ static int load_server_opt(srv_engine *e, strata_diag *d)
     int rc = strata_server_opt_parse(e->cfg->server_opt, &oc, d);
     if (rc < 0)
         return rc;
-    oc.lr = e->cfg->server_lr;
+    if (e->cfg->server_lr > 0) /* else the optimiser's own default */
+        oc.lr = e->cfg->server_lr;
     char opath[4200];
     srv__opt_path(e, e->version, opath, sizeof(opath));
     struct stat st;

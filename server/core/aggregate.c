@@ -391,12 +391,13 @@ void strata_server_opt_config_init(strata_server_opt_config *cfg, strata_server_
 {
     if (cfg == NULL)
         return;
+    int adaptive = type == STRATA_SERVER_OPT_FEDADAM || type == STRATA_SERVER_OPT_FEDYOGI;
     cfg->type = type;
-    cfg->lr = 1.0;
-    cfg->momentum = 0.9;
-    cfg->beta1 = 0.9;
+    cfg->lr = adaptive ? 0.05 : 1.0;
+    cfg->momentum = 0.5;
+    cfg->beta1 = 0.0;
     cfg->beta2 = 0.99;
-    cfg->tau = 1e-3;
+    cfg->tau = 0.01;
 }
 
 int strata_server_opt_parse(const char *name, strata_server_opt_config *cfg, strata_diag *diag)

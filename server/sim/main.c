@@ -31,7 +31,7 @@ static volatile sig_atomic_t *g_stop;
 
 typedef struct sim_opts {
     long clients, rounds, seed, local_epochs, batch, deadline;
-    char *model, *data, *partition, *policy, *density, *values, *out, *lr, *server_opt;
+    char *model, *data, *partition, *policy, *density, *values, *out, *lr, *server_opt, *server_lr;
     int json;
     char *log_format_name, *log_level_name;
     strata_log_level log_level;
@@ -65,6 +65,8 @@ static const strata_opt OPTS[] = {
     {"lr", STRATA_OPT_STRING, OFF(lr), 0, 0, "LR", "client learning rate (0.05)"},
     {"server_opt", STRATA_OPT_STRING, OFF(server_opt), 0, 0, "NAME",
      "plain (default), fedavgm, fedadam or fedyogi"},
+    {"server_lr", STRATA_OPT_STRING, OFF(server_lr), 0, 0, "X",
+     "server learning rate (0: the optimiser's default)"},
     {"round_deadline", STRATA_OPT_INTEGER, OFF(deadline), 1, 86400, "S",
      "round deadline in seconds (120)"},
     {"seed", STRATA_OPT_INTEGER, OFF(seed), 0, (double)LONG_MAX, "S", "seed (1)"},
@@ -109,9 +111,9 @@ static int sim_opts_init(sim_opts *o)
     static const struct {
         size_t off;
         const char *value;
-    } defaults[] = {{OFF(model), "mlp"},    {OFF(partition), "iid"},   {OFF(policy), "uniform"},
-                    {OFF(density), "0.01"}, {OFF(values), "fp32"},     {OFF(out), "out/sim"},
-                    {OFF(lr), "0.05"},      {OFF(server_opt), "plain"}};
+    } defaults[] = {{OFF(model), "mlp"},    {OFF(partition), "iid"},    {OFF(policy), "uniform"},
+                    {OFF(density), "0.01"}, {OFF(values), "fp32"},      {OFF(out), "out/sim"},
+                    {OFF(lr), "0.05"},      {OFF(server_opt), "plain"}, {OFF(server_lr), "0"}};
     for (size_t i = 0; i < sizeof(defaults) / sizeof(defaults[0]); i++)
         if ((*(char **)((char *)o + defaults[i].off) = strdup(defaults[i].value)) == NULL)
             return STRATA_ENOMEM;
@@ -510,6 +512,8 @@ static int sim_main(const sim_opts *op)
                      (char *)o.lr,
                      "--server-opt",
                      (char *)o.server_opt,
+                     "--server-lr",
+                     (char *)o.server_lr,
                      "--seed",
                      s_seed,
                      "--threads",

@@ -631,7 +631,12 @@ static void test_server_opt_hand_computed(void)
         strata_server_opt_config cfg;
         CU_ASSERT_EQUAL_FATAL(strata_server_opt_parse(cases[i].name, &cfg, NULL), STRATA_OK);
         CU_ASSERT_STRING_EQUAL(strata_server_opt_name(cfg.type), cases[i].name);
+        /* The constants of the hand computation (the published ones, not
+         * Strata's defaults). */
         cfg.lr = cases[i].lr;
+        cfg.momentum = 0.9;
+        cfg.beta1 = 0.9;
+        cfg.tau = 1e-3;
         strata_tensor_list p;
         two_params(&p, 1.0f, -0.5f);
         strata_server_opt *o = NULL;
@@ -662,9 +667,13 @@ static void test_server_opt_errors(void)
     CU_ASSERT(d.msg[0] != '\0');
     CU_ASSERT_EQUAL(strata_server_opt_parse("fedyogi", &cfg, NULL), STRATA_OK);
     CU_ASSERT_EQUAL(cfg.type, STRATA_SERVER_OPT_FEDYOGI);
-    CU_ASSERT_EQUAL(cfg.lr, 1.0);
+    CU_ASSERT_EQUAL(cfg.lr, 0.05);
+    CU_ASSERT_EQUAL(cfg.beta1, 0.0);
     CU_ASSERT_EQUAL(cfg.beta2, 0.99);
-    CU_ASSERT_EQUAL(cfg.tau, 1e-3);
+    CU_ASSERT_EQUAL(cfg.tau, 0.01);
+    CU_ASSERT_EQUAL(strata_server_opt_parse("fedavgm", &cfg, NULL), STRATA_OK);
+    CU_ASSERT_EQUAL(cfg.lr, 1.0);
+    CU_ASSERT_EQUAL(cfg.momentum, 0.5);
     CU_ASSERT_STRING_EQUAL(strata_server_opt_name((strata_server_opt_type)9), "?");
 
     strata_tensor_list p, bad;
