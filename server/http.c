@@ -37,6 +37,12 @@
  *   in the same buffer.
  * - The method: GET routes answer HEAD too (the same status and headers;
  *   MHD sends no body); a 405 lists the route's methods in Allow.
+ * - Media types (415 unsupported_media_type): POST /v1/clients needs
+ *   Content-Type application/json (parameters after ';' allowed); the admin
+ *   POSTs refuse any other Content-Type, and need application/json when
+ *   they carry a body (a Content-Length above 0 on the first call; a chunked
+ *   body that is not empty at the end); uploads need
+ *   application/octet-stream.
  * What the handler never sees, MHD answers itself with an HTML page that
  * Strata does not count: a malformed or overflowing Content-Length (400,
  * 413; MHD 0.9.75 sends its status line and headers twice there), a header
@@ -592,10 +598,11 @@ static int check_headers(srv_http *h, struct MHD_Connection *c, req *q, const ch
                          ct ? ct : "none");
         return STRATA_EPROTO;
     }
-    if ((q->rt == R_CLIENTS || q->rt == R_ADMIN_ACTION) && ct != NULL &&
+    int declared_body = cl != NULL && strtoull(cl, NULL, 10) > 0;
+    if ((q->rt == R_CLIENTS || (q->rt == R_ADMIN_ACTION && (ct != NULL || declared_body))) &&
         !ctype_is(c, "application/json")) {
         srv_result_error(r, SRV_E_UNSUPPORTED_MEDIA_TYPE,
-                         "Content-Type: expected application/json, got %s", ct);
+                         "Content-Type: expected application/json, got %s", ct ? ct : "none");
         return STRATA_EPROTO;
     }
     if (cl != NULL && strtoull(cl, NULL, 10) > q->max) {
@@ -668,6 +675,12 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         if (q->rt == R_UPDATES)
             srv_engine_count_update_refused(h->e, SRV_E_TOO_LARGE);
         srv_result_error(&r, SRV_E_TOO_LARGE, "body above the limit of %zu bytes", q->max);
+        return send_resp(h, c, &r, NULL, 0);
+    }
+    if (q->rt == R_ADMIN_ACTION && q->body.len > 0 && !ctype_is(c, "application/json")) {
+        /* a chunked body: its size was not declared on the first call */
+        srv_result_error(&r, SRV_E_UNSUPPORTED_MEDIA_TYPE,
+                         "Content-Type: expected application/json with a body, got none");
         return send_resp(h, c, &r, NULL, 0);
     }
     int parked = 0;
