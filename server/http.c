@@ -23,10 +23,12 @@
  *   Transfer-Encoding other than one header of exactly "chunked",
  *   Transfer-Encoding in HTTP/1.0, a header name that is not an RFC 9110
  *   token (MHD keeps "Transfer-Encoding :" as a header of another name and
- *   would frame by Content-Length), and an HTTP/1.1 request without exactly
- *   one Host. MHD frames by the first such header it finds and a proxy in
- *   front may frame by another: a request that could be read two ways is
- *   read neither way.
+ *   would frame by Content-Length), a header line continued on the next
+ *   (obs-fold: MHD glues the continuation to the name, so
+ *   "Content-Length:\r\n 5" would frame no body), and an HTTP/1.1 request
+ *   without exactly one Host. MHD frames by the first such header it finds
+ *   and a proxy in front may frame by another: a request that could be read
+ *   two ways is read neither way.
  * - The request target as sent: MHD unescapes the path before the handler
  *   sees it, so on_uri, which MHD calls with the raw target, judges it
  *   there: 400 bad_request, with Connection: close, for a byte outside
@@ -493,6 +495,7 @@ typedef struct framing {
     unsigned host;              /* Host headers */
     int te_other;               /* a Transfer-Encoding value other than "chunked" */
     int bad_name;               /* a header name that is not a token */
+    int folded;                 /* a header line continued on the next (obs-fold) */
 } framing;
 
 /* 1 when ch is a tchar of RFC 9110 (the characters of a header name). */
@@ -500,6 +503,22 @@ static int is_tchar(char ch)
 {
     return (ch >= '0' && ch <= '9') || (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') ||
            (ch != '\0' && strchr("!#$%&'*+-.^_`|~", ch) != NULL);
+}
+
+/* 1 when key and value lie as MHD 0.9.75 leaves a header that stood on one
+ * line: the name, the NUL that replaced the colon, blanks, the value, in
+ * its read buffer. MHD appends a continuation line (obs-fold) to a copy of
+ * the name, which no longer ends where the value's line has its NUL; the
+ * value is then what stood on the first line. Reads only the value's line
+ * back to that NUL. */
+static int one_line(const char *key, const char *value)
+{
+    if (value == NULL)
+        return 0;
+    const char *p = value;
+    while (p[-1] == ' ' || p[-1] == '\t')
+        p--;
+    return p[-1] == '\0' && (uintptr_t)(p - 1) == (uintptr_t)key + strlen(key);
 }
 
 /* MHD_KeyValueIterator over the request headers: adds one to cls (a
@@ -516,6 +535,8 @@ static enum MHD_Result frame_header(void *cls, enum MHD_ValueKind kind, const ch
     for (const char *p = key; *p != '\0'; p++)
         if (!is_tchar(*p))
             f->bad_name = 1;
+    if (!one_line(key, value))
+        f->folded = 1;
     if (strcasecmp(key, MHD_HTTP_HEADER_CONTENT_LENGTH) == 0) {
         f->content_length++;
     } else if (strcasecmp(key, MHD_HTTP_HEADER_TRANSFER_ENCODING) == 0) {
@@ -538,7 +559,9 @@ static int check_framing(struct MHD_Connection *c, const char *version, srv_resu
     MHD_get_connection_values(c, MHD_HEADER_KIND, frame_header, &f);
     int http10 = strcmp(version, MHD_HTTP_VERSION_1_0) == 0;
     const char *why = NULL;
-    if (f.bad_name)
+    if (f.folded)
+        why = "a header line continued on the next (obs-fold)";
+    else if (f.bad_name)
         why = "a header name that is not a token";
     else if (f.content_length > 1)
         why = "more than one Content-Length";
