@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The coordinator's HTTP edge over raw sockets (bash's /dev/tcp): request
 # smuggling (two Content-Lengths, Content-Length with Transfer-Encoding,
-# unknown or repeated transfer codings, a header name with a space, Host),
-# request targets that MHD would unescape into another path (%00, invalid
-# escapes, %2F, raw NUL), Content-Type rules of the JSON endpoints, and HEAD.
+# unknown or repeated transfer codings, a header name with a space, folded
+# header lines, Host), request targets that MHD would unescape into another
+# path (%00, invalid escapes, %2F, raw NUL), Content-Type rules of the JSON
+# endpoints, and HEAD.
 # Every refusal must come back as exactly one response (the bytes after the
 # header block are exactly its Content-Length) with its status and the JSON
 # error {"error":{"code","message"}}, the connection must then be closed,
@@ -200,6 +201,15 @@ refused "Transfer-Encoding: chunked twice" 400 bad_request "Transfer-Encoding ot
 refused "'Transfer-Encoding :' (space before the colon) with Content-Length" 400 bad_request \
     "$FRAMING: a header name that is not a token" \
     "POST /v1/clients HTTP/1.1\r\n$H${J}Transfer-Encoding : chunked\r\nContent-Length: $((5 + $(blen "$SMUG_REG")))\r\n\r\n0\r\n\r\n$SMUG_REG"
+# obs-fold: libmicrohttpd glues a continuation line to the header's name, so
+# it would read no Content-Length here and take the body for a request.
+refused "'Content-Length:' folded onto the next line (smuggled registration)" 400 bad_request \
+    "$FRAMING: a header line continued on the next" \
+    "POST /v1/clients HTTP/1.1\r\n$H${J}Content-Length:\r\n $(blen "$SMUG_REG")\r\n\r\n$SMUG_REG"
+refused "'Transfer-Encoding:' folded onto the next line" 400 bad_request "continued on the next" \
+    "POST /v1/clients HTTP/1.1\r\n$H${J}Transfer-Encoding:\r\n\tchunked\r\n\r\n0\r\n\r\n"
+refused "Transfer-Encoding hidden in a folded header" 400 bad_request "continued on the next" \
+    "POST /v1/clients HTTP/1.1\r\n$H${J}X-A: b\r\n Transfer-Encoding: chunked\r\nContent-Length: 2\r\n\r\n{}"
 refused "Transfer-Encoding in HTTP/1.0" 400 bad_request "$FRAMING: Transfer-Encoding in HTTP/1.0" \
     "POST /v1/clients HTTP/1.0\r\n$H${J}Transfer-Encoding: chunked\r\n\r\n0\r\n\r\n"
 refused "HTTP/1.1 without Host" 400 bad_request "$FRAMING: no Host" \
