@@ -694,23 +694,24 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     set_deadline(h, c, 0); /* the whole request is in */
     if (q->answered)
         return MHD_YES;
+    unsigned how = q->head ? SEND_HEAD : 0;
     if (q->too_big) {
         if (q->rt == R_UPDATES)
             srv_engine_count_update_refused(h->e, SRV_E_TOO_LARGE);
         srv_result_error(&r, SRV_E_TOO_LARGE, "body above the limit of %zu bytes", q->max);
-        return send_resp(h, c, &r, NULL, 0);
+        return send_resp(h, c, &r, NULL, how);
     }
     if (q->rt == R_ADMIN_ACTION && q->body.len > 0 && !ctype_is(c, "application/json")) {
         /* a chunked body: its size was not declared on the first call */
         srv_result_error(&r, SRV_E_UNSUPPORTED_MEDIA_TYPE,
                          "Content-Type: expected application/json with a body, got none");
-        return send_resp(h, c, &r, NULL, 0);
+        return send_resp(h, c, &r, NULL, how);
     }
     int parked = 0;
     dispatch(h, c, q, &r, &parked);
     if (parked)
         return MHD_YES;
-    return send_resp(h, c, &r, NULL, q->head ? SEND_HEAD : 0);
+    return send_resp(h, c, &r, NULL, how);
 }
 
 /* MHD's URI log callback, called with the raw request target (before MHD
