@@ -4,13 +4,54 @@
  * the engine answers with typed results (result.h) and OUTCOMES below maps
  * each outcome to its status and error code string.
  *
- * Each request gets a small state (struct req) in MHD's per-connection
- * pointer, freed in the completion callback. Bodies are buffered up to a
- * per-route cap: an oversize Content-Length is answered with 413 on the
- * first call (the body is never read); a chunked body that grows past the
- * cap is discarded and answered with 413 at the end. Long-polls suspend the
- * connection (MHD_suspend_connection) instead of blocking a pool thread; the
- * engine resumes it when a round opens or closes, or when its wait ends.
+ * Each request gets a small state (struct req), made by the URI log
+ * callback (on_uri) and kept in MHD's per-request pointer until the
+ * completion callback frees it. Bodies are buffered up to a per-route cap:
+ * an oversize Content-Length is answered with 413 on the first call (the
+ * body is never read); a chunked body that grows past the cap is discarded
+ * and answered with 413 at the end. Long-polls suspend the connection
+ * (MHD_suspend_connection) instead of blocking a pool thread; the engine
+ * resumes it when a round opens or closes, or when its wait ends.
+ *
+ * The edge. On the handler's first call, before the route, the credentials
+ * or the body are looked at, in this order (each refusal is a JSON error,
+ * counted by its code like every 4xx; an answer given on the first call
+ * makes MHD close the connection after it, reading neither the rest of the
+ * body nor a request behind it):
+ * - Framing: 400 bad_request, with Connection: close, for more than one
+ *   Content-Length, Content-Length with Transfer-Encoding, a
+ *   Transfer-Encoding other than one header of exactly "chunked",
+ *   Transfer-Encoding in HTTP/1.0, a header name that is not an RFC 9110
+ *   token (MHD keeps "Transfer-Encoding :" as a header of another name and
+ *   would frame by Content-Length), a header line continued on the next
+ *   (obs-fold: MHD glues the continuation to the name, so
+ *   "Content-Length:\r\n 5" would frame no body), and an HTTP/1.1 request
+ *   without exactly one Host. MHD frames by the first such header it finds
+ *   and a proxy in front may frame by another: a request that could be read
+ *   two ways is read neither way.
+ * - The request target as sent: MHD unescapes the path before the handler
+ *   sees it, so on_uri, which MHD calls with the raw target, judges it
+ *   there: 400 bad_request, with Connection: close, for a byte outside
+ *   printable ASCII, a '%' not followed by two hex digits, an escaped
+ *   control character (%00 to %1F, %7F), and, in the path, an escaped '/'.
+ *   A raw NUL byte ends the C string MHD hands over early; the handler sees
+ *   it because MHD ends the target at the space before the HTTP version,
+ *   in the same buffer.
+ * - The method: GET routes answer HEAD too (the same status and headers;
+ *   MHD sends no body); a 405 lists the route's methods in Allow.
+ * - Media types (415 unsupported_media_type): POST /v1/clients needs
+ *   Content-Type application/json (parameters after ';' allowed); the admin
+ *   POSTs refuse any other Content-Type, and need application/json when
+ *   they carry a body (a Content-Length above 0 on the first call; a chunked
+ *   body that is not empty at the end); uploads need
+ *   application/octet-stream.
+ * What the handler never sees, MHD answers itself with an HTML page that
+ * Strata does not count: a malformed or overflowing Content-Length (400,
+ * 413; MHD 0.9.75 sends its status line and headers twice there), a header
+ * line without a colon or a request line without a version (400), a
+ * request line or headers above its buffer (414, 431), an HTTP version
+ * other than 1.x (505) and a malformed chunked body (400). A NUL byte in a
+ * header value ends the value MHD stores; the rest of the line is lost.
  *
  * Limits: MHD closes a connection idle for connection_timeout seconds and
  * refuses connections above max_connections. A request must arrive whole
@@ -81,11 +122,15 @@ typedef enum {
 typedef enum { A_PUBLIC, A_CLIENT, A_ADMIN } who;
 
 typedef struct req {
+    int started;          /* the handler's first call is done */
+    const char *uri_bad;  /* what is wrong with the raw request target; NULL: nothing */
+    uintptr_t target_end; /* where the raw target's C string ended in MHD's buffer */
     route rt;
     unsigned long long arg; /* version or round from the path */
     const char *action;     /* admin action from the path */
     who acc;
     int answered; /* a response was queued on the first call */
+    int head;     /* the method is HEAD: no body goes out */
     int waited;   /* parked at least once */
     uint64_t client_id;
     strata_buf body; /* capped at max */
@@ -156,6 +201,50 @@ static route match(const char *url, unsigned long long *arg, const char **method
     return R_NONE;
 }
 
+/* The value of hex digit ch, or -1. */
+static int hex_value(char ch)
+{
+    if (ch >= '0' && ch <= '9')
+        return ch - '0';
+    if (ch >= 'a' && ch <= 'f')
+        return ch - 'a' + 10;
+    if (ch >= 'A' && ch <= 'F')
+        return ch - 'A' + 10;
+    return -1;
+}
+
+/* What is wrong with the raw request target uri (path and query, before
+ * unescaping), as a message; NULL when nothing is. The rules are in the
+ * header comment. */
+static const char *target_problem(const char *uri)
+{
+    if (uri == NULL || uri[0] == '\0')
+        return "request target: missing";
+    int in_path = 1;
+    for (const char *p = uri; *p != '\0'; p++) {
+        unsigned char ch = (unsigned char)*p;
+        if (ch <= 0x20 || ch >= 0x7f)
+            return "request target: a byte outside printable ASCII";
+        if (ch == '?')
+            in_path = 0;
+        if (ch != '%')
+            continue;
+        int hi = hex_value(p[1]);
+        int lo = hi < 0 ? -1 : hex_value(p[2]);
+        if (lo < 0)
+            return "request target: a '%' not followed by two hex digits";
+        int v = hi * 16 + lo;
+        if (v == 0)
+            return "request target: an escaped NUL (%00)";
+        if (v < 0x20 || v == 0x7f)
+            return "request target: an escaped control character";
+        if (in_path && v == '/')
+            return "request target: an escaped '/' (%2F) in the path";
+        p += 2;
+    }
+    return NULL;
+}
+
 /* The one table from outcome to HTTP status and error code string. */
 static const struct {
     unsigned status;
@@ -223,8 +312,16 @@ static void error_envelope(srv_result *r)
     r->media = SRV_MEDIA_JSON;
 }
 
+/* How send_resp sends. */
+enum {
+    SEND_CLOSE = 1, /* Connection: close (MHD closes the connection after the response) */
+    SEND_HEAD = 2,  /* the request is HEAD: MHD sends no body, none is counted */
+};
+
+/* Queues r (an error in the JSON envelope) with Allow: allow when not NULL,
+ * counts a 4xx by its code and frees r's contents. */
 static enum MHD_Result send_resp(srv_http *h, struct MHD_Connection *c, srv_result *r,
-                                 const char *allow)
+                                 const char *allow, unsigned how)
 {
     if ((unsigned)r->outcome >= SRV_OUTCOME_COUNT)
         srv_result_error(r, SRV_E_INTERNAL, "internal error");
@@ -261,6 +358,10 @@ static enum MHD_Result send_resp(srv_http *h, struct MHD_Connection *c, srv_resu
         MHD_add_response_header(resp, MHD_HTTP_HEADER_ALLOW, allow);
     if (status == 401)
         MHD_add_response_header(resp, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer");
+    if (how & SEND_CLOSE)
+        MHD_add_response_header(resp, MHD_HTTP_HEADER_CONNECTION, "close");
+    if (how & SEND_HEAD)
+        len = 0;
     if (status >= 400 && status < 500)
         srv_engine_count_refused(h->e, r->outcome);
     enum MHD_Result ok = MHD_queue_response(c, status, resp);
@@ -412,9 +513,103 @@ static void set_deadline(srv_http *h, struct MHD_Connection *c, int arm)
     pthread_mutex_unlock(&h->mu);
 }
 
-/* Checks what can be checked from the headers alone (first call): method,
- * credentials, content type, declared size, upload rate. Returns 0 to read
- * the body, or STRATA_EPROTO with r filled (and *allow for a 405). */
+/* What the headers that frame a request say (gathered by frame_header). */
+typedef struct framing {
+    unsigned content_length;    /* Content-Length headers */
+    unsigned transfer_encoding; /* Transfer-Encoding headers */
+    unsigned host;              /* Host headers */
+    int te_other;               /* a Transfer-Encoding value other than "chunked" */
+    int bad_name;               /* a header name that is not a token */
+    int folded;                 /* a header line continued on the next (obs-fold) */
+} framing;
+
+/* 1 when ch is a tchar of RFC 9110 (the characters of a header name). */
+static int is_tchar(char ch)
+{
+    return (ch >= '0' && ch <= '9') || (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') ||
+           (ch != '\0' && strchr("!#$%&'*+-.^_`|~", ch) != NULL);
+}
+
+/* 1 when key and value lie as MHD 0.9.75 leaves a header that stood on one
+ * line: the name, the NUL that replaced the colon, blanks, the value, in
+ * its read buffer. MHD appends a continuation line (obs-fold) to a copy of
+ * the name, which no longer ends where the value's line has its NUL; the
+ * value is then what stood on the first line. Reads only the value's line
+ * back to that NUL. */
+static int one_line(const char *key, const char *value)
+{
+    if (value == NULL)
+        return 0;
+    const char *p = value;
+    while (p[-1] == ' ' || p[-1] == '\t')
+        p--;
+    return p[-1] == '\0' && (uintptr_t)(p - 1) == (uintptr_t)key + strlen(key);
+}
+
+/* MHD_KeyValueIterator over the request headers: adds one to cls (a
+ * framing). */
+static enum MHD_Result frame_header(void *cls, enum MHD_ValueKind kind, const char *key,
+                                    const char *value)
+{
+    (void)kind;
+    framing *f = cls;
+    if (key == NULL || key[0] == '\0') {
+        f->bad_name = 1;
+        return MHD_YES;
+    }
+    for (const char *p = key; *p != '\0'; p++)
+        if (!is_tchar(*p))
+            f->bad_name = 1;
+    if (!one_line(key, value))
+        f->folded = 1;
+    if (strcasecmp(key, MHD_HTTP_HEADER_CONTENT_LENGTH) == 0) {
+        f->content_length++;
+    } else if (strcasecmp(key, MHD_HTTP_HEADER_TRANSFER_ENCODING) == 0) {
+        f->transfer_encoding++;
+        if (value == NULL || strcmp(value, "chunked") != 0)
+            f->te_other = 1;
+    } else if (strcasecmp(key, MHD_HTTP_HEADER_HOST) == 0) {
+        f->host++;
+    }
+    return MHD_YES;
+}
+
+/* Checks that the request can be read one way only (the framing rules of
+ * the header comment); version is MHD's "HTTP/1.x". Returns 0, or
+ * STRATA_EPROTO with r filled. */
+static int check_framing(struct MHD_Connection *c, const char *version, srv_result *r)
+{
+    framing f;
+    memset(&f, 0, sizeof(f));
+    MHD_get_connection_values(c, MHD_HEADER_KIND, frame_header, &f);
+    int http10 = strcmp(version, MHD_HTTP_VERSION_1_0) == 0;
+    const char *why = NULL;
+    if (f.folded)
+        why = "a header line continued on the next (obs-fold)";
+    else if (f.bad_name)
+        why = "a header name that is not a token";
+    else if (f.content_length > 1)
+        why = "more than one Content-Length";
+    else if (f.content_length > 0 && f.transfer_encoding > 0)
+        why = "both Content-Length and Transfer-Encoding";
+    else if (f.transfer_encoding > 1 || f.te_other)
+        why = "a Transfer-Encoding other than one 'chunked'";
+    else if (f.transfer_encoding > 0 && http10)
+        why = "Transfer-Encoding in HTTP/1.0";
+    else if (!http10 && f.host == 0)
+        why = "no Host header";
+    else if (f.host > 1)
+        why = "more than one Host header";
+    if (why == NULL)
+        return 0;
+    srv_result_error(r, SRV_E_BAD_REQUEST, "request framing: %s", why);
+    return STRATA_EPROTO;
+}
+
+/* Checks what can be checked from the headers alone (first call, after the
+ * framing and the target): method, credentials, content type, declared
+ * size, upload rate. Returns 0 to read the body, or STRATA_EPROTO with r
+ * filled (and *allow for a 405). */
 static int check_headers(srv_http *h, struct MHD_Connection *c, req *q, const char *url,
                          const char *method, srv_result *r, const char **allow)
 {
@@ -426,9 +621,10 @@ static int check_headers(srv_http *h, struct MHD_Connection *c, req *q, const ch
     q->action = q->rt == R_ADMIN_ACTION ? url + strlen("/v1/admin/") : NULL;
     q->max = q->rt == R_UPDATES ? srv_engine_max_body(h->e) : srv_engine_max_json(h->e);
     strata_buf_init(&q->body, q->max);
-    if (q->rt != R_NONE && strcmp(method, allowed) != 0) {
-        *allow = allowed;
-        srv_result_error(r, SRV_E_METHOD_NOT_ALLOWED, "%s %s: use %s", method, url, allowed);
+    int get = strcmp(allowed, MHD_HTTP_METHOD_GET) == 0;
+    if (q->rt != R_NONE && strcmp(method, allowed) != 0 && !(get && q->head)) {
+        *allow = get ? "GET, HEAD" : allowed;
+        srv_result_error(r, SRV_E_METHOD_NOT_ALLOWED, "%s %s: use %s", method, url, *allow);
         return STRATA_EPROTO;
     }
     const char *auth =
@@ -450,10 +646,11 @@ static int check_headers(srv_http *h, struct MHD_Connection *c, req *q, const ch
                          ct ? ct : "none");
         return STRATA_EPROTO;
     }
-    if ((q->rt == R_CLIENTS || q->rt == R_ADMIN_ACTION) && ct != NULL &&
+    int declared_body = cl != NULL && strtoull(cl, NULL, 10) > 0;
+    if ((q->rt == R_CLIENTS || (q->rt == R_ADMIN_ACTION && (ct != NULL || declared_body))) &&
         !ctype_is(c, "application/json")) {
         srv_result_error(r, SRV_E_UNSUPPORTED_MEDIA_TYPE,
-                         "Content-Type: expected application/json, got %s", ct);
+                         "Content-Type: expected application/json, got %s", ct ? ct : "none");
         return STRATA_EPROTO;
     }
     if (cl != NULL && strtoull(cl, NULL, 10) > q->max) {
@@ -472,21 +669,36 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
                                   const char *method, const char *version, const char *upload_data,
                                   size_t *upload_size, void **con_cls)
 {
-    (void)version;
     srv_http *h = cls;
     req *q = *con_cls;
     srv_result r;
     memset(&r, 0, sizeof(r));
-    if (q == NULL) {
-        q = calloc(1, sizeof(*q));
-        if (q == NULL)
-            return MHD_NO;
-        *con_cls = q;
+    if (q == NULL)
+        return MHD_NO; /* on_uri found no memory */
+    if (!q->started) {
+        q->started = 1;
+        q->head = strcmp(method, MHD_HTTP_METHOD_HEAD) == 0;
+        unsigned how = q->head ? SEND_HEAD : 0;
         const char *allow = NULL;
-        if (check_headers(h, c, q, url, method, &r, &allow) < 0) {
+        int rc = check_framing(c, version, &r);
+        if (rc < 0) {
+            how |= SEND_CLOSE;
+        } else if (q->uri_bad == NULL && (uintptr_t)version != q->target_end + 1) {
+            /* MHD ends the target at the space before the version; a NUL
+             * byte of the request line ended its C string earlier. */
+            q->uri_bad = "request target: a NUL byte";
+        }
+        if (rc == 0 && q->uri_bad != NULL) {
+            srv_result_error(&r, SRV_E_BAD_REQUEST, "%s", q->uri_bad);
+            how |= SEND_CLOSE;
+            rc = STRATA_EPROTO;
+        }
+        if (rc == 0)
+            rc = check_headers(h, c, q, url, method, &r, &allow);
+        if (rc < 0) {
             q->answered = 1;
             set_deadline(h, c, 0);
-            return send_resp(h, c, &r, allow);
+            return send_resp(h, c, &r, allow, how);
         }
         return MHD_YES;
     }
@@ -507,17 +719,40 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     set_deadline(h, c, 0); /* the whole request is in */
     if (q->answered)
         return MHD_YES;
+    unsigned how = q->head ? SEND_HEAD : 0;
     if (q->too_big) {
         if (q->rt == R_UPDATES)
             srv_engine_count_update_refused(h->e, SRV_E_TOO_LARGE);
         srv_result_error(&r, SRV_E_TOO_LARGE, "body above the limit of %zu bytes", q->max);
-        return send_resp(h, c, &r, NULL);
+        return send_resp(h, c, &r, NULL, how);
+    }
+    if (q->rt == R_ADMIN_ACTION && q->body.len > 0 && !ctype_is(c, "application/json")) {
+        /* a chunked body: its size was not declared on the first call */
+        srv_result_error(&r, SRV_E_UNSUPPORTED_MEDIA_TYPE,
+                         "Content-Type: expected application/json with a body, got none");
+        return send_resp(h, c, &r, NULL, how);
     }
     int parked = 0;
     dispatch(h, c, q, &r, &parked);
     if (parked)
         return MHD_YES;
-    return send_resp(h, c, &r, NULL);
+    return send_resp(h, c, &r, NULL, how);
+}
+
+/* MHD's URI log callback, called with the raw request target (before MHD
+ * unescapes it) once per request, before the headers are read: makes the
+ * request's state, which MHD hands to on_request and on_done, and judges
+ * the target. NULL (no memory) makes on_request refuse the request. */
+static void *on_uri(void *cls, const char *uri, struct MHD_Connection *c)
+{
+    (void)cls;
+    (void)c;
+    req *q = calloc(1, sizeof(*q));
+    if (q == NULL)
+        return NULL;
+    q->uri_bad = target_problem(uri);
+    q->target_end = uri != NULL ? (uintptr_t)(uri + strlen(uri)) : 0;
+    return q;
 }
 
 static void on_done(void *cls, struct MHD_Connection *c, void **con_cls,
@@ -685,7 +920,8 @@ int srv_http_start(srv_engine *e, const srv_config *cfg, unsigned threads, srv_h
         (struct sockaddr *)&sa, MHD_OPTION_THREAD_POOL_SIZE, threads, MHD_OPTION_CONNECTION_TIMEOUT,
         (unsigned)cfg->connection_timeout, MHD_OPTION_CONNECTION_LIMIT,
         (unsigned)cfg->max_connections, MHD_OPTION_NOTIFY_COMPLETED, on_done, h,
-        MHD_OPTION_NOTIFY_CONNECTION, on_connection, h, MHD_OPTION_ARRAY, tls, MHD_OPTION_END);
+        MHD_OPTION_NOTIFY_CONNECTION, on_connection, h, MHD_OPTION_URI_LOG_CALLBACK, on_uri, h,
+        MHD_OPTION_ARRAY, tls, MHD_OPTION_END);
     if (h->d == NULL) {
         rc = strata_diag_set(diag, STRATA_EIO, "cannot listen on %s:%ld%s", cfg->host, cfg->port,
                              h->cert ? " (or the TLS certificate and key do not match)" : "");

@@ -329,7 +329,7 @@ check "unknown path" 404 not_found - "endpoint" GET /v1/nope
 check "unknown admin action" 404 not_found - "endpoint" POST /v1/admin/explode "${AD[@]}" \
     "${J[@]}" -d '{}'
 check "wrong method on /v1/status" 405 method_not_allowed - "use GET" DELETE /v1/status
-[ "$(header allow)" = GET ] || fail "405 without Allow: GET"
+[ "$(header allow)" = GET,HEAD ] || fail "405 without Allow: GET, HEAD"
 check "wrong method on /v1/clients" 405 method_not_allowed - "use POST" GET /v1/clients
 check "wrong method on updates" 405 method_not_allowed - "use POST" GET $U0 "${AA[@]}"
 check "unknown round: GET /v1/rounds/99" 404 not_found - "no round 99" GET /v1/rounds/99
