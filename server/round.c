@@ -8,12 +8,31 @@
  * effectively extended until min_updates arrive); late uploads for a closed
  * round are refused as round_closed.
  *
+ * Closing: the round's updates are screened by their L2 norms and outliers
+ * quarantined (kept stored, left out of the aggregate, listed in the
+ * summary); the server step is applied to the model in place with a copy of
+ * the optimiser's state, and the aggregate, the model and its evaluation
+ * must be finite, else the updates with the largest norms are left out too,
+ * and when nothing finite remains the round closes as failed with the model
+ * unchanged (docs/algorithm.md, "Screening"). Nothing that is not finite is
+ * checkpointed or served.
+ *
+ * A close that fails (the checkpoint cannot be written, the database is
+ * full or busy, out of memory) puts the model and the optimiser back, keeps
+ * the round closing (its uploads refused, clients told "no task yet") and
+ * is tried again by the round thread after 1, 2, 4, ... up to 30 seconds,
+ * with the same updates on the same model. Only a state that retrying cannot
+ * mend (a stored, validated update that no longer decodes; the store saying
+ * the round is not open) stops the federation; finishing the last round
+ * ends it.
+ *
  * Crash consistency: the new checkpoint is recorded before the round is
  * closed in the store. On start, an open round whose model version is older
  * than the latest checkpoint was already aggregated: it is closed (with a
  * summary marked "recovered") instead of being replayed. Otherwise the open
  * round's acknowledged updates are replayed into the aggregator in the order
- * they were accepted.
+ * they were accepted (a round whose close was failing is such a round: it
+ * closes once ready, as it was).
  *
  * May call: the store, aggregate.h, robust.h, models.h, metrics.h,
  * registry.h (sorted ids), libstrata (checkpoint, train, policy, payload,
@@ -395,7 +414,8 @@ static int read_update(srv_engine *e, close_job *j, size_t i, strata_payload **p
 /* Lists the round's accepted updates with their norms: FedAvg's were
  * measured as they streamed in (e->norms); for a robust rule every update
  * is read and decoded here, once, and measured. Called without the lock
- * while the round is closing (see robust reads in engine_internal.h). */
+ * while the round is closing: its stored updates, selection and norms are
+ * final then (engine_internal.h). */
 static int gather(srv_engine *e, close_job *j, strata_diag *d)
 {
     strata_store_update *ups = NULL;
@@ -615,10 +635,11 @@ static int find_model(srv_engine *e, close_job *j, strata_diag *d)
                 strata_diag_set(d, rc, "evaluation: %s", strata_strerror(rc));
                 break;
             } else if (!isfinite(j->st.loss) || !isfinite(j->st.accuracy)) {
+                int loss_bad = !isfinite(j->st.loss);
+                double x = loss_bad ? j->st.loss : j->st.accuracy;
                 f = STRATA_ROUND_FAILED_LOSS;
-                snprintf(j->failure, sizeof(j->failure),
-                         "the loss (%g) or accuracy (%g) is not finite", j->st.loss,
-                         j->st.accuracy);
+                snprintf(j->failure, sizeof(j->failure), "the model's evaluation %s is %s",
+                         loss_bad ? "loss" : "accuracy", isnan(x) ? "NaN" : "infinite");
             }
             if (f != STRATA_ROUND_FAILED_NONE)
                 params_copy(params, &e->rollback);
