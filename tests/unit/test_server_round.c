@@ -14,6 +14,7 @@
 #include "strata/checkpoint.h"
 
 #include <math.h>
+#include <sqlite3.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -486,6 +487,80 @@ static void test_close_retried(void)
     free(dir);
 }
 
+/* Makes the store refuse to close a round, as a full disk or an I/O error
+ * at commit would (a trigger on the rounds table, added or dropped over a
+ * connection of the test's own), or lets it again. */
+static int round_close_refused(const char *dir, int refused)
+{
+    char db[4096];
+    if (strata_store_path(dir, STRATA_STORE_FILE_DB, 0, 0, db, sizeof(db), NULL) < 0)
+        return -1;
+    sqlite3 *h = NULL;
+    int rc = sqlite3_open(db, &h);
+    if (rc == SQLITE_OK)
+        sqlite3_busy_timeout(h, 10000);
+    if (rc == SQLITE_OK)
+        rc = sqlite3_exec(h,
+                          refused ? "CREATE TRIGGER test_refuse_close BEFORE UPDATE ON rounds "
+                                    "BEGIN SELECT RAISE(ABORT, 'database or disk is full "
+                                    "(injected)'); END"
+                                  : "DROP TRIGGER test_refuse_close",
+                          NULL, NULL, NULL);
+    sqlite3_close(h);
+    return rc == SQLITE_OK ? 0 : -1;
+}
+
+/* The store refuses the close's commit after the new checkpoint was
+ * recorded: the model in memory is put back and the retry commits the same
+ * step once. A coordinator restarted while such a retry is pending finds
+ * the new checkpoint recorded and closes the round as recovered. */
+static void test_close_retried_db_refused(void)
+{
+    char *dir = strata_test_tmpdir();
+    CU_ASSERT_PTR_NOT_NULL_FATAL(dir);
+    fix_engine f;
+    CU_ASSERT_EQUAL_FATAL(fix_open(&f, dir, 1, NULL), 0);
+    uint64_t ids[2];
+    for (int i = 0; i < 2; i++)
+        CU_ASSERT_EQUAL(fix_register(&f, FIX_SECRET, &ids[i], NULL), SRV_CREATED);
+    const float vals[2] = {0.01f, 0.01f};
+    CU_ASSERT_EQUAL(upload_round(&f, ids, 1, 0, 0, vals), 1);
+    CU_ASSERT_EQUAL_FATAL(round_close_refused(dir, 1), 0);
+    CU_ASSERT_EQUAL(upload_round(&f, ids + 1, 1, 0, 0, vals), 1);
+    CU_ASSERT_TRUE(wait_metric(&f, "strata_round_close_failures_total", 1, 10000));
+    CU_ASSERT_EQUAL(fix_version(&f), 0);
+    CU_ASSERT_TRUE(checkpoint_exists(dir, 1)); /* written and recorded, not served */
+    srv_result r = {0};
+    srv_engine_model(f.e, 1, 0, NULL, &r);
+    CU_ASSERT_EQUAL(r.outcome, SRV_E_NOT_FOUND);
+    srv_result_cleanup(&r);
+    CU_ASSERT_EQUAL_FATAL(round_close_refused(dir, 0), 0);
+    CU_ASSERT_TRUE_FATAL(fix_wait_version(&f, 1, 20000));
+    assert_step(dir, 0, 1, 0.01f);
+    CU_ASSERT_EQUAL(metric(&f, "strata_rounds_completed_total"), 1);
+
+    CU_ASSERT_EQUAL_FATAL(round_close_refused(dir, 1), 0);
+    CU_ASSERT_EQUAL(upload_round(&f, ids, 2, 1, 1, vals), 2);
+    CU_ASSERT_TRUE(wait_metric(&f, "strata_round_close_failures_total", 2, 10000));
+    CU_ASSERT_EQUAL(fix_version(&f), 1);
+    fix_close(&f);
+    CU_ASSERT_EQUAL_FATAL(round_close_refused(dir, 0), 0);
+    CU_ASSERT_EQUAL_FATAL(fix_open(&f, dir, 1, NULL), 0);
+    CU_ASSERT_EQUAL(fix_version(&f), 2);
+    assert_step(dir, 1, 2, 0.01f);
+    json_t *s = round_view(&f, 1);
+    CU_ASSERT_STRING_EQUAL(json_string_value(json_object_get(s, "state")), "closed");
+    CU_ASSERT(json_is_true(json_object_get(s, "recovered")));
+    json_decref(s);
+    json_t *task = fix_wait_task(&f, ids[1], 5000);
+    CU_ASSERT_EQUAL(json_integer_value(json_object_get(task, "round")), 2);
+    CU_ASSERT_EQUAL(json_integer_value(json_object_get(task, "model_version")), 2);
+    json_decref(task);
+    fix_close(&f);
+    strata_test_rmtree(dir);
+    free(dir);
+}
+
 int main(void)
 {
     CU_TestInfo tests[] = {
@@ -495,6 +570,7 @@ int main(void)
         {"a non-finite result leaves the largest update out", test_non_finite_left_out},
         {"a round that cannot be made finite fails; the next opens", test_failed_round_moves_on},
         {"a close that fails on the disk is retried, once committed", test_close_retried},
+        {"a close the database refuses is retried, once committed", test_close_retried_db_refused},
         CU_TEST_INFO_NULL};
     CU_SuiteInfo suites[] = {{"server_round", NULL, NULL, NULL, NULL, tests}, CU_SUITE_INFO_NULL};
     return strata_test_run(suites);
