@@ -665,6 +665,13 @@ static int find_model(srv_engine *e, close_job *j, strata_diag *d)
     return rc;
 }
 
+static int cmp_client(const void *a, const void *b)
+{
+    uint64_t x = ((const strata_round_quarantine *)a)->client_id;
+    uint64_t y = ((const strata_round_quarantine *)b)->client_id;
+    return x < y ? -1 : x > y;
+}
+
 /* The quarantined updates of a job in ascending client id order, for the
  * summary (a new array, or NULL with *n = 0 when there are none). */
 static strata_round_quarantine *quarantine_list(const close_job *j, size_t *n, int *nomem)
@@ -681,15 +688,12 @@ static strata_round_quarantine *quarantine_list(const close_job *j, size_t *n, i
     }
     for (size_t i = 0; i < j->n; i++)
         if (j->u[i].quarantined) {
-            size_t k = (*n)++;
-            while (k > 0 && out[k - 1].client_id > j->u[i].client_id) {
-                out[k] = out[k - 1];
-                k--;
-            }
-            out[k].client_id = j->u[i].client_id;
-            out[k].reason = (strata_quarantine_reason)(j->u[i].quarantined - 1);
-            out[k].norm = j->u[i].norm;
+            strata_round_quarantine *o = &out[(*n)++];
+            o->client_id = j->u[i].client_id;
+            o->reason = (strata_quarantine_reason)(j->u[i].quarantined - 1);
+            o->norm = j->u[i].norm;
         }
+    qsort(out, *n, sizeof(*out), cmp_client);
     return out;
 }
 
