@@ -482,6 +482,22 @@ static void test_close_retried(void)
     CU_ASSERT_EQUAL(json_integer_value(json_object_get(task, "round")), 2);
     CU_ASSERT_EQUAL(json_integer_value(json_object_get(task, "model_version")), 2);
     json_decref(task);
+
+    /* An operator may stop the federation while a close waits for its
+     * retry: the round is closed unaggregated. */
+    CU_ASSERT_EQUAL_FATAL(checkpoints_broken(dir, 1), 0);
+    CU_ASSERT_EQUAL(upload_round(&f, ids, 2, 2, 2, vals), 2);
+    long long failures = metric(&f, "strata_round_close_failures_total");
+    CU_ASSERT_TRUE(wait_metric(&f, "strata_round_close_failures_total", failures + 1, 10000));
+    srv_engine_admin(f.e, "stop", NULL, 0, &r);
+    CU_ASSERT_EQUAL(r.outcome, SRV_OK);
+    srv_result_cleanup(&r);
+    s = round_view(&f, 2);
+    CU_ASSERT(json_is_true(json_object_get(s, "stopped")));
+    json_decref(s);
+    CU_ASSERT_EQUAL(fix_version(&f), 2);
+    CU_ASSERT_EQUAL(metric(&f, "strata_round_close_pending"), 0);
+    CU_ASSERT_EQUAL_FATAL(checkpoints_broken(dir, 0), 0);
     fix_close(&f);
     strata_test_rmtree(dir);
     free(dir);
