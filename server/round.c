@@ -752,6 +752,29 @@ static void close_failed(srv_engine *e, uint32_t r, int impossible, const strata
                      (long long)(wait / 1000));
 }
 
+/* The store refused to close round r as not open (STRATA_ESTATE). After a
+ * failed attempt that is what a COMMIT reported as failed but
+ * written after all leaves behind: the round is closed with this attempt's
+ * outcome, and 0 is returned. Otherwise it is an impossible state. Lock
+ * held. */
+static int already_closed(srv_engine *e, uint32_t r, close_job *j)
+{
+    strata_store_round rd;
+    memset(&rd, 0, sizeof(rd));
+    int found = 0;
+    strata_diag qd = {{0}};
+    int closed = e->close_failures > 0 &&
+                 strata_store_round_get(e->store, r, &rd, &found, &qd) == 0 && found &&
+                 rd.state == STRATA_STORE_ROUND_CLOSED;
+    strata_store_round_cleanup(&rd);
+    if (closed) {
+        strata_log_warn("round %u: an earlier close attempt was committed after all", r);
+        return 0;
+    }
+    j->impossible = 1;
+    return STRATA_ESTATE;
+}
+
 /* Closes the open round: screening, aggregate, server step, evaluation,
  * checkpoint, store (docs/algorithm.md, "Screening"; docs/operations.md,
  * "Closing a round"). Called by the round thread with the lock held; drops
@@ -816,8 +839,10 @@ static void close_round(srv_engine *e)
                    : srv__summary_text(e, &s, &sum, &d);
         if (rc == STRATA_EINVAL)
             j.impossible = 1;
-        if (rc == 0 && (rc = strata_store_round_close(e->store, r, sum, &d)) == STRATA_ESTATE)
-            j.impossible = 1;
+        if (rc == 0)
+            rc = strata_store_round_close(e->store, r, sum, &d);
+        if (rc == STRATA_ESTATE)
+            rc = already_closed(e, r, &j);
         free(sum);
         free(s.quarantined);
     }
