@@ -88,7 +88,9 @@ void srv_engine_admin(srv_engine *e, const char *action, const uint8_t *body, si
     } else if (strcmp(action, "resume") == 0) {
         rc = control_set(e, CONTROL_PAUSED, &e->paused, 0, &d);
     } else if (strcmp(action, "stop") == 0) {
-        if (!e->stopped && e->closing) {
+        /* Refused only while a close attempt runs; a close waiting for its
+         * retry is abandoned like an open round. */
+        if (!e->stopped && e->close_busy) {
             pthread_mutex_unlock(&e->mu);
             srv_result_error(r, SRV_E_ROUND_CLOSING, "a round is being aggregated; try again");
             r->retry_after = 1;

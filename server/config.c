@@ -58,6 +58,10 @@ const char srv_config_usage[] =
     "                            are coordinate-wise and ignore sample counts\n"
     "  --trim-fraction F         trimmed-mean: fraction cut at each end, [0, 0.5) (0.1)\n"
     "  --clip-norm C             scale every update to an L2 norm of at most C; 0 = off (0)\n"
+    "  --screen-factor F         at close, with at least 3 updates, quarantine (keep stored,\n"
+    "                            leave out of the aggregate) every update whose L2 norm is\n"
+    "                            above F times the round's median norm; 0 = off, else >= 1\n"
+    "                            (10); any aggregator\n"
     "\n"
     "Security (schemas/api.md, docs/operations.md):\n"
     "  --enrolment-secret S      secret a client must present to register; required\n"
@@ -118,6 +122,7 @@ static const strata_opt OPTS[] = {
     {"aggregator", STRATA_OPT_STRING, OFF(aggregator), 0, 0, "NAME", NULL},
     {"trim_fraction", STRATA_OPT_DOUBLE, OFF(trim_fraction), 0, 0.499999, "F", NULL},
     {"clip_norm", STRATA_OPT_DOUBLE, OFF(clip_norm), 0, 1e30, "C", NULL},
+    {"screen_factor", STRATA_OPT_DOUBLE, OFF(screen_factor), 0, 1e9, "F", NULL},
     {"enrolment_secret", STRATA_OPT_STRING, OFF(enrolment_secret), 0, 0, "S", NULL},
     {"enrolment_secret_file", STRATA_OPT_STRING, OFF(enrolment_secret_file), 0, 0, "F", NULL},
     {"admin_token_file", STRATA_OPT_STRING, OFF(admin_token_file), 0, 0, "F", NULL},
@@ -159,6 +164,7 @@ void srv_config_init(srv_config *cfg)
     cfg->http_threads = 16;
     cfg->aggregator = strdup("fedavg");
     cfg->trim_fraction = 0.1;
+    cfg->screen_factor = 10;
     cfg->max_json_bytes = 65536;
     cfg->max_json_depth = 16;
     cfg->max_connections = 1024;
@@ -249,6 +255,11 @@ static int check(srv_config *cfg, strata_diag *d)
         return strata_diag_set(d, STRATA_EINVAL,
                                "aggregator: expected fedavg, trimmed-mean or median, got '%s'",
                                cfg->aggregator);
+    if (cfg->screen_factor > 0 && cfg->screen_factor < 1)
+        return strata_diag_set(d, STRATA_EINVAL,
+                               "screen_factor: %g would quarantine updates below the median norm; "
+                               "give 0 (off) or at least 1",
+                               cfg->screen_factor);
     if ((cfg->tls_cert == NULL) != (cfg->tls_key == NULL))
         return strata_diag_set(d, STRATA_EINVAL, "%s: required with %s",
                                cfg->tls_cert ? "tls_key" : "tls_cert",

@@ -126,6 +126,7 @@ int srv_engine_open(const srv_config *cfg, srv_engine **out, strata_diag *d)
     pthread_cond_init(&e->cv, NULL);
     pthread_cond_init(&e->commit_cv, NULL);
     strata_dataset_init(&e->test);
+    strata_tensor_list_init(&e->rollback);
     int rc;
     if ((rc = srv__models_init(e)) < 0)
         goto fail;
@@ -146,6 +147,12 @@ int srv_engine_open(const srv_config *cfg, srv_engine **out, strata_diag *d)
     if ((rc = strata_agg_new(strata_model_params(e->model), &e->agg)) < 0)
         goto fail;
     if ((rc = load_server_opt(e, d)) < 0 || (rc = srv__metrics_load(e, d)) < 0)
+        goto fail;
+    /* A close steps a copy of the optimiser and keeps the parameters it
+     * started from, so that a close that does not commit changes nothing. */
+    if ((rc = strata_server_opt_new(strata_model_params(e->model),
+                                    strata_server_opt_get_config(e->opt), &e->opt_next, d)) < 0 ||
+        (rc = strata_tensor_list_copy(&e->rollback, strata_model_params(e->model))) < 0)
         goto fail;
     if ((rc = srv__registry_load(e, d)) < 0 || (rc = srv__round_resume(e, d)) < 0)
         goto fail;
@@ -207,6 +214,8 @@ void srv_engine_free(srv_engine *e)
     strata_policy_free(e->policy);
     strata_agg_free(e->agg);
     strata_server_opt_free(e->opt);
+    strata_server_opt_free(e->opt_next);
+    strata_tensor_list_cleanup(&e->rollback);
     free(e->numel);
     free(e->names);
     srv__registry_cleanup(e);

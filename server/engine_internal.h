@@ -7,14 +7,19 @@
  *   - one engine mutex, mu, guards every field below unless a field says
  *     otherwise; counters are atomics and need no lock;
  *   - the round thread (round.c) opens and closes rounds; while it closes a
- *     round it drops mu to save the checkpoint, evaluate and encode the
- *     model (closing = 1 keeps uploads of that round out meanwhile), and,
- *     for a robust rule, to read the round's stored updates on wstore;
+ *     round (close_busy) it drops mu to read the round's stored updates on
+ *     wstore, aggregate, step, evaluate, save the checkpoint and encode the
+ *     model (closing = 1 keeps uploads of that round out meanwhile, and
+ *     leaves the open round's selection and norms to the round thread). A
+ *     close that failed for a reason that can pass keeps closing = 1 and is
+ *     retried by the round thread (close_failures, close_retry_ms);
  *   - group commits (upload.c) run on the second store connection, wstore,
  *     with mu released; one committer at a time (committing), and the round
  *     cannot start closing while one is in flight (srv__round_ready_to_close);
- *   - the model itself (model, opt) is touched only by the round thread and
- *     by start-up.
+ *   - the model itself (model, opt, opt_next, rollback) is touched only by
+ *     the round thread and by start-up; a close steps the model in place and
+ *     opt_next (a copy of opt's state), and puts the model back from
+ *     rollback unless the close commits.
  * A helper documented "lock held" must be called with mu held and returns
  * with it held. */
 #ifndef STRATA_SERVER_ENGINE_INTERNAL_H
@@ -104,6 +109,8 @@ struct srv_engine {
     strata_policy *policy; /* NULL for --policy none */
     strata_agg *agg;       /* FedAvg's streaming aggregate (unused by robust rules) */
     strata_server_opt *opt;
+    strata_server_opt *opt_next; /* stepped by a close; becomes opt when it commits */
+    strata_tensor_list rollback; /* the parameters before a close's step */
     size_t nlayers, total_params, max_body;
     size_t *numel;
     char **names; /* borrowed from the model */
@@ -130,9 +137,14 @@ struct srv_engine {
     uint32_t next_round; /* the open round, or the next to open */
     uint64_t version;    /* current global model version */
     int open, closing, finished;
-    uint64_t *selected; /* ascending */
+    int close_busy;          /* a close attempt is running (mu may be dropped) */
+    unsigned close_failures; /* failed close attempts of the open round */
+    int64_t close_retry_ms;  /* monotonic time of the next attempt */
+    uint64_t *selected;      /* ascending */
     size_t nselected;
     uint8_t *reported; /* per selected client */
+    double *norms;     /* per selected client: its update's L2 norm (FedAvg, as it
+                          streamed in; robust rules measure at close) */
     size_t nreported;
     strata_budget *budgets;
     char *task_json;

@@ -15,6 +15,10 @@
 static const char *const NAMES[SRV_CTR_COUNT] = {
     [SRV_CTR_ROUNDS] = "rounds_completed_total",
     [SRV_CTR_ACCEPTED] = "updates_accepted_total",
+    [SRV_CTR_ROUNDS_FAILED] = "rounds_failed_total",
+    [SRV_CTR_CLOSE_FAILURES] = "round_close_failures_total",
+    [SRV_CTR_QUARANTINED_NORM] = "updates_quarantined_total{reason=\"norm\"}",
+    [SRV_CTR_QUARANTINED_NON_FINITE] = "updates_quarantined_total{reason=\"non_finite\"}",
     [SRV_CTR_BYTES_RX] = "bytes_received_total",
     [SRV_CTR_BYTES_TX] = "bytes_sent_total",
 #define UPD(c, reason) [SRV_CTR_UPD_##c] = "updates_rejected_total{reason=\"" reason "\"}"
@@ -104,14 +108,19 @@ void srv__ctr_add(srv_engine *e, srv_counter c, int64_t d)
     atomic_fetch_add(&e->pending[c], d);
 }
 
+int srv__metrics_derived(srv_counter c)
+{
+    return c == SRV_CTR_ROUNDS || c == SRV_CTR_ACCEPTED || c == SRV_CTR_ROUNDS_FAILED ||
+           c == SRV_CTR_QUARANTINED_NORM || c == SRV_CTR_QUARANTINED_NON_FINITE;
+}
+
 void srv__metrics_flush(srv_engine *e)
 {
     strata_store_counter deltas[SRV_CTR_COUNT];
     size_t n = 0;
     int64_t taken[SRV_CTR_COUNT];
     for (int c = 0; c < SRV_CTR_COUNT; c++) {
-        taken[c] =
-            c == SRV_CTR_ROUNDS || c == SRV_CTR_ACCEPTED ? 0 : atomic_exchange(&e->pending[c], 0);
+        taken[c] = srv__metrics_derived(c) ? 0 : atomic_exchange(&e->pending[c], 0);
         if (taken[c] != 0) {
             snprintf(deltas[n].name, sizeof(deltas[n].name), "%s", NAMES[c]);
             deltas[n++].value = taken[c];
@@ -161,8 +170,14 @@ void srv_engine_count_update_refused(srv_engine *e, srv_outcome o)
 void srv_engine_metrics(srv_engine *e, srv_result *r)
 {
     static const char *const help[][2] = {
-        {"rounds_completed_total", "Rounds closed."},
+        {"rounds_completed_total", "Rounds closed with a new model."},
         {"updates_accepted_total", "Updates accepted."},
+        {"rounds_failed_total",
+         "Rounds closed without a new model (the aggregate, model or loss was not finite)."},
+        {"round_close_failures_total",
+         "Round closes that failed (disk, database) and were retried."},
+        {"updates_quarantined_total",
+         "Accepted updates left out of their round's aggregate, by reason."},
         {"bytes_received_total", "Request body bytes received."},
         {"bytes_sent_total", "Response body bytes sent."},
         {"updates_rejected_total", "Updates refused, by reason."},
@@ -194,6 +209,9 @@ void srv_engine_metrics(srv_engine *e, srv_result *r)
             &b,
             "# HELP strata_paused 1 while an operator has paused the federation.\n"
             "# TYPE strata_paused gauge\nstrata_paused %d\n"
+            "# HELP strata_round_close_pending 1 while a failed round close waits to be "
+            "retried.\n"
+            "# TYPE strata_round_close_pending gauge\nstrata_round_close_pending %d\n"
             "# HELP strata_aggregation_seconds Server aggregation time of the last round.\n"
             "# TYPE strata_aggregation_seconds gauge\nstrata_aggregation_seconds %.6f\n"
             "# HELP strata_round_duration_seconds Duration of the last round.\n"
@@ -208,8 +226,8 @@ void srv_engine_metrics(srv_engine *e, srv_result *r)
             "# TYPE strata_round gauge\nstrata_round %u\n"
             "# HELP strata_model_version Current global model version.\n"
             "# TYPE strata_model_version gauge\nstrata_model_version %llu\n",
-            e->paused, e->last_agg_s, e->last_round_s, e->last_acc, e->last_loss, e->nclients,
-            e->next_round, (unsigned long long)e->version);
+            e->paused, e->close_failures > 0, e->last_agg_s, e->last_round_s, e->last_acc,
+            e->last_loss, e->nclients, e->next_round, (unsigned long long)e->version);
     pthread_mutex_unlock(&e->mu);
     if (rc < 0) {
         strata_buf_cleanup(&b);

@@ -4,9 +4,10 @@
  *
  * Counters live in struct srv_engine (engine_internal.h) as atomics: adding
  * takes no lock. Pending deltas are written to the store by
- * srv__metrics_flush (lock held). Rounds completed and updates accepted are
- * not persisted as counters: start-up counts them from the rounds and
- * updates the store holds, so that they are exact after any crash.
+ * srv__metrics_flush (lock held). Rounds completed and failed, updates
+ * accepted and updates quarantined are not persisted as counters: start-up
+ * counts them from the rounds, summaries and updates the store holds, so
+ * that they are exact after any crash (srv__metrics_derived).
  *
  * May call: the store (counter table), result.h. */
 #ifndef STRATA_SERVER_METRICS_H
@@ -23,6 +24,11 @@ struct srv_engine;
 typedef enum srv_counter {
     SRV_CTR_ROUNDS,
     SRV_CTR_ACCEPTED,
+    SRV_CTR_ROUNDS_FAILED,  /* closed without a new model (a non-finite result) */
+    SRV_CTR_CLOSE_FAILURES, /* close attempts that failed and will be retried */
+    /* updates_quarantined_total{reason=...}: left out of an aggregate */
+    SRV_CTR_QUARANTINED_NORM,
+    SRV_CTR_QUARANTINED_NON_FINITE,
     SRV_CTR_BYTES_RX,
     SRV_CTR_BYTES_TX,
     /* updates_rejected_total{reason=...}: refused uploads */
@@ -69,6 +75,10 @@ void srv__ctr_add(struct srv_engine *e, srv_counter c, int64_t d);
 /* Writes pending deltas to the store (a failed write keeps them pending,
  * logged). Lock held. */
 void srv__metrics_flush(struct srv_engine *e);
+
+/* 1 for the counters start-up derives from the store (never persisted as
+ * counters), else 0. */
+int srv__metrics_derived(srv_counter c);
 
 /* Loads every persisted counter at start-up. Errors: the store's. */
 int srv__metrics_load(struct srv_engine *e, strata_diag *d);

@@ -2,8 +2,10 @@
  * (srv_engine_task, srv_engine_waiter_gone) are declared in engine.h.
  *
  * round.c owns: client selection, opening a round (its task), the deadline,
- * closing (aggregation orchestration, the server optimiser's step,
- * checkpoint, evaluation, summary), resuming the open round after a
+ * closing (the screening and quarantine of outlying updates, aggregation
+ * orchestration, the server optimiser's step, the finiteness checks,
+ * checkpoint, evaluation, summary, retries of a close that failed),
+ * resuming the open round after a
  * restart, the round thread, and the parked long-polls (waiters). It owns
  * the two wire documents the coordinator stores about a round: the task
  * JSON and the round summary JSON, each built by one function and parsed by
@@ -15,6 +17,7 @@
 #include "engine.h"
 #include "strata/summary.h"
 
+#include <stddef.h>
 #include <stdint.h>
 
 struct json_t;
@@ -26,9 +29,17 @@ struct json_t;
  * strata_round_summary_encode. */
 int srv__summary_text(const srv_engine *e, strata_round_summary *s, char **out, strata_diag *d);
 
-/* Reads from a stored summary text whether an operator stopped the round
- * (*stopped). Errors: as strata_round_summary_decode. */
-int srv__summary_stopped(const char *text, int *stopped);
+/* What the counters need to know of a stored round summary. */
+typedef struct srv_summary_facts {
+    int stopped;                   /* closed unaggregated by an operator */
+    int failed;                    /* closed without a new model */
+    size_t quarantined_norm;       /* updates quarantined by the screening rule */
+    size_t quarantined_non_finite; /* ... and to keep the result finite */
+} srv_summary_facts;
+
+/* Reads *f from a stored summary text (zeroed on error). Errors: as
+ * strata_round_summary_decode. */
+int srv__summary_facts(const char *text, srv_summary_facts *f);
 
 /* Resumes the state directory's rounds at start-up: an open round whose
  * model version is older than the latest checkpoint was aggregated before a

@@ -120,15 +120,16 @@ static int validate_task(const srv_engine *e, const strata_payload *p, char *msg
 
 /* The one accept step: an update the store just acknowledged (not a
  * duplicate) of the selected client k joins the round. FedAvg streams it
- * into the aggregate; a robust rule reads the stored update at close
- * instead. Lock held. */
+ * into the aggregate and records its L2 norm for the close's screening; a
+ * robust rule reads (and measures) the stored update at close instead.
+ * Lock held. */
 static void accept_update(srv_engine *e, const strata_payload *p, uint32_t round, ptrdiff_t k,
                           size_t len)
 {
     if (e->method == STRATA_ROBUST_FEDAVG) {
         strata_diag d = {{0}};
         int rc = strata_agg_add_clipped(e->agg, p->layers, p->num_layers, (double)p->sample_count,
-                                        e->cfg->clip_norm, NULL, &d);
+                                        e->cfg->clip_norm, &e->norms[k], &d);
         if (rc < 0) /* the validation and the decoder make this unreachable */
             strata_log_error("round %u: stored update not aggregated: %s", round,
                              strata_diag_msg(&d, rc));

@@ -529,6 +529,32 @@ fail:
     return rc;
 }
 
+int strata_server_opt_copy_state(strata_server_opt *dst, const strata_server_opt *src,
+                                 strata_diag *diag)
+{
+    if (dst == NULL || src == NULL)
+        return strata_diag_set(diag, STRATA_EINVAL, "server optimiser copy: NULL argument");
+    if (dst->cfg.type != src->cfg.type)
+        return strata_diag_set(diag, STRATA_EINVAL, "server optimiser copy: %s into %s",
+                               strata_server_opt_name(src->cfg.type),
+                               strata_server_opt_name(dst->cfg.type));
+    if (dst->lay.count != src->lay.count || dst->state.count != src->state.count)
+        return strata_diag_set(diag, STRATA_EINVAL, "server optimiser copy: another layout");
+    for (size_t i = 0; i < dst->lay.count; i++) {
+        const layout_entry *a = &dst->lay.items[i], *b = &src->lay.items[i];
+        if (strcmp(a->name, b->name) != 0 || a->ndim != b->ndim || a->numel != b->numel ||
+            memcmp(a->shape, b->shape, (size_t)a->ndim * sizeof(a->shape[0])) != 0)
+            return strata_diag_set(diag, STRATA_EINVAL,
+                                   "server optimiser copy: tensor %zu is %s, not %s", i, b->name,
+                                   a->name);
+    }
+    for (size_t i = 0; i < dst->state.count; i++)
+        memcpy(dst->state.items[i].data, src->state.items[i].data,
+               src->state.items[i].numel * sizeof(float));
+    dst->steps = src->steps;
+    return STRATA_OK;
+}
+
 static double sign_of(double x)
 {
     return x > 0.0 ? 1.0 : (x < 0.0 ? -1.0 : 0.0);

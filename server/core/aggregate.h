@@ -209,6 +209,16 @@ void strata_server_opt_free(strata_server_opt *opt);
 int strata_server_opt_step(strata_server_opt *opt, strata_tensor_list *params,
                            const strata_tensor_list *delta, strata_diag *diag);
 
+/* Makes dst's state (its moments and step count) a copy of src's, so that
+ * dst's next step is bit-identical to the one src would make. Both must have
+ * the same optimiser type and the same layout (names, shapes, order); their
+ * hyperparameters are not copied. The coordinator steps such a copy and
+ * keeps the original until the step is durable. No allocation. Errors:
+ * STRATA_EINVAL (NULL argument, another type or layout; diag says which);
+ * dst is unchanged then. */
+int strata_server_opt_copy_state(strata_server_opt *dst, const strata_server_opt *src,
+                                 strata_diag *diag);
+
 /* Number of successful steps (restored by strata_server_opt_load). */
 uint64_t strata_server_opt_steps(const strata_server_opt *opt);
 

@@ -1,4 +1,6 @@
-/* The round summary JSON codec (strata/summary.h).
+/* The round summary JSON codec (strata/summary.h): the only place that
+ * knows the summary's keys, including the quarantined updates and the
+ * failure of a round.
  *
  * Encoding builds the object with jansson in the documented key order and
  * serialises it compactly in insertion order; decoding checks size and depth
@@ -19,7 +21,19 @@
 static const char *const KEYS[] = {
     "round",       "state",     "model_version", "selected",       "participants",
     "accuracy",    "loss",      "uplink_bytes",  "downlink_bytes", "dense_uplink_bytes",
-    "duration_ms", "densities", "stopped",       "recovered"};
+    "duration_ms", "densities", "quarantined",   "failed",         "stopped",
+    "recovered"};
+
+/* The keys of one quarantined entry, all required. */
+static const char *const QUARANTINE_KEYS[] = {"client_id", "reason", "norm"};
+
+static const char *const REASONS[] = {
+    [STRATA_QUARANTINE_NORM] = "norm", [STRATA_QUARANTINE_NON_FINITE] = "non_finite"};
+
+static const char *const FAILURES[] = {[STRATA_ROUND_FAILED_NONE] = "",
+                                       [STRATA_ROUND_FAILED_AGGREGATE] = "aggregate_not_finite",
+                                       [STRATA_ROUND_FAILED_MODEL] = "model_not_finite",
+                                       [STRATA_ROUND_FAILED_LOSS] = "loss_not_finite"};
 
 /* The stats group: present together or not at all. */
 static const char *const STATS_KEYS[] = {
@@ -30,6 +44,16 @@ typedef strata__json_limits limits;
 static const char *state_name(strata_round_state s)
 {
     return s == STRATA_ROUND_OPEN ? "open" : "closed";
+}
+
+const char *strata_quarantine_reason_name(strata_quarantine_reason r)
+{
+    return (unsigned)r < COUNT(REASONS) ? REASONS[r] : "?";
+}
+
+const char *strata_round_failure_name(strata_round_failure f)
+{
+    return (unsigned)f < COUNT(FAILURES) ? FAILURES[f] : "?";
 }
 
 /* ------------------------------------------------------------------------ */
@@ -57,6 +81,33 @@ static int check_summary(const strata_round_summary *s, strata_diag *diag)
         if (ints[i].used && ints[i].v > (uint64_t)MAX_I64)
             return strata_diag_set(diag, STRATA_EINVAL, "%s: %" PRIu64 " above 2^63 - 1",
                                    ints[i].name, ints[i].v);
+    if ((unsigned)s->failed >= COUNT(FAILURES))
+        return strata_diag_set(diag, STRATA_EINVAL, "failed: unknown value %d", (int)s->failed);
+    if (s->num_quarantined > 0 && s->quarantined == NULL)
+        return strata_diag_set(diag, STRATA_EINVAL, "quarantined: NULL array for %zu entries",
+                               s->num_quarantined);
+    if (s->num_quarantined > s->participants)
+        return strata_diag_set(diag, STRATA_EINVAL,
+                               "quarantined: %zu entries, more than the %" PRIu64 " participants",
+                               s->num_quarantined, s->participants);
+    for (size_t i = 0; i < s->num_quarantined; i++) {
+        const strata_round_quarantine *q = &s->quarantined[i];
+        if (q->client_id < 1 || q->client_id > (uint64_t)MAX_I64)
+            return strata_diag_set(
+                diag, STRATA_EINVAL,
+                "quarantined[%zu].client_id: %" PRIu64 " is not in [1, 2^63 - 1]", i, q->client_id);
+        if (i > 0 && q->client_id <= s->quarantined[i - 1].client_id)
+            return strata_diag_set(diag, STRATA_EINVAL,
+                                   "quarantined[%zu].client_id: %" PRIu64
+                                   " does not ascend (after %" PRIu64 ")",
+                                   i, q->client_id, s->quarantined[i - 1].client_id);
+        if ((unsigned)q->reason >= COUNT(REASONS))
+            return strata_diag_set(diag, STRATA_EINVAL, "quarantined[%zu].reason: unknown value %d",
+                                   i, (int)q->reason);
+        if (q->norm < 0)
+            return strata_diag_set(diag, STRATA_EINVAL, "quarantined[%zu].norm: %.17g is negative",
+                                   i, q->norm);
+    }
     if (!s->has_densities)
         return STRATA_OK;
     if (s->num_layers > 0 && (s->layer_names == NULL || s->densities == NULL))
@@ -94,6 +145,27 @@ static int put(json_t *o, const char *key, json_t *v)
 static int put_int(json_t *o, const char *key, uint64_t v)
 {
     return put(o, key, json_integer((json_int_t)v));
+}
+
+/* Builds the quarantined array (entries checked by check_summary). */
+static json_t *quarantined_json(const strata_round_summary *s)
+{
+    json_t *a = json_array();
+    for (size_t i = 0; a != NULL && i < s->num_quarantined; i++) {
+        const strata_round_quarantine *q = &s->quarantined[i];
+        json_t *o = json_object();
+        int bad = o == NULL || put_int(o, "client_id", q->client_id) < 0 ||
+                  put(o, "reason", json_string(REASONS[q->reason])) < 0 ||
+                  put(o, "norm", real_or_null(q->norm)) < 0;
+        if (bad)
+            json_decref(o);
+        /* json_array_append_new takes o even when it fails. */
+        if (bad || json_array_append_new(a, o) < 0) {
+            json_decref(a);
+            a = NULL;
+        }
+    }
+    return a;
 }
 
 /* Builds the densities object; *dup is set when two layers share a name. */
@@ -144,6 +216,10 @@ int strata_round_summary_encode(const strata_round_summary *s, char **json_out, 
     int dup = 0;
     if (!bad && s->has_densities)
         bad = put(o, "densities", densities_json(s, &dup)) < 0;
+    if (!bad && s->num_quarantined > 0)
+        bad = put(o, "quarantined", quarantined_json(s)) < 0;
+    if (!bad && s->failed != STRATA_ROUND_FAILED_NONE)
+        bad = put(o, "failed", json_string(FAILURES[s->failed])) < 0;
     if (!bad && s->stopped)
         bad = put(o, "stopped", json_true()) < 0;
     if (!bad && s->recovered)
@@ -268,6 +344,81 @@ static int get_densities(const json_t *o, const limits *lim, strata_round_summar
     return STRATA_OK;
 }
 
+/* The "quarantined" array: at most participants entries (read before). */
+static int get_quarantined(const json_t *o, strata_round_summary *s, strata_diag *diag)
+{
+    const json_t *a = json_object_get(o, "quarantined");
+    if (a == NULL)
+        return STRATA_OK;
+    if (!json_is_array(a))
+        return strata_diag_set(diag, STRATA_EPROTO, "summary.quarantined: expected an array");
+    size_t n = json_array_size(a);
+    if (n > s->participants)
+        return strata_diag_set(diag, STRATA_EPROTO,
+                               "summary.quarantined: %zu entries, more than the %" PRIu64
+                               " participants",
+                               n, s->participants);
+    if (n == 0)
+        return STRATA_OK;
+    s->quarantined = calloc(n, sizeof(*s->quarantined));
+    if (s->quarantined == NULL)
+        return strata_diag_set(diag, STRATA_ENOMEM, "summary: out of memory (%zu quarantined)", n);
+    s->num_quarantined = n;
+    for (size_t i = 0; i < n; i++) {
+        const json_t *e = json_array_get(a, i);
+        strata_round_quarantine *q = &s->quarantined[i];
+        char where[48];
+        snprintf(where, sizeof(where), "summary.quarantined[%zu]", i);
+        if (!json_is_object(e))
+            return strata_diag_set(diag, STRATA_EPROTO, "%s: expected an object", where);
+        int64_t id = 0;
+        int rc;
+        if ((rc = strata__json_known_keys(e, QUARANTINE_KEYS, COUNT(QUARANTINE_KEYS), where,
+                                          diag)) < 0 ||
+            (rc = strata__json_int(e, "client_id", 1, MAX_I64, where, &id, diag)) < 0)
+            return rc;
+        q->client_id = (uint64_t)id;
+        if (i > 0 && q->client_id <= s->quarantined[i - 1].client_id)
+            return strata_diag_set(diag, STRATA_EPROTO,
+                                   "%s.client_id: %" PRIu64 " does not ascend (after %" PRIu64 ")",
+                                   where, q->client_id, s->quarantined[i - 1].client_id);
+        const char *r = json_string_value(json_object_get(e, "reason"));
+        size_t k = 0;
+        while (r != NULL && k < COUNT(REASONS) && strcmp(r, REASONS[k]) != 0)
+            k++;
+        if (r == NULL || k == COUNT(REASONS))
+            return strata_diag_set(diag, STRATA_EPROTO,
+                                   "%s.reason: expected \"norm\" or \"non_finite\"", where);
+        q->reason = (strata_quarantine_reason)k;
+        const json_t *nv = json_object_get(e, "norm");
+        if (nv == NULL)
+            return strata_diag_set(diag, STRATA_EPROTO, "%s.norm: missing", where);
+        if (json_is_null(nv))
+            q->norm = NAN;
+        else if ((rc = strata__json_number(e, "norm", 0.0, 0, HUGE_VAL, 0, where, &q->norm, diag)) <
+                 0)
+            return rc;
+    }
+    return STRATA_OK;
+}
+
+/* The "failed" name, when present. */
+static int get_failed(const json_t *o, strata_round_summary *s, strata_diag *diag)
+{
+    const json_t *v = json_object_get(o, "failed");
+    if (v == NULL)
+        return STRATA_OK;
+    const char *f = json_string_value(v);
+    for (size_t k = 1; f != NULL && k < COUNT(FAILURES); k++)
+        if (strcmp(f, FAILURES[k]) == 0) {
+            s->failed = (strata_round_failure)k;
+            return STRATA_OK;
+        }
+    return strata_diag_set(diag, STRATA_EPROTO,
+                           "summary.failed: expected \"aggregate_not_finite\", "
+                           "\"model_not_finite\" or \"loss_not_finite\"");
+}
+
 static int get_summary(const json_t *o, const limits *lim, void *out, strata_diag *diag)
 {
     strata_round_summary *s = out;
@@ -292,6 +443,7 @@ static int get_summary(const json_t *o, const limits *lim, void *out, strata_dia
         (rc = get_count(o, "selected", 1, &s->selected, diag)) < 0 ||
         (rc = get_count(o, "participants", 0, &s->participants, diag)) < 0 ||
         (rc = get_stats(o, s, diag)) < 0 || (rc = get_densities(o, lim, s, diag)) < 0 ||
+        (rc = get_quarantined(o, s, diag)) < 0 || (rc = get_failed(o, s, diag)) < 0 ||
         (rc = get_flag(o, "stopped", &s->stopped, diag)) < 0 ||
         (rc = get_flag(o, "recovered", &s->recovered, diag)) < 0)
         return rc;
@@ -327,5 +479,6 @@ void strata_round_summary_cleanup(strata_round_summary *s)
         return;
     strata__json_free_names(s->layer_names, s->num_layers);
     free(s->densities);
+    free(s->quarantined);
     memset(s, 0, sizeof(*s));
 }

@@ -2,7 +2,8 @@
  *
  * Every decode must either fail with STRATA_EPROTO or STRATA_ETOOBIG, a
  * message and a zeroed summary, or succeed with a summary that encodes,
- * decodes again to the same summary (NaN metrics compare equal) and
+ * decodes again to the same summary (NaN metrics and norms compare equal,
+ * quarantined entries and the failure included) and
  * re-encodes to the same text. Anything else aborts. */
 #include "strata/summary.h"
 
@@ -27,7 +28,8 @@ static int same_summary(const strata_round_summary *a, const strata_round_summar
     if (a->round != b->round || a->state != b->state || a->model_version != b->model_version ||
         a->selected != b->selected || a->participants != b->participants ||
         a->has_stats != b->has_stats || a->has_densities != b->has_densities ||
-        a->num_layers != b->num_layers || a->stopped != b->stopped || a->recovered != b->recovered)
+        a->num_layers != b->num_layers || a->num_quarantined != b->num_quarantined ||
+        a->failed != b->failed || a->stopped != b->stopped || a->recovered != b->recovered)
         return 0;
     if (a->has_stats &&
         (!same_double(a->accuracy, b->accuracy) || !same_double(a->loss, b->loss) ||
@@ -37,6 +39,12 @@ static int same_summary(const strata_round_summary *a, const strata_round_summar
     for (size_t i = 0; i < a->num_layers; i++)
         if (strcmp(a->layer_names[i], b->layer_names[i]) != 0 || a->densities[i] != b->densities[i])
             return 0;
+    for (size_t i = 0; i < a->num_quarantined; i++) {
+        const strata_round_quarantine *p = &a->quarantined[i], *q = &b->quarantined[i];
+        if (p->client_id != q->client_id || p->reason != q->reason ||
+            !same_double(p->norm, q->norm))
+            return 0;
+    }
     return 1;
 }
 

@@ -17,7 +17,11 @@
 # update did not send count as 0), or the weighted mean of the clipped
 # updates for fedavg. In the attack cases one client uploads its delta times
 # 1000; agg_check then also requires that the attack moved the coordinator's
-# result by at most 1/100 of what it moved the plain weighted mean.
+# result by at most 1/100 of what it moved the plain weighted mean. Those
+# cases turn the norm screening off (--screen-factor 0) to check the rules
+# alone; with the default screening (the case dense-fedavg-screened) the
+# attacker's update is quarantined, listed in the round summary, and the
+# result is exactly the weighted mean of the honest updates.
 . "$(dirname "$0")/lib.sh"
 SERVER="$BUILD/strata-server"
 CHECK="$BUILD/agg_check"
@@ -41,11 +45,13 @@ SAMPLES=(100 300 1600 700 40)
 # run_case NAME POLICY DENSITY OPT LR [KEY=VALUE...]: one server run, one
 # round, one upload per client. Keys: clients=N (3, at most 5), agg=fedavg|
 # trimmed-mean|median (fedavg), trim=F (server default 0.1), clip=C (0 = off),
-# attacker=I (none): client I uploads its delta scaled by 1000.
+# attacker=I (none): client I uploads its delta scaled by 1000, screen=F
+# (server default 10): --screen-factor, quarantine=1: the attacker's update
+# must be quarantined and the result is checked without it.
 run_case() {
     local name=$1 policy=$2 density=$3 opt=$4 lr=$5
     shift 5
-    local n=3 agg=fedavg trim=0.1 clip=0 attacker=-1 kv
+    local n=3 agg=fedavg trim=0.1 clip=0 attacker=-1 screen="" quarantine=0 kv
     for kv in "$@"; do
         case $kv in
         clients=*) n=${kv#*=} ;;
@@ -53,12 +59,15 @@ run_case() {
         trim=*) trim=${kv#*=} ;;
         clip=*) clip=${kv#*=} ;;
         attacker=*) attacker=${kv#*=} ;;
+        screen=*) screen=${kv#*=} ;;
+        quarantine=*) quarantine=${kv#*=} ;;
         *) fail "run_case: unknown option $kv" ;;
         esac
     done
     local dir="$WORK/$name" extra=()
     [ "$agg" = fedavg ] || extra+=(--aggregator "$agg" --trim-fraction "$trim")
     [ "$clip" = 0 ] || extra+=(--clip-norm "$clip")
+    [ -z "$screen" ] || extra+=(--screen-factor "$screen")
     mkdir -p "$dir"
     "$SERVER" --state-dir "$dir/state" --model mlp --data "$DATA" --port 0 --rounds 1 \
         --min-clients "$n" --clients-per-round "$n" --policy "$policy" --density "$density" \
@@ -129,23 +138,36 @@ run_case() {
     done
     [ "$state" = closed ] || fail "$name: round 0 did not close: $body"
     [ "$(json_field "$body" participants)" = "$n" ] || fail "$name: round 0: $body"
+    if [ "$quarantine" = 1 ]; then
+        echo "$body" | grep -q "\"quarantined\":\[{\"client_id\":${ids[attacker]},\"reason\":\"norm\"" ||
+            fail "$name: the attacker's update is not quarantined: $body"
+    else
+        echo "$body" | grep -q '"quarantined"' && fail "$name: quarantined updates: $body"
+    fi
     "${C[@]}" -f -H "Authorization: Bearer ${tokens[0]}" -o "$dir/w1.safetensors" \
         "$url/v1/models/1" || fail "$name: model 1"
     kill -TERM "$SPID"
     wait "$SPID" || fail "$name: server exit status $?: $(tail -n 5 "$dir/server.err")"
     SPID=""
 
-    local out rule=$agg check=()
+    local out rule=$agg check=() used=() samples=()
     [ "$agg" = fedavg ] && rule=mean
     check=(--rule "$rule" --trim "$trim" --clip "$clip")
-    [ "$attacker" -ge 0 ] && check+=(--attacker "$attacker" --honest "$dir/honest$attacker.bin")
+    for ((i = 0; i < n; i++)); do
+        # A quarantined update is left out of the aggregate.
+        [ "$quarantine" = 1 ] && [ "$i" = "$attacker" ] && continue
+        used+=("${payloads[i]}")
+        samples+=("${SAMPLES[i]}")
+    done
+    [ "$attacker" -ge 0 ] && [ "$quarantine" = 0 ] &&
+        check+=(--attacker "$attacker" --honest "$dir/honest$attacker.bin")
     if ! out=$("$CHECK" verify --w0 "$dir/w0.safetensors" --w1 "$dir/w1.safetensors" \
-        --opt "$opt" --lr "$lr" --tol 1e-6 "${check[@]}" "${payloads[@]}"); then
+        --opt "$opt" --lr "$lr" --tol 1e-6 "${check[@]}" "${used[@]}"); then
         fail "$name: aggregate differs from the $rule computed directly: $out"
     fi
     echo "$name: $out"
     local weights
-    weights=$(IFS=,; echo "${SAMPLES[*]:0:n}")
+    weights=$(IFS=,; echo "${samples[*]}")
     echo "$out" | grep -qF "\"weights\":[$weights]" || fail "$name: sample counts $out"
     local sparse
     sparse=$(json_field "$out" sparse_layers)
@@ -165,7 +187,11 @@ run_case sparse-fedyogi uniform 0.05 fedyogi 0.1
 # coordinate-wise rules, clipping before the rule.
 run_case dense-median none 1 plain 1 agg=median
 run_case sparse-trimmed-5 uniform 0.05 plain 1 clients=5 agg=trimmed-mean trim=0.2 clip=6
-run_case dense-fedavg-clip-attack none 1 plain 1 clip=11 attacker=1
-run_case dense-median-attack none 1 plain 1 agg=median attacker=2
-run_case sparse-median-attack uniform 0.05 plain 1 agg=median attacker=2
+run_case dense-fedavg-clip-attack none 1 plain 1 clip=11 attacker=1 screen=0
+run_case dense-median-attack none 1 plain 1 agg=median attacker=2 screen=0
+run_case sparse-median-attack uniform 0.05 plain 1 agg=median attacker=2 screen=0
+# Norm screening (default --screen-factor 10): the attacker's update is
+# quarantined and the result is the honest clients' weighted mean.
+run_case dense-fedavg-screened none 1 plain 1 attacker=1 quarantine=1
+run_case sparse-median-screened uniform 0.05 plain 1 clients=5 agg=median attacker=3 quarantine=1
 echo "PASS test_server_aggregation"

@@ -818,6 +818,67 @@ static void test_server_opt_save_load(void)
     free(dir);
 }
 
+/* A copy of the state steps exactly as the original; the original stays
+ * as it was (the coordinator's close steps a copy until it is durable). */
+static void test_server_opt_copy_state(void)
+{
+    strata_tensor_list layout;
+    make_layout(&layout);
+    for (int t = STRATA_SERVER_OPT_PLAIN; t <= STRATA_SERVER_OPT_FEDYOGI; t++) {
+        strata_server_opt_config cfg;
+        strata_server_opt_config_init(&cfg, (strata_server_opt_type)t);
+        cfg.lr = 0.05;
+        strata_server_opt *a = NULL, *b = NULL;
+        CU_ASSERT_EQUAL_FATAL(strata_server_opt_new(&layout, &cfg, &a, NULL), STRATA_OK);
+        CU_ASSERT_EQUAL_FATAL(strata_server_opt_new(&layout, &cfg, &b, NULL), STRATA_OK);
+        strata_tensor_list p1, p2, p0, delta;
+        random_list(&p1, &layout, 1.0);
+        random_list(&delta, &layout, 0.1);
+        CU_ASSERT_EQUAL(strata_server_opt_step(a, &p1, &delta, NULL), STRATA_OK);
+        strata_tensor_list_cleanup(&delta);
+        strata_tensor_list_init(&p2);
+        strata_tensor_list_init(&p0);
+        CU_ASSERT_EQUAL_FATAL(strata_tensor_list_copy(&p2, &p1), STRATA_OK);
+        CU_ASSERT_EQUAL_FATAL(strata_tensor_list_copy(&p0, &p1), STRATA_OK);
+        CU_ASSERT_EQUAL(strata_server_opt_copy_state(b, a, NULL), STRATA_OK);
+        CU_ASSERT_EQUAL(strata_server_opt_steps(b), 1);
+        /* b steps p2; a then steps p1 with the same delta: identical. */
+        random_list(&delta, &layout, 0.1);
+        CU_ASSERT_EQUAL(strata_server_opt_step(b, &p2, &delta, NULL), STRATA_OK);
+        CU_ASSERT_EQUAL(strata_server_opt_steps(a), 1);
+        CU_ASSERT(lists_identical(&p1, &p0));
+        CU_ASSERT_EQUAL(strata_server_opt_step(a, &p1, &delta, NULL), STRATA_OK);
+        CU_ASSERT(lists_identical(&p1, &p2));
+        strata_tensor_list_cleanup(&delta);
+        /* Another type or layout: refused, nothing copied. */
+        strata_server_opt_config oc;
+        strata_server_opt_config_init(&oc, (strata_server_opt_type)((t + 1) % 4));
+        strata_server_opt *c = NULL;
+        CU_ASSERT_EQUAL_FATAL(strata_server_opt_new(&layout, &oc, &c, NULL), STRATA_OK);
+        strata_diag d = {{0}};
+        CU_ASSERT_EQUAL(strata_server_opt_copy_state(c, a, &d), STRATA_EINVAL);
+        CU_ASSERT_PTR_NOT_NULL(strstr(d.msg, strata_server_opt_name(cfg.type)));
+        CU_ASSERT_EQUAL(strata_server_opt_steps(c), 0);
+        strata_server_opt_free(c);
+        strata_tensor_list small;
+        int64_t s2[1] = {2};
+        strata_tensor_list_init(&small);
+        CU_ASSERT_EQUAL_FATAL(strata_tensor_list_add(&small, "w", 1, s2, NULL), STRATA_OK);
+        CU_ASSERT_EQUAL_FATAL(strata_server_opt_new(&small, &cfg, &c, NULL), STRATA_OK);
+        CU_ASSERT_EQUAL(strata_server_opt_copy_state(c, a, &d), STRATA_EINVAL);
+        CU_ASSERT_EQUAL(strata_server_opt_steps(c), 0);
+        CU_ASSERT_EQUAL(strata_server_opt_copy_state(NULL, a, NULL), STRATA_EINVAL);
+        strata_server_opt_free(c);
+        strata_tensor_list_cleanup(&small);
+        strata_server_opt_free(a);
+        strata_server_opt_free(b);
+        strata_tensor_list_cleanup(&p0);
+        strata_tensor_list_cleanup(&p1);
+        strata_tensor_list_cleanup(&p2);
+    }
+    strata_tensor_list_cleanup(&layout);
+}
+
 /* ---- 5. memory does not grow with the number of updates ---- */
 
 static void test_memory_constant(void)
@@ -878,6 +939,7 @@ int main(void)
         {"hand-computed steps", test_server_opt_hand_computed},
         {"configuration and input errors", test_server_opt_errors},
         {"save and load continue identically", test_server_opt_save_load},
+        {"a copied state steps identically", test_server_opt_copy_state},
         CU_TEST_INFO_NULL,
     };
     CU_SuiteInfo suites[] = {

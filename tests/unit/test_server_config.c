@@ -37,6 +37,10 @@ static const parse_case CASES[] = {
     {{BASE, "--log-format", "xml", NULL}, STRATA_EINVAL, "log_format: expected text or json"},
     {{BASE, "--log-level", "loud", NULL}, STRATA_EINVAL, "log_level: expected debug"},
     {{"prog", "--model", "mlp", NULL}, STRATA_EINVAL, "state_dir: required"},
+    {{BASE, "--screen-factor", "0", NULL}, 0, NULL},
+    {{BASE, "--screen-factor", "1", NULL}, 0, NULL},
+    {{BASE, "--screen-factor", "0.5", NULL}, STRATA_EINVAL, "screen_factor: 0.5 would quarantine"},
+    {{BASE, "--screen-factor", "-1", NULL}, STRATA_EINVAL, "--screen-factor"},
 };
 
 static void test_parse_table(void)

@@ -1,8 +1,22 @@
 /* The round lifecycle through the engine's C API: a round opens once
  * min_clients are registered, its task, its close and the model version
  * advancing, and a restart resuming the open round without losing or
- * double-counting an acknowledged upload. */
+ * double-counting an acknowledged upload. One client must not poison or
+ * halt a federation: an attacker's huge (finite) update is quarantined
+ * under every aggregator, a result that is not finite is never
+ * checkpointed (the round goes on without the largest updates, or fails
+ * with the model unchanged and the next round opens), and a close that
+ * fails on the disk is retried until it commits, advancing the model
+ * exactly once, in the same process and after a restart. */
 #include "server_fixture.h"
+
+#include "store.h"
+#include "strata/checkpoint.h"
+
+#include <math.h>
+#include <sqlite3.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 /* Counter value from /metrics, or -1. */
 static long long metric(fix_engine *f, const char *name)
@@ -17,6 +31,73 @@ static long long metric(fix_engine *f, const char *name)
         v = strtoll(p + strlen(want), NULL, 10);
     srv_result_cleanup(&r);
     return v;
+}
+
+/* The JSON view of round r (new reference) or NULL. */
+static json_t *round_view(fix_engine *f, uint32_t r)
+{
+    srv_result res = {0};
+    srv_engine_round(f->e, r, &res);
+    json_t *j = res.outcome == SRV_OK ? fix_json(&res) : NULL;
+    srv_result_cleanup(&res);
+    return j;
+}
+
+/* Waits for round r's task for every client, then uploads for each of them
+ * a dense update of value vals[i] trained on model version v. Returns the
+ * number of uploads answered SRV_OK. */
+static int upload_round(fix_engine *f, const uint64_t *ids, size_t n, uint32_t r, uint64_t v,
+                        const float *vals)
+{
+    int ok = 0;
+    for (size_t i = 0; i < n; i++) {
+        json_t *task = fix_wait_task(f, ids[i], 10000);
+        int good = task != NULL && json_integer_value(json_object_get(task, "round")) == r &&
+                   json_integer_value(json_object_get(task, "model_version")) == (json_int_t)v;
+        json_decref(task);
+        uint8_t *p = NULL;
+        size_t len = 0;
+        if (!good || fix_payload(r, v, ids[i], 100, vals[i], &p, &len) != 0)
+            continue;
+        ok += fix_upload(f, ids[i], r, p, len, NULL) == SRV_OK;
+        free(p);
+    }
+    return ok;
+}
+
+/* Checks that checkpoint v1 of the state directory is checkpoint v0 with
+ * delta added to every parameter (the plain server step, lr 1, rounded
+ * once to float32) and finite throughout. */
+static void assert_step(const char *dir, uint64_t v0, uint64_t v1, float delta)
+{
+    char p0[4096], p1[4096];
+    CU_ASSERT_EQUAL_FATAL(
+        strata_store_path(dir, STRATA_STORE_FILE_CHECKPOINT, v0, 0, p0, sizeof(p0), NULL), 0);
+    CU_ASSERT_EQUAL_FATAL(
+        strata_store_path(dir, STRATA_STORE_FILE_CHECKPOINT, v1, 0, p1, sizeof(p1), NULL), 0);
+    strata_model *m0 = NULL, *m1 = NULL;
+    CU_ASSERT_EQUAL_FATAL(strata_checkpoint_load(p0, &m0, NULL), 0);
+    CU_ASSERT_EQUAL_FATAL(strata_checkpoint_load(p1, &m1, NULL), 0);
+    const strata_tensor_list *a = strata_model_params(m0), *b = strata_model_params(m1);
+    size_t bad = 0, nonfinite = 0;
+    for (size_t i = 0; i < a->count; i++)
+        for (size_t k = 0; k < a->items[i].numel; k++) {
+            float x = a->items[i].data[k], y = b->items[i].data[k];
+            nonfinite += !isfinite(y);
+            bad += y != (float)((double)x + (double)delta);
+        }
+    CU_ASSERT_EQUAL(nonfinite, 0);
+    CU_ASSERT_EQUAL(bad, 0);
+    strata_model_free(m0);
+    strata_model_free(m1);
+}
+
+static int checkpoint_exists(const char *dir, uint64_t v)
+{
+    char p[4096];
+    struct stat st;
+    return strata_store_path(dir, STRATA_STORE_FILE_CHECKPOINT, v, 0, p, sizeof(p), NULL) == 0 &&
+           stat(p, &st) == 0;
 }
 
 static void test_open_task_close(void)
@@ -166,11 +247,347 @@ static void test_restart_resumes(void)
     free(dir);
 }
 
+#define ATTACK 1e30f
+
+/* One client of three sends 1e30 everywhere (finite, well formed) under each
+ * aggregator with default screening: its update is quarantined (stored,
+ * counted, listed in the summary, left out of the aggregate), the round
+ * completes and the new model is exactly the honest one and finite. */
+static void test_attacker_quarantined(void)
+{
+    static const char *const cases[][5] = {
+        {"--min-clients", "3", NULL},
+        {"--min-clients", "3", "--aggregator", "trimmed-mean", NULL},
+        {"--min-clients", "3", "--aggregator", "median", NULL},
+        {"--min-clients", "3", "--clip-norm", "100", NULL},
+    };
+    for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
+        char *dir = strata_test_tmpdir();
+        CU_ASSERT_PTR_NOT_NULL_FATAL(dir);
+        fix_engine f;
+        CU_ASSERT_EQUAL_FATAL(fix_open(&f, dir, 1, cases[c]), 0);
+        uint64_t ids[3];
+        for (int i = 0; i < 3; i++)
+            CU_ASSERT_EQUAL(fix_register(&f, FIX_SECRET, &ids[i], NULL), SRV_CREATED);
+        const float vals[3] = {0.01f, ATTACK, 0.01f};
+        CU_ASSERT_EQUAL(upload_round(&f, ids, 3, 0, 0, vals), 3);
+        CU_ASSERT_TRUE_FATAL(fix_wait_version(&f, 1, 20000));
+        json_t *s = round_view(&f, 0);
+        json_t *q = json_object_get(s, "quarantined");
+        CU_ASSERT_EQUAL(json_array_size(q), 1);
+        json_t *q0 = json_array_get(q, 0);
+        CU_ASSERT_EQUAL(json_integer_value(json_object_get(q0, "client_id")), (json_int_t)ids[1]);
+        CU_ASSERT_STRING_EQUAL(json_string_value(json_object_get(q0, "reason")), "norm");
+        CU_ASSERT(json_number_value(json_object_get(q0, "norm")) > 1e30);
+        CU_ASSERT_EQUAL(json_integer_value(json_object_get(s, "participants")), 3);
+        CU_ASSERT(json_is_real(json_object_get(s, "loss")));
+        CU_ASSERT_PTR_NULL(json_object_get(s, "failed"));
+        json_decref(s);
+        CU_ASSERT_EQUAL(metric(&f, "strata_updates_quarantined_total{reason=\"norm\"}"), 1);
+        CU_ASSERT_EQUAL(metric(&f, "strata_updates_quarantined_total{reason=\"non_finite\"}"), 0);
+        CU_ASSERT_EQUAL(metric(&f, "strata_updates_accepted_total"), 3);
+        CU_ASSERT_EQUAL(metric(&f, "strata_rounds_completed_total"), 1);
+        assert_step(dir, 0, 1, 0.01f);
+        /* The attacker's update stays stored; the next round runs. */
+        char up[4096];
+        struct stat st;
+        CU_ASSERT_EQUAL(
+            strata_store_path(dir, STRATA_STORE_FILE_UPDATE, 0, ids[1], up, sizeof(up), NULL), 0);
+        CU_ASSERT_EQUAL(stat(up, &st), 0);
+        json_t *task = fix_wait_task(&f, ids[1], 5000);
+        CU_ASSERT_EQUAL(json_integer_value(json_object_get(task, "round")), 1);
+        json_decref(task);
+        if (c == 0) {
+            /* Counted from the stored summaries: exact after a restart. */
+            fix_close(&f);
+            CU_ASSERT_EQUAL_FATAL(fix_open(&f, dir, 0, cases[c]), 0);
+            CU_ASSERT_EQUAL(metric(&f, "strata_updates_quarantined_total{reason=\"norm\"}"), 1);
+            CU_ASSERT_EQUAL(metric(&f, "strata_rounds_completed_total"), 1);
+        }
+        fix_close(&f);
+        strata_test_rmtree(dir);
+        free(dir);
+    }
+}
+
+/* Screening off: the attacker's update makes the loss non-finite, so the
+ * round is aggregated again without the largest update (quarantined as
+ * non_finite); nothing non-finite is ever checkpointed. */
+static void test_non_finite_left_out(void)
+{
+    char *dir = strata_test_tmpdir();
+    CU_ASSERT_PTR_NOT_NULL_FATAL(dir);
+    fix_engine f;
+    const char *extra[] = {"--min-clients", "3", "--screen-factor", "0", NULL};
+    CU_ASSERT_EQUAL_FATAL(fix_open(&f, dir, 1, extra), 0);
+    uint64_t ids[3];
+    for (int i = 0; i < 3; i++)
+        CU_ASSERT_EQUAL(fix_register(&f, FIX_SECRET, &ids[i], NULL), SRV_CREATED);
+    const float vals[3] = {ATTACK, 0.01f, 0.01f};
+    CU_ASSERT_EQUAL(upload_round(&f, ids, 3, 0, 0, vals), 3);
+    CU_ASSERT_TRUE_FATAL(fix_wait_version(&f, 1, 20000));
+    json_t *s = round_view(&f, 0);
+    json_t *q0 = json_array_get(json_object_get(s, "quarantined"), 0);
+    CU_ASSERT_EQUAL(json_array_size(json_object_get(s, "quarantined")), 1);
+    CU_ASSERT_EQUAL(json_integer_value(json_object_get(q0, "client_id")), (json_int_t)ids[0]);
+    CU_ASSERT_STRING_EQUAL(json_string_value(json_object_get(q0, "reason")), "non_finite");
+    json_decref(s);
+    CU_ASSERT_EQUAL(metric(&f, "strata_updates_quarantined_total{reason=\"non_finite\"}"), 1);
+    CU_ASSERT_EQUAL(metric(&f, "strata_updates_quarantined_total{reason=\"norm\"}"), 0);
+    assert_step(dir, 0, 1, 0.01f);
+    fix_close(&f);
+    strata_test_rmtree(dir);
+    free(dir);
+}
+
+/* Every update is huge: no subset gives a finite loss, so the round closes
+ * as failed with the model unchanged (no checkpoint, summary says why) and
+ * the next round opens on the same version, and completes. */
+static void test_failed_round_moves_on(void)
+{
+    char *dir = strata_test_tmpdir();
+    CU_ASSERT_PTR_NOT_NULL_FATAL(dir);
+    fix_engine f;
+    const char *extra[] = {"--min-clients", "3", NULL};
+    CU_ASSERT_EQUAL_FATAL(fix_open(&f, dir, 1, extra), 0);
+    uint64_t ids[3];
+    for (int i = 0; i < 3; i++)
+        CU_ASSERT_EQUAL(fix_register(&f, FIX_SECRET, &ids[i], NULL), SRV_CREATED);
+    const float bad[3] = {ATTACK, ATTACK, ATTACK};
+    CU_ASSERT_EQUAL(upload_round(&f, ids, 3, 0, 0, bad), 3);
+    json_t *s = NULL;
+    for (int t = 0; t < 1000; t++) {
+        s = round_view(&f, 0);
+        if (json_is_string(json_object_get(s, "failed")))
+            break;
+        json_decref(s);
+        s = NULL;
+        fix_sleep_ms(20);
+    }
+    CU_ASSERT_PTR_NOT_NULL_FATAL(s);
+    CU_ASSERT_STRING_EQUAL(json_string_value(json_object_get(s, "state")), "closed");
+    CU_ASSERT_STRING_EQUAL(json_string_value(json_object_get(s, "failed")), "loss_not_finite");
+    CU_ASSERT(json_is_null(json_object_get(s, "loss")));
+    CU_ASSERT(json_is_null(json_object_get(s, "accuracy")));
+    CU_ASSERT_PTR_NULL(json_object_get(s, "quarantined"));
+    json_decref(s);
+    CU_ASSERT_EQUAL(fix_version(&f), 0);
+    CU_ASSERT_FALSE(checkpoint_exists(dir, 1));
+    CU_ASSERT_EQUAL(metric(&f, "strata_rounds_failed_total"), 1);
+    CU_ASSERT_EQUAL(metric(&f, "strata_rounds_completed_total"), 0);
+    /* Round 1 trains the unchanged version 0 and completes. */
+    const float good[3] = {0.01f, 0.01f, 0.01f};
+    CU_ASSERT_EQUAL(upload_round(&f, ids, 3, 1, 0, good), 3);
+    CU_ASSERT_TRUE_FATAL(fix_wait_version(&f, 1, 20000));
+    assert_step(dir, 0, 1, 0.01f);
+    CU_ASSERT_EQUAL(metric(&f, "strata_rounds_completed_total"), 1);
+    fix_close(&f);
+    CU_ASSERT_EQUAL_FATAL(fix_open(&f, dir, 0, extra), 0);
+    CU_ASSERT_EQUAL(metric(&f, "strata_rounds_failed_total"), 1);
+    CU_ASSERT_EQUAL(metric(&f, "strata_rounds_completed_total"), 1);
+    fix_close(&f);
+    strata_test_rmtree(dir);
+    free(dir);
+}
+
+/* Makes the checkpoints directory unusable (a regular file in its place,
+ * which stops writes for root too) or puts it back. */
+static int checkpoints_broken(const char *dir, int broken)
+{
+    char ck[4096], away[4200];
+    if (strata_store_path(dir, STRATA_STORE_FILE_CHECKPOINTS, 0, 0, ck, sizeof(ck), NULL) < 0)
+        return -1;
+    snprintf(away, sizeof(away), "%s.away", ck);
+    if (!broken)
+        return unlink(ck) == 0 && rename(away, ck) == 0 ? 0 : -1;
+    if (rename(ck, away) < 0)
+        return -1;
+    FILE *fp = fopen(ck, "w");
+    return fp != NULL && fclose(fp) == 0 ? 0 : -1;
+}
+
+/* Waits (up to timeout_ms) for a counter to reach at least v. */
+static int wait_metric(fix_engine *f, const char *name, long long v, long timeout_ms)
+{
+    for (long t = 0; t <= timeout_ms; t += 20) {
+        if (metric(f, name) >= v)
+            return 1;
+        fix_sleep_ms(20);
+    }
+    return 0;
+}
+
+/* A close whose checkpoint cannot be written is retried, not fatal: the
+ * round stays closing (clients get "no task yet", never "finished"), the
+ * model does not move, and once the disk is back the same updates are
+ * aggregated onto the same model, exactly once. The same after a restart
+ * while a retry is pending. */
+static void test_close_retried(void)
+{
+    char *dir = strata_test_tmpdir();
+    CU_ASSERT_PTR_NOT_NULL_FATAL(dir);
+    fix_engine f;
+    CU_ASSERT_EQUAL_FATAL(fix_open(&f, dir, 1, NULL), 0);
+    uint64_t ids[2];
+    for (int i = 0; i < 2; i++)
+        CU_ASSERT_EQUAL(fix_register(&f, FIX_SECRET, &ids[i], NULL), SRV_CREATED);
+    const float vals[2] = {0.01f, 0.01f};
+    CU_ASSERT_EQUAL(upload_round(&f, ids, 1, 0, 0, vals), 1);
+    CU_ASSERT_EQUAL_FATAL(checkpoints_broken(dir, 1), 0);
+    CU_ASSERT_EQUAL(upload_round(&f, ids + 1, 1, 0, 0, vals), 1);
+    CU_ASSERT_TRUE(wait_metric(&f, "strata_round_close_failures_total", 1, 10000));
+    CU_ASSERT_EQUAL(metric(&f, "strata_round_close_pending"), 1);
+    CU_ASSERT_EQUAL(fix_version(&f), 0);
+    srv_result r = {0};
+    int parked = 0;
+    srv_engine_task(f.e, ids[0], 0, NULL, &parked, &r);
+    CU_ASSERT_EQUAL(r.outcome, SRV_NO_CONTENT);
+    CU_ASSERT_EQUAL(r.retry_after, 1);
+    srv_result_cleanup(&r);
+    srv_engine_status(f.e, &r);
+    json_t *st = fix_json(&r);
+    CU_ASSERT_STRING_EQUAL(json_string_value(json_object_get(st, "state")), "running");
+    json_decref(st);
+    srv_result_cleanup(&r);
+    json_t *s = round_view(&f, 0);
+    CU_ASSERT_STRING_EQUAL(json_string_value(json_object_get(s, "state")), "open");
+    json_decref(s);
+    /* A second attempt fails too (after 1 s), then the disk is back. */
+    CU_ASSERT_TRUE(wait_metric(&f, "strata_round_close_failures_total", 2, 10000));
+    CU_ASSERT_EQUAL(fix_version(&f), 0);
+    CU_ASSERT_EQUAL_FATAL(checkpoints_broken(dir, 0), 0);
+    CU_ASSERT_TRUE_FATAL(fix_wait_version(&f, 1, 20000));
+    assert_step(dir, 0, 1, 0.01f);
+    CU_ASSERT_EQUAL(metric(&f, "strata_round_close_pending"), 0);
+    CU_ASSERT_EQUAL(metric(&f, "strata_rounds_completed_total"), 1);
+    s = round_view(&f, 0);
+    CU_ASSERT_STRING_EQUAL(json_string_value(json_object_get(s, "state")), "closed");
+    CU_ASSERT_EQUAL(json_integer_value(json_object_get(s, "participants")), 2);
+    json_decref(s);
+
+    /* Round 1 fails to close; the coordinator stops while the retry is
+     * pending and resumes after the disk is back. */
+    CU_ASSERT_EQUAL_FATAL(checkpoints_broken(dir, 1), 0);
+    CU_ASSERT_EQUAL(upload_round(&f, ids, 2, 1, 1, vals), 2);
+    CU_ASSERT_TRUE(wait_metric(&f, "strata_round_close_failures_total", 3, 10000));
+    CU_ASSERT_EQUAL(fix_version(&f), 1);
+    fix_close(&f);
+    CU_ASSERT_EQUAL_FATAL(checkpoints_broken(dir, 0), 0);
+    CU_ASSERT_EQUAL_FATAL(fix_open(&f, dir, 1, NULL), 0);
+    CU_ASSERT_TRUE_FATAL(fix_wait_version(&f, 2, 20000));
+    assert_step(dir, 1, 2, 0.01f);
+    CU_ASSERT_EQUAL(metric(&f, "strata_rounds_completed_total"), 2);
+    CU_ASSERT(metric(&f, "strata_round_close_failures_total") >= 3);
+    json_t *task = fix_wait_task(&f, ids[0], 5000);
+    CU_ASSERT_EQUAL(json_integer_value(json_object_get(task, "round")), 2);
+    CU_ASSERT_EQUAL(json_integer_value(json_object_get(task, "model_version")), 2);
+    json_decref(task);
+
+    /* An operator may stop the federation while a close waits for its
+     * retry: the round is closed unaggregated. */
+    CU_ASSERT_EQUAL_FATAL(checkpoints_broken(dir, 1), 0);
+    CU_ASSERT_EQUAL(upload_round(&f, ids, 2, 2, 2, vals), 2);
+    long long failures = metric(&f, "strata_round_close_failures_total");
+    CU_ASSERT_TRUE(wait_metric(&f, "strata_round_close_failures_total", failures + 1, 10000));
+    srv_engine_admin(f.e, "stop", NULL, 0, &r);
+    CU_ASSERT_EQUAL(r.outcome, SRV_OK);
+    srv_result_cleanup(&r);
+    s = round_view(&f, 2);
+    CU_ASSERT(json_is_true(json_object_get(s, "stopped")));
+    json_decref(s);
+    CU_ASSERT_EQUAL(fix_version(&f), 2);
+    CU_ASSERT_EQUAL(metric(&f, "strata_round_close_pending"), 0);
+    CU_ASSERT_EQUAL_FATAL(checkpoints_broken(dir, 0), 0);
+    fix_close(&f);
+    strata_test_rmtree(dir);
+    free(dir);
+}
+
+/* Makes the store refuse to close a round, as a full disk or an I/O error
+ * at commit would (a trigger on the rounds table, added or dropped over a
+ * connection of the test's own), or lets it again. */
+static int round_close_refused(const char *dir, int refused)
+{
+    char db[4096];
+    if (strata_store_path(dir, STRATA_STORE_FILE_DB, 0, 0, db, sizeof(db), NULL) < 0)
+        return -1;
+    sqlite3 *h = NULL;
+    int rc = sqlite3_open(db, &h);
+    if (rc == SQLITE_OK)
+        sqlite3_busy_timeout(h, 10000);
+    if (rc == SQLITE_OK)
+        rc = sqlite3_exec(h,
+                          refused ? "CREATE TRIGGER test_refuse_close BEFORE UPDATE ON rounds "
+                                    "BEGIN SELECT RAISE(ABORT, 'database or disk is full "
+                                    "(injected)'); END"
+                                  : "DROP TRIGGER test_refuse_close",
+                          NULL, NULL, NULL);
+    sqlite3_close(h);
+    return rc == SQLITE_OK ? 0 : -1;
+}
+
+/* The store refuses the close's commit after the new checkpoint was
+ * recorded: the model in memory is put back and the retry commits the same
+ * step once. A coordinator restarted while such a retry is pending finds
+ * the new checkpoint recorded and closes the round as recovered. */
+static void test_close_retried_db_refused(void)
+{
+    char *dir = strata_test_tmpdir();
+    CU_ASSERT_PTR_NOT_NULL_FATAL(dir);
+    fix_engine f;
+    CU_ASSERT_EQUAL_FATAL(fix_open(&f, dir, 1, NULL), 0);
+    uint64_t ids[2];
+    for (int i = 0; i < 2; i++)
+        CU_ASSERT_EQUAL(fix_register(&f, FIX_SECRET, &ids[i], NULL), SRV_CREATED);
+    const float vals[2] = {0.01f, 0.01f};
+    CU_ASSERT_EQUAL(upload_round(&f, ids, 1, 0, 0, vals), 1);
+    CU_ASSERT_EQUAL_FATAL(round_close_refused(dir, 1), 0);
+    CU_ASSERT_EQUAL(upload_round(&f, ids + 1, 1, 0, 0, vals), 1);
+    CU_ASSERT_TRUE(wait_metric(&f, "strata_round_close_failures_total", 1, 10000));
+    CU_ASSERT_EQUAL(fix_version(&f), 0);
+    CU_ASSERT_TRUE(checkpoint_exists(dir, 1)); /* written and recorded, not served */
+    srv_result r = {0};
+    srv_engine_model(f.e, 1, 0, NULL, &r);
+    CU_ASSERT_EQUAL(r.outcome, SRV_E_NOT_FOUND);
+    srv_result_cleanup(&r);
+    CU_ASSERT_EQUAL_FATAL(round_close_refused(dir, 0), 0);
+    CU_ASSERT_TRUE_FATAL(fix_wait_version(&f, 1, 20000));
+    assert_step(dir, 0, 1, 0.01f);
+    CU_ASSERT_EQUAL(metric(&f, "strata_rounds_completed_total"), 1);
+
+    CU_ASSERT_EQUAL_FATAL(round_close_refused(dir, 1), 0);
+    CU_ASSERT_EQUAL(upload_round(&f, ids, 2, 1, 1, vals), 2);
+    CU_ASSERT_TRUE(wait_metric(&f, "strata_round_close_failures_total", 2, 10000));
+    CU_ASSERT_EQUAL(fix_version(&f), 1);
+    fix_close(&f);
+    CU_ASSERT_EQUAL_FATAL(round_close_refused(dir, 0), 0);
+    CU_ASSERT_EQUAL_FATAL(fix_open(&f, dir, 1, NULL), 0);
+    CU_ASSERT_EQUAL(fix_version(&f), 2);
+    assert_step(dir, 1, 2, 0.01f);
+    json_t *s = round_view(&f, 1);
+    CU_ASSERT_STRING_EQUAL(json_string_value(json_object_get(s, "state")), "closed");
+    CU_ASSERT(json_is_true(json_object_get(s, "recovered")));
+    json_decref(s);
+    json_t *task = fix_wait_task(&f, ids[1], 5000);
+    CU_ASSERT_EQUAL(json_integer_value(json_object_get(task, "round")), 2);
+    CU_ASSERT_EQUAL(json_integer_value(json_object_get(task, "model_version")), 2);
+    json_decref(task);
+    fix_close(&f);
+    strata_test_rmtree(dir);
+    free(dir);
+}
+
 int main(void)
 {
-    CU_TestInfo tests[] = {{"open, task, close", test_open_task_close},
-                           {"restart resumes the open round", test_restart_resumes},
-                           CU_TEST_INFO_NULL};
+    CU_TestInfo tests[] = {
+        {"open, task, close", test_open_task_close},
+        {"restart resumes the open round", test_restart_resumes},
+        {"an attacker's 1e30 update is quarantined (every aggregator)", test_attacker_quarantined},
+        {"a non-finite result leaves the largest update out", test_non_finite_left_out},
+        {"a round that cannot be made finite fails; the next opens", test_failed_round_moves_on},
+        {"a close that fails on the disk is retried, once committed", test_close_retried},
+        {"a close the database refuses is retried, once committed", test_close_retried_db_refused},
+        CU_TEST_INFO_NULL};
     CU_SuiteInfo suites[] = {{"server_round", NULL, NULL, NULL, NULL, tests}, CU_SUITE_INFO_NULL};
     return strata_test_run(suites);
 }

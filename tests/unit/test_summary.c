@@ -1,6 +1,7 @@
 /* Unit tests of the round summary JSON codec (strata/summary.h): the
- * coordinator's four forms byte for byte, non-finite metrics, round trips
- * and table-driven refusals. */
+ * coordinator's forms byte for byte (quarantined updates and failed rounds
+ * included), non-finite metrics and norms, round trips and table-driven
+ * refusals. */
 #include "strata/summary.h"
 #include "test_util.h"
 
@@ -91,6 +92,13 @@ static void assert_same(const strata_round_summary *a, const strata_round_summar
         CU_ASSERT_STRING_EQUAL(a->layer_names[i], b->layer_names[i]);
         CU_ASSERT_EQUAL(a->densities[i], b->densities[i]);
     }
+    CU_ASSERT_EQUAL_FATAL(a->num_quarantined, b->num_quarantined);
+    for (size_t i = 0; i < b->num_quarantined; i++) {
+        CU_ASSERT_EQUAL(a->quarantined[i].client_id, b->quarantined[i].client_id);
+        CU_ASSERT_EQUAL(a->quarantined[i].reason, b->quarantined[i].reason);
+        CU_ASSERT(same_double(a->quarantined[i].norm, b->quarantined[i].norm));
+    }
+    CU_ASSERT_EQUAL(a->failed, b->failed);
     CU_ASSERT_EQUAL(a->stopped, b->stopped);
     CU_ASSERT_EQUAL(a->recovered, b->recovered);
 }
@@ -238,11 +246,81 @@ static void test_non_finite(void)
     round_trip(&e);
 }
 
+/* A round with quarantined updates, and a failed one: the keys after the
+ * densities, in order; a non-finite norm is null and reads back as NaN. */
+static void test_quarantined_failed(void)
+{
+    strata_round_quarantine q[] = {
+        {.client_id = 3, .reason = STRATA_QUARANTINE_NORM, .norm = 1e22},
+        {.client_id = 9, .reason = STRATA_QUARANTINE_NON_FINITE, .norm = INFINITY}};
+    strata_round_summary s = closed_summary();
+    s.num_quarantined = 2;
+    s.quarantined = q;
+    char *got = encode(&s);
+    CU_ASSERT_PTR_NOT_NULL(
+        strstr(got, "\"fc1.bias\":1.0},\"quarantined\":[{\"client_id\":3,\"reason\":\"norm\","
+                    "\"norm\":1e22},{\"client_id\":9,\"reason\":\"non_finite\",\"norm\":null}]}"));
+    free(got);
+    strata_round_summary back;
+    got = encode(&s);
+    CU_ASSERT_EQUAL_FATAL(strata_round_summary_decode(got, strlen(got), NULL, &back, NULL),
+                          STRATA_OK);
+    CU_ASSERT_EQUAL_FATAL(back.num_quarantined, 2);
+    CU_ASSERT_EQUAL(back.quarantined[0].client_id, 3);
+    CU_ASSERT_EQUAL(back.quarantined[0].norm, 1e22);
+    CU_ASSERT_EQUAL(back.quarantined[1].reason, STRATA_QUARANTINE_NON_FINITE);
+    CU_ASSERT(isnan(back.quarantined[1].norm));
+    strata_round_summary_cleanup(&back);
+    CU_ASSERT_PTR_NULL(back.quarantined);
+    CU_ASSERT_EQUAL(back.num_quarantined, 0);
+    free(got);
+    q[1].norm = NAN;
+    round_trip(&s);
+
+    /* Failed: the model stayed; accuracy and loss null, the reason named. */
+    s.failed = STRATA_ROUND_FAILED_LOSS;
+    s.accuracy = NAN;
+    s.loss = INFINITY;
+    got = encode(&s);
+    CU_ASSERT_PTR_NOT_NULL(strstr(got, "\"accuracy\":null,\"loss\":null,"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(got, "\"norm\":null}],\"failed\":\"loss_not_finite\"}"));
+    free(got);
+    s.loss = NAN;
+    round_trip(&s);
+    s.num_quarantined = 0;
+    s.quarantined = NULL;
+    for (int f = STRATA_ROUND_FAILED_AGGREGATE; f <= STRATA_ROUND_FAILED_LOSS; f++) {
+        s.failed = (strata_round_failure)f;
+        got = encode(&s);
+        char want[64];
+        snprintf(want, sizeof(want), "\"failed\":\"%s\"}",
+                 strata_round_failure_name((strata_round_failure)f));
+        CU_ASSERT_PTR_NOT_NULL(strstr(got, want));
+        free(got);
+        round_trip(&s);
+    }
+    CU_ASSERT_STRING_EQUAL(strata_round_failure_name(STRATA_ROUND_FAILED_MODEL),
+                           "model_not_finite");
+    CU_ASSERT_STRING_EQUAL(strata_round_failure_name((strata_round_failure)9), "?");
+    CU_ASSERT_STRING_EQUAL(strata_quarantine_reason_name(STRATA_QUARANTINE_NON_FINITE),
+                           "non_finite");
+    CU_ASSERT_STRING_EQUAL(strata_quarantine_reason_name((strata_quarantine_reason)5), "?");
+
+    /* An empty array is the same as no key. */
+    const char *e = "{\"round\":1,\"state\":\"closed\",\"model_version\":1,\"selected\":1,"
+                    "\"participants\":0,\"quarantined\":[]}";
+    CU_ASSERT_EQUAL_FATAL(strata_round_summary_decode(e, strlen(e), NULL, &back, NULL), STRATA_OK);
+    CU_ASSERT_EQUAL(back.num_quarantined, 0);
+    CU_ASSERT_PTR_NULL(back.quarantined);
+    strata_round_summary_cleanup(&back);
+}
+
 static const char BASE[] =
     "{\"round\":3,\"state\":\"closed\",\"model_version\":3,\"selected\":10,\"participants\":9,"
     "\"accuracy\":0.5,\"loss\":0.25,\"uplink_bytes\":100,\"downlink_bytes\":200,"
     "\"dense_uplink_bytes\":300,\"duration_ms\":1234,\"densities\":{\"fc1.weight\":0.5,"
-    "\"fc1.bias\":1.0}}";
+    "\"fc1.bias\":1.0},\"quarantined\":[{\"client_id\":4,\"reason\":\"norm\",\"norm\":1e9},"
+    "{\"client_id\":7,\"reason\":\"non_finite\",\"norm\":null}],\"failed\":\"loss_not_finite\"}";
 
 /* BASE with the first occurrence of from replaced by to (malloc'ed): the
  * inputs of the refusal table are built as edits of the valid text. */
@@ -270,6 +348,9 @@ static void test_refusals(void)
                           STRATA_OK);
     CU_ASSERT_STRING_EQUAL(ok.layer_names[1], "fc1.bias");
     CU_ASSERT_EQUAL(ok.densities[0], 0.5);
+    CU_ASSERT_EQUAL(ok.num_quarantined, 2);
+    CU_ASSERT_EQUAL(ok.quarantined[1].client_id, 7);
+    CU_ASSERT_EQUAL(ok.failed, STRATA_ROUND_FAILED_LOSS);
     strata_round_summary_cleanup(&ok);
 
     static const struct {
@@ -293,7 +374,9 @@ static void test_refusals(void)
         {"\"uplink_bytes\":100", "\"uplink_bytes\":-100", STRATA_EPROTO, "summary.uplink_bytes"},
         {"\"duration_ms\":1234", "\"duration_ms\":-1", STRATA_EPROTO, "summary.duration_ms"},
         {"\"duration_ms\":1234", "\"duration_ms\":null", STRATA_EPROTO, "summary.duration_ms"},
-        {"\"densities\":{", "\"densities\":[{", STRATA_EPROTO, "nesting deeper than 2"},
+        {"\"densities\":{\"fc1.weight\":0.5,\"fc1.bias\":1.0}", "\"densities\":[{\"a\":1}]",
+         STRATA_EPROTO, "summary.densities: expected an object"},
+        {"\"densities\":{", "\"densities\":[[{", STRATA_EPROTO, "nesting deeper than 3"},
         {"\"densities\":{\"fc1.weight\":0.5,\"fc1.bias\":1.0}", "\"densities\":[]", STRATA_EPROTO,
          "summary.densities: expected an object"},
         {"\"fc1.weight\":0.5", "\"fc1.weight\":0", STRATA_EPROTO,
@@ -316,9 +399,43 @@ static void test_refusals(void)
         {"\"accuracy\":0.5", "\"accuracy\":NaN", STRATA_EPROTO, "invalid JSON"},
         {"\"loss\":0.25", "\"loss\":-Infinity", STRATA_EPROTO, "invalid JSON"},
         {"\"loss\":0.25", "\"loss\":1e400", STRATA_EPROTO, "invalid JSON"},
-        {"1.0}}", "1.0}}]", STRATA_EPROTO, "invalid JSON"},
-        {"1.0}}", "1.0}", STRATA_EPROTO, "invalid JSON"},
-        {"\"round\":3", "\"round\":[[3]]", STRATA_EPROTO, "nesting deeper than 2"},
+        {"finite\"}", "finite\"}]", STRATA_EPROTO, "invalid JSON"},
+        {"finite\"}", "finite\"", STRATA_EPROTO, "invalid JSON"},
+        {"\"round\":3", "\"round\":[[[3]]]", STRATA_EPROTO, "nesting deeper than 3"},
+        {"\"round\":3", "\"round\":[[3]]", STRATA_EPROTO, "summary.round: expected an integer"},
+        /* quarantined and failed */
+        {"\"failed\":\"loss_not_finite\"", "\"failed\":\"loss_not_finite\",\"quarantined\":{}",
+         STRATA_EPROTO, "duplicate object key"},
+        {"\"quarantined\":[{\"client_id\":4,\"reason\":\"norm\",\"norm\":1e9},{\"client_id\":7,"
+         "\"reason\":\"non_finite\",\"norm\":null}]",
+         "\"quarantined\":{}", STRATA_EPROTO, "summary.quarantined: expected an array"},
+        {"{\"client_id\":4", "4,{\"client_id\":4", STRATA_EPROTO,
+         "summary.quarantined[0]: expected an object"},
+        {"\"client_id\":4", "\"client_id\":0", STRATA_EPROTO,
+         "summary.quarantined[0].client_id: 0 is not in [1, "},
+        {"\"client_id\":4", "\"client_id\":\"4\"", STRATA_EPROTO,
+         "summary.quarantined[0].client_id: expected an integer"},
+        {"\"client_id\":7", "\"client_id\":4", STRATA_EPROTO,
+         "summary.quarantined[1].client_id: 4 does not ascend (after 4)"},
+        {"\"client_id\":7", "\"client_id\":3", STRATA_EPROTO, "does not ascend"},
+        {"\"reason\":\"norm\"", "\"reason\":\"big\"", STRATA_EPROTO,
+         "summary.quarantined[0].reason: expected \"norm\" or \"non_finite\""},
+        {"\"reason\":\"norm\"", "\"reason\":1", STRATA_EPROTO, "quarantined[0].reason"},
+        {"\"norm\":1e9", "\"norm\":-1", STRATA_EPROTO,
+         "summary.quarantined[0].norm: -1 is not in [0, "},
+        {"\"norm\":1e9", "\"norm\":\"x\"", STRATA_EPROTO,
+         "summary.quarantined[0].norm: expected a number"},
+        {",\"norm\":null", "", STRATA_EPROTO, "summary.quarantined[1].norm: missing"},
+        {"\"client_id\":4,", "", STRATA_EPROTO, "summary.quarantined[0].client_id: missing"},
+        {"\"norm\":1e9", "\"norm\":1e9,\"why\":1", STRATA_EPROTO,
+         "summary.quarantined[0]: unknown key \"why\""},
+        {"\"norm\":1e9", "\"norm\":1e9,\"norm\":1", STRATA_EPROTO, "duplicate object key"},
+        {"\"participants\":9", "\"participants\":1", STRATA_EPROTO,
+         "summary.quarantined: 2 entries, more than the 1 participants"},
+        {"\"failed\":\"loss_not_finite\"", "\"failed\":\"oops\"", STRATA_EPROTO,
+         "summary.failed: expected \"aggregate_not_finite\""},
+        {"\"failed\":\"loss_not_finite\"", "\"failed\":true", STRATA_EPROTO, "summary.failed"},
+        {"\"failed\":\"loss_not_finite\"", "\"failed\":\"\"", STRATA_EPROTO, "summary.failed"},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         char *s = mutate(cases[i].from, cases[i].to);
@@ -333,6 +450,8 @@ static void test_refusals(void)
         CU_ASSERT_EQUAL(out.num_layers, 0);
         CU_ASSERT_PTR_NULL(out.layer_names);
         CU_ASSERT_PTR_NULL(out.densities);
+        CU_ASSERT_EQUAL(out.num_quarantined, 0);
+        CU_ASSERT_PTR_NULL(out.quarantined);
         free(s);
     }
 
@@ -369,11 +488,26 @@ static void test_encode_refusals(void)
     static char *dup[] = {"a", "a"};
     static char *ctrl[] = {"a", "b\n"};
     static double bad_d[] = {0.5, 0.0};
-    static const char *msgs[] = {
-        "state",         "selected",          "model_version",        "duration_ms",
-        "appears twice", "control character", "layer 1: 0 is not in", "densities: NULL"};
-    for (int i = 0; i < 8; i++) {
+    static const char *msgs[] = {"state",
+                                 "selected",
+                                 "model_version",
+                                 "duration_ms",
+                                 "appears twice",
+                                 "control character",
+                                 "layer 1: 0 is not in",
+                                 "densities: NULL",
+                                 "failed: unknown value 4",
+                                 "quarantined: NULL array for 1 entries",
+                                 "quarantined: 2 entries, more than the 1 participants",
+                                 "quarantined[1].client_id: 5 does not ascend (after 5)",
+                                 "quarantined[0].client_id: 0 is not in",
+                                 "quarantined[1].reason: unknown value 2",
+                                 "quarantined[0].norm: -1 is negative"};
+    for (int i = 0; i < 15; i++) {
         strata_round_summary s = closed_summary();
+        strata_round_quarantine q[2] = {{.client_id = 5, .norm = 1}, {.client_id = 6, .norm = 2}};
+        s.num_quarantined = i >= 10 ? 2 : 0;
+        s.quarantined = q;
         switch (i) {
         case 0:
             s.state = (strata_round_state)2;
@@ -399,6 +533,28 @@ static void test_encode_refusals(void)
         case 7:
             s.densities = NULL;
             break;
+        case 8:
+            s.failed = (strata_round_failure)4;
+            break;
+        case 9:
+            s.num_quarantined = 1;
+            s.quarantined = NULL;
+            break;
+        case 10:
+            s.participants = 1;
+            break;
+        case 11:
+            q[1].client_id = 5;
+            break;
+        case 12:
+            q[0].client_id = 0;
+            break;
+        case 13:
+            q[1].reason = (strata_quarantine_reason)2;
+            break;
+        case 14:
+            q[0].norm = -1;
+            break;
         }
         int rc = strata_round_summary_encode(&s, &json, &len, &d);
         if (rc != STRATA_EINVAL || strstr(d.msg, msgs[i]) == NULL)
@@ -422,6 +578,7 @@ int main(void)
     CU_TestInfo tests[] = {
         {"the coordinator's four forms, byte for byte", test_legacy_forms},
         {"non-finite metrics become null, flags, extremes", test_non_finite},
+        {"quarantined updates and failed rounds", test_quarantined_failed},
         {"refusals: types, ranges, keys, JSON, limits", test_refusals},
         {"encoder refuses what the decoder would", test_encode_refusals},
         CU_TEST_INFO_NULL,

@@ -13,17 +13,30 @@
  *                "uplink_bytes", "downlink_bytes", "dense_uplink_bytes",
  *                "duration_ms"
  *   has_densities "densities": {"<layer>": density, ...} in layer order
+ *   num_quarantined > 0
+ *                "quarantined": [{"client_id": 7, "reason": "norm",
+ *                "norm": 1.5e31}, ...]: the accepted updates the round's
+ *                aggregate left out, in ascending client_id order
+ *   failed       "failed": "aggregate_not_finite" | "model_not_finite" |
+ *                "loss_not_finite": the round closed without a new model
+ *                (the model stayed at model_version), and why
  *   stopped      "stopped": true (closed unaggregated by an admin stop)
  *   recovered    "recovered": true (closed during crash recovery, having
  *                been aggregated before the crash)
- * The coordinator's four forms are: a closed round (stats and densities), a
- * stopped one and a recovered one (neither stats nor densities), and the
- * view of a round without a stored summary (stats with null accuracy and
- * loss; densities only for the open round).
+ * The coordinator's forms are: a closed round (stats and densities, and the
+ * quarantined updates when there were any), a failed round (the same, with
+ * "failed" and null accuracy and loss), a stopped one and a recovered one
+ * (neither stats nor densities), and the view of a round without a stored
+ * summary (stats with null accuracy and loss; densities only for the open
+ * round).
  *
- * Non-finite numbers: JSON has no NaN or infinity, so a non-finite accuracy
- * or loss (a diverged model) is written as null, and null decodes to NaN;
- * +-infinity therefore reads back as NaN. Every other double must be finite.
+ * Non-finite numbers: JSON has no NaN or infinity, so a non-finite accuracy,
+ * loss or quarantined norm is written as null, never refused, and null
+ * decodes to NaN; +-infinity therefore reads back as NaN. What a null means
+ * is said by the summary itself: not measured yet (an open round), not
+ * measured because the round failed ("failed" says why), or not finite. The
+ * coordinator never closes a round normally with a non-finite loss: it
+ * fails it instead. Every other double must be finite.
  *
  * Field ranges, which both the encoder and the decoder enforce:
  *   round             [0, 2^32 - 1]
@@ -34,6 +47,11 @@
  *   densities         at most max_layers entries; names 1 to max_name_bytes
  *                     bytes of UTF-8 without control characters, distinct;
  *                     values in (0, 1]
+ *   quarantined       at most participants entries, each with all three
+ *                     keys: client_id in [1, 2^63 - 1], strictly ascending;
+ *                     reason "norm" or "non_finite"; norm >= 0 or null (an
+ *                     empty array is accepted and means absent)
+ *   failed            one of the three names above
  *   stopped, recovered booleans (false is accepted and means absent)
  * The decoder refuses unknown and duplicate keys, missing keys of the
  * always-present group, a stats group given in part, wrong types and values
@@ -54,13 +72,43 @@
 #define STRATA_SUMMARY_DEFAULT_MAX_LAYERS 65536u
 #define STRATA_SUMMARY_DEFAULT_MAX_NAME_BYTES 127u /* strata/tensor.h: STRATA_MAX_NAME - 1 */
 
-/* Deepest nesting of a valid summary (object, densities object). */
-#define STRATA_SUMMARY_MAX_DEPTH 2
+/* Deepest nesting of a valid summary (object, quarantined array, entry). */
+#define STRATA_SUMMARY_MAX_DEPTH 3
 
 typedef enum { STRATA_ROUND_OPEN = 0, STRATA_ROUND_CLOSED = 1 } strata_round_state;
 
+/* Why the coordinator left an accepted update out of a round's aggregate
+ * (docs/algorithm.md, "Screening"). */
+typedef enum {
+    STRATA_QUARANTINE_NORM = 0,      /* "norm": its L2 norm is an outlier */
+    STRATA_QUARANTINE_NON_FINITE = 1 /* "non_finite": left out, largest norms
+                                        first, because with it the aggregate,
+                                        the model or its loss was not finite */
+} strata_quarantine_reason;
+
+/* One quarantined update. */
+typedef struct strata_round_quarantine {
+    uint64_t client_id;
+    strata_quarantine_reason reason;
+    double norm; /* the update's L2 norm; NaN: unknown (null) */
+} strata_round_quarantine;
+
+/* Why a round closed without a new model ("failed"). */
+typedef enum {
+    STRATA_ROUND_FAILED_NONE = 0,      /* not failed: no "failed" key */
+    STRATA_ROUND_FAILED_AGGREGATE = 1, /* "aggregate_not_finite" */
+    STRATA_ROUND_FAILED_MODEL = 2,     /* "model_not_finite": after the server step */
+    STRATA_ROUND_FAILED_LOSS = 3       /* "loss_not_finite": the evaluation's loss or accuracy */
+} strata_round_failure;
+
+/* The names of a quarantine reason and a failure ("norm",
+ * "loss_not_finite"); "?" for a value out of range ("" for
+ * STRATA_ROUND_FAILED_NONE). */
+const char *strata_quarantine_reason_name(strata_quarantine_reason r);
+const char *strata_round_failure_name(strata_round_failure f);
+
 /* One round's summary. After strata_round_summary_decode the struct owns
- * layer_names (each name and the array) and densities (release with
+ * layer_names (each name and the array), densities and quarantined (release with
  * strata_round_summary_cleanup); for strata_round_summary_encode everything
  * is only read, so the caller may lend arrays it keeps. */
 typedef struct strata_round_summary {
@@ -83,6 +131,10 @@ typedef struct strata_round_summary {
     char **layer_names; /* NUL-terminated, distinct */
     double *densities;  /* each in (0, 1] */
 
+    size_t num_quarantined;               /* entries of quarantined; 0: no key */
+    strata_round_quarantine *quarantined; /* ascending client_id */
+    strata_round_failure failed;          /* STRATA_ROUND_FAILED_NONE: no key */
+
     int stopped;   /* closed unaggregated by an admin stop */
     int recovered; /* closed during crash recovery */
 } strata_round_summary;
@@ -102,11 +154,13 @@ typedef struct strata_summary_limits {
 
 /* Encodes s (borrowed) as the summary JSON described above into a new
  * malloc'ed NUL-terminated string: *json_out (free with free()) and *len_out
- * (without the NUL), both zeroed on entry. Non-finite accuracy and loss
- * become null. Errors: STRATA_EINVAL for a NULL argument (layer_names and
- * densities may be NULL only when num_layers is 0 or has_densities is 0), a
- * field out of range, or duplicate layer names (diag, may be NULL, names
- * the field); STRATA_ENOMEM. Whatever encodes also decodes with default
+ * (without the NUL), both zeroed on entry. Non-finite accuracy, loss and
+ * quarantined norms become null (never an error). Errors: STRATA_EINVAL for
+ * a NULL argument (layer_names and densities may be NULL only when
+ * num_layers is 0 or has_densities is 0; quarantined only when
+ * num_quarantined is 0), a field out of range, duplicate layer names, or
+ * quarantined client ids that are not strictly ascending (diag, may be NULL,
+ * names the field); STRATA_ENOMEM (diag says so). Whatever encodes also decodes with default
  * limits when it has at most 65536 layers with names of at most 127 bytes. */
 int strata_round_summary_encode(const strata_round_summary *s, char **json_out, size_t *len_out,
                                 strata_diag *diag);
@@ -123,7 +177,8 @@ int strata_round_summary_encode(const strata_round_summary *s, char **json_out, 
 int strata_round_summary_decode(const char *json, size_t len, const strata_summary_limits *lim,
                                 strata_round_summary *out, strata_diag *diag);
 
-/* Frees the arrays of a decoded summary and zeroes it. Accepts NULL and a
+/* Frees the arrays of a decoded summary (names, densities, quarantined)
+ * and zeroes it. Accepts NULL and a
  * zeroed summary. Not for a summary whose arrays the caller lent to
  * strata_round_summary_encode. */
 void strata_round_summary_cleanup(strata_round_summary *s);
