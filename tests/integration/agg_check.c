@@ -20,7 +20,7 @@
  *       median: per coordinate, unweighted, the middle value (the mean of the
  *         two middle ones for an even n).
  *     It then applies one step of the named server optimiser by hand with its
- *     default hyperparameters (momentum 0.9, beta1 0.9, beta2 0.99, tau 1e-3;
+ *     default hyperparameters (momentum 0.5, beta1 0, beta2 0.99, tau 0.01;
  *     state starting at v = 0, resp. m = 0 and v = tau^2) and compares the
  *     result with W1, the coordinator's model after that round.
  *
@@ -149,7 +149,7 @@ enum { OPT_PLAIN, OPT_FEDAVGM, OPT_FEDADAM, OPT_FEDYOGI };
  * optimiser stores it. */
 static double server_step(int opt, double lr, float w0, float d)
 {
-    const double momentum = 0.9, beta1 = 0.9, beta2 = 0.99, tau = 1e-3;
+    const double momentum = 0.5, beta1 = 0.0, beta2 = 0.99, tau = 0.01;
     double dd = d;
     switch (opt) {
     case OPT_FEDAVGM: {
