@@ -1,56 +1,50 @@
-/* strata-tool: the dispatcher — the command table and main(). It depends
- * only on the sub-commands' entry points. */
+/* strata-tool: the dispatcher — the command list and main(), which runs a
+ * command through its descriptor. It depends only on the descriptors. */
 #include "tool.h"
 
 #include "strata/log.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
-typedef struct tool_command {
-    const char *name;
-    const char *help;                  /* one line: what the command does */
-    int (*run)(int argc, char **argv); /* argv[0] is the command's name */
-    const char *usage;                 /* the options' synopsis */
-} tool_command;
-
-/* Continuation lines of a synopsis are indented under the first. */
-#define CONT "\n         "
-
-static const tool_command COMMANDS[] = {
-    {"info", "print the parameter tensors and the total parameter count", tool_info,
-     "--model NAME|ARCH.json|CKPT.safetensors [--json]"},
-    {"train", "train centrally and print per-epoch test accuracy", tool_train,
-     "--model NAME|ARCH.json --data DIR --epochs N [--threads T] [--seed S]" CONT
-     "[--batch B] [--lr LR] [--momentum M] [--weight-decay WD] [--nesterov]" CONT
-     "[--schedule cosine|constant] [--limit N] [--normalize auto|none|MEAN,STD]" CONT
-     "[--out CKPT.safetensors] [--json]"},
-    {"eval", "evaluate a checkpoint on the test split of a data set", tool_eval,
-     "--model CKPT.safetensors --data DIR [--threads T] [--json]"},
-    {"partition", "print the per-client label histogram of a partition of the training split",
-     tool_partition,
-     "--data DIR [--clients N] [--partition iid|dirichlet:ALPHA|shards:S] [--seed S]"},
-    {"compress", "compress tensors into a payload with a budget policy and error feedback",
-     tool_compress,
-     "--in MODEL_OR_DELTA.safetensors --policy SPEC --density D [--values fp32|fp16|bf16]" CONT
-     "--out P.bin [--residual R.safetensors] [--round R] [--rounds T] [--seed S]" CONT
-     "[--level L] [--client-id C] [--model-version V] [--samples N]"},
-    {"decode", "decode a payload back to dense tensors", tool_decode,
-     "--in P.bin --out DENSE.safetensors"},
-    {"inspect", "print a payload's header and per-layer compressor, kept elements and bytes",
-     tool_inspect, "P.bin [--json]"},
-    {"policy", "print the per-layer density table of every phase, kept elements vs uniform",
-     tool_policy, "--model NAME|ARCH.json --policy SPEC --density D --rounds T [--json]"},
+static const tool_command *const COMMANDS[] = {
+    &TOOL_INFO,     &TOOL_TRAIN,  &TOOL_EVAL,    &TOOL_PARTITION,
+    &TOOL_COMPRESS, &TOOL_DECODE, &TOOL_INSPECT, &TOOL_POLICY,
 };
 
-#define NCOMMANDS (sizeof(COMMANDS) / sizeof(COMMANDS[0]))
+/* Continuation lines of the command list start at this column. */
+#define INDENT 9
 
 static void usage(FILE *f)
 {
     fputs("usage: strata-tool COMMAND [OPTIONS]\n\ncommands:\n", f);
-    for (size_t i = 0; i < NCOMMANDS; i++)
-        fprintf(f, "  %-6s %s" CONT "%s\n", COMMANDS[i].name, COMMANDS[i].usage, COMMANDS[i].help);
+    for (size_t i = 0; i < TOOL_COUNT(COMMANDS); i++) {
+        int col = fprintf(f, "  %-6s ", COMMANDS[i]->name);
+        tool_print_synopsis(f, col > 0 ? (size_t)col : 0, INDENT, COMMANDS[i]->synopsis);
+        fprintf(f, "\n%*s%s\n", INDENT, "", COMMANDS[i]->help);
+    }
     fputs("\nRun 'strata-tool COMMAND --help' for a command's options.\n", f);
+}
+
+/* Runs cmd with its command line (argv[0] is its name); returns a
+ * TOOL_EXIT_* code. */
+static int run_command(const tool_command *cmd, int argc, char **argv)
+{
+    void *o = calloc(1, cmd->size ? cmd->size : 1);
+    if (o == NULL) {
+        strata_log_error("out of memory");
+        return TOOL_EXIT_FAIL;
+    }
+    if (cmd->defaults != NULL)
+        memcpy(o, cmd->defaults, cmd->size);
+    const char *arg = NULL;
+    int done, code = tool_parse(cmd, argc, argv, o, &arg, &done);
+    if (!done)
+        code = cmd->run(o, arg);
+    strata_opts_cleanup(cmd->opts, cmd->nopts, o);
+    free(o);
+    return code;
 }
 
 int main(int argc, char **argv)
@@ -60,9 +54,9 @@ int main(int argc, char **argv)
         usage(argc < 2 ? stderr : stdout);
         return argc < 2 ? TOOL_EXIT_USAGE : TOOL_EXIT_OK;
     }
-    for (size_t i = 0; i < NCOMMANDS; i++)
-        if (strcmp(argv[1], COMMANDS[i].name) == 0)
-            return COMMANDS[i].run(argc - 1, argv + 1);
+    for (size_t i = 0; i < TOOL_COUNT(COMMANDS); i++)
+        if (strcmp(argv[1], COMMANDS[i]->name) == 0)
+            return run_command(COMMANDS[i], argc - 1, argv + 1);
     fprintf(stderr, "strata-tool: unknown command '%s'\n\n", argv[1]);
     usage(stderr);
     return TOOL_EXIT_USAGE;

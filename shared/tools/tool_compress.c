@@ -147,13 +147,17 @@ static const strata_opt COMPRESS_OPTS[] = {
      "payload header: sample count (default 0)"},
 };
 #undef OFF
-#define NCOMPRESS_OPTS (sizeof(COMPRESS_OPTS) / sizeof(COMPRESS_OPTS[0]))
 
-/* Compresses o->in into the payload o->out, carrying the error-feedback
- * residual in o->residual when given. Nothing is written unless everything
- * succeeds. Returns a TOOL_EXIT_* code. */
-static int run_compress(const compress_opts *o)
+static const compress_opts COMPRESS_DEFAULTS = {.rounds = 1, .seed = 1, .level = 1};
+
+/* compress's run (opts: a compress_opts): compresses --in into the payload
+ * --out, carrying the error-feedback residual in --residual when given.
+ * Nothing is written unless everything succeeds. Returns a TOOL_EXIT_*
+ * code. */
+static int run_compress(const void *opts, const char *arg)
 {
+    const compress_opts *o = opts;
+    (void)arg;
     if (o->in == NULL || o->out == NULL || o->policy == NULL || o->density == 0.0)
         return tool_usage_error("compress: --in, --out, --policy and --density are required");
     strata_values_format vf = STRATA_VALUES_FP32;
@@ -271,17 +275,18 @@ out:
     return code;
 }
 
-int tool_compress(int argc, char **argv)
-{
-    compress_opts o = {.rounds = 1, .seed = 1, .level = 1};
-    int done,
-        code = tool_parse("compress", "--in FILE --policy SPEC --density D --out P.bin [options]",
-                          COMPRESS_OPTS, NCOMPRESS_OPTS, argc, argv, &o, NULL, &done);
-    if (!done)
-        code = run_compress(&o);
-    strata_opts_cleanup(COMPRESS_OPTS, NCOMPRESS_OPTS, &o);
-    return code;
-}
+const tool_command TOOL_COMPRESS = {
+    .name = "compress",
+    .help = "compress tensors into a payload with a budget policy and error feedback",
+    .synopsis = "--in MODEL_OR_DELTA.safetensors --policy SPEC --density D --out P.bin "
+                "[--values fp32|fp16|bf16] [--residual R.safetensors] [--round R] [--rounds T] "
+                "[--seed S] [--level L] [--client-id C] [--model-version V] [--samples N]",
+    .opts = COMPRESS_OPTS,
+    .nopts = TOOL_COUNT(COMPRESS_OPTS),
+    .size = sizeof(compress_opts),
+    .defaults = &COMPRESS_DEFAULTS,
+    .run = run_compress,
+};
 
 /* Reads and decodes the payload file at path into *p (the caller frees it);
  * *file_len receives the file's size. Errors: those of
@@ -343,12 +348,13 @@ static const strata_opt DECODE_OPTS[] = {
     {"out", STRATA_OPT_STRING, offsetof(decode_opts, out), 0, 0, "FILE",
      "the dense tensors to write (safetensors); required"},
 };
-#define NDECODE_OPTS (sizeof(DECODE_OPTS) / sizeof(DECODE_OPTS[0]))
 
-/* Decodes the payload o->in into dense tensors in o->out. Returns a
- * TOOL_EXIT_* code. */
-static int run_decode(const decode_opts *o)
+/* decode's run (opts: a decode_opts): decodes the payload --in into dense
+ * tensors in --out. Returns a TOOL_EXIT_* code. */
+static int run_decode(const void *opts, const char *arg)
 {
+    const decode_opts *o = opts;
+    (void)arg;
     if (o->in == NULL || o->out == NULL)
         return tool_usage_error("decode: --in and --out are required");
     const char *in = o->in, *out = o->out;
@@ -388,16 +394,15 @@ out:
     return code;
 }
 
-int tool_decode(int argc, char **argv)
-{
-    decode_opts o = {0};
-    int done, code = tool_parse("decode", "--in P.bin --out DENSE.safetensors", DECODE_OPTS,
-                                NDECODE_OPTS, argc, argv, &o, NULL, &done);
-    if (!done)
-        code = run_decode(&o);
-    strata_opts_cleanup(DECODE_OPTS, NDECODE_OPTS, &o);
-    return code;
-}
+const tool_command TOOL_DECODE = {
+    .name = "decode",
+    .help = "decode a payload back to dense tensors",
+    .synopsis = "--in P.bin --out DENSE.safetensors",
+    .opts = DECODE_OPTS,
+    .nopts = TOOL_COUNT(DECODE_OPTS),
+    .size = sizeof(decode_opts),
+    .run = run_decode,
+};
 
 /* A JSON integer, or a decimal string above the signed 64-bit range. */
 static json_t *json_u64(uint64_t v)
@@ -436,12 +441,13 @@ typedef struct inspect_opts {
 static const strata_opt INSPECT_OPTS[] = {
     {"json", STRATA_OPT_FLAG, offsetof(inspect_opts, json), 0, 0, NULL, "print one JSON object"},
 };
-#define NINSPECT_OPTS (sizeof(INSPECT_OPTS) / sizeof(INSPECT_OPTS[0]))
 
-/* Prints the header and the per-layer table of the payload file at path.
+/* inspect's run (opts: an inspect_opts): prints the header and the
+ * per-layer table of the payload file at path (NULL: a usage error).
  * Returns a TOOL_EXIT_* code. */
-static int run_inspect(const inspect_opts *o, const char *path)
+static int run_inspect(const void *opts, const char *path)
 {
+    const inspect_opts *o = opts;
     if (path == NULL)
         return tool_usage_error("inspect: expected one payload file");
     strata_payload *p = NULL;
@@ -519,17 +525,16 @@ static int run_inspect(const inspect_opts *o, const char *path)
     return TOOL_EXIT_OK;
 }
 
-int tool_inspect(int argc, char **argv)
-{
-    inspect_opts o = {0};
-    const char *path = NULL;
-    int done, code = tool_parse("inspect", "P.bin [--json]", INSPECT_OPTS, NINSPECT_OPTS, argc,
-                                argv, &o, &path, &done);
-    if (!done)
-        code = run_inspect(&o, path);
-    strata_opts_cleanup(INSPECT_OPTS, NINSPECT_OPTS, &o);
-    return code;
-}
+const tool_command TOOL_INSPECT = {
+    .name = "inspect",
+    .help = "print a payload's header and per-layer compressor, kept elements and bytes",
+    .synopsis = "P.bin [--json]",
+    .opts = INSPECT_OPTS,
+    .nopts = TOOL_COUNT(INSPECT_OPTS),
+    .size = sizeof(inspect_opts),
+    .takes_arg = 1,
+    .run = run_inspect,
+};
 
 typedef struct policy_opts {
     char *model, *policy;
@@ -551,13 +556,14 @@ static const strata_opt POLICY_OPTS[] = {
     {"json", STRATA_OPT_FLAG, OFF(json), 0, 0, NULL, "print one JSON object"},
 };
 #undef OFF
-#define NPOLICY_OPTS (sizeof(POLICY_OPTS) / sizeof(POLICY_OPTS[0]))
 
-/* Prints the per-layer densities of every phase of the policy o->policy on
- * o->model and the elements kept over the run against the uniform policy.
- * Returns a TOOL_EXIT_* code. */
-static int run_policy(const policy_opts *o)
+/* policy's run (opts: a policy_opts): prints the per-layer densities of
+ * every phase of the policy --policy on --model and the elements kept over
+ * the run against the uniform policy. Returns a TOOL_EXIT_* code. */
+static int run_policy(const void *opts, const char *arg)
 {
+    const policy_opts *o = opts;
+    (void)arg;
     if (o->model == NULL || o->policy == NULL || o->density == 0.0 || o->rounds == 0)
         return tool_usage_error("policy: --model, --policy, --density and --rounds are required");
     const char *model = o->model, *spec = o->policy;
@@ -672,14 +678,12 @@ out:
     return code;
 }
 
-int tool_policy(int argc, char **argv)
-{
-    policy_opts o = {0};
-    int done, code = tool_parse(
-                  "policy", "--model NAME|ARCH.json --policy SPEC --density D --rounds T [--json]",
-                  POLICY_OPTS, NPOLICY_OPTS, argc, argv, &o, NULL, &done);
-    if (!done)
-        code = run_policy(&o);
-    strata_opts_cleanup(POLICY_OPTS, NPOLICY_OPTS, &o);
-    return code;
-}
+const tool_command TOOL_POLICY = {
+    .name = "policy",
+    .help = "print the per-layer density table of every phase, kept elements vs uniform",
+    .synopsis = "--model NAME|ARCH.json --policy SPEC --density D --rounds T [--json]",
+    .opts = POLICY_OPTS,
+    .nopts = TOOL_COUNT(POLICY_OPTS),
+    .size = sizeof(policy_opts),
+    .run = run_policy,
+};

@@ -25,11 +25,13 @@ static const strata_opt INFO_OPTS[] = {
      ".safetensors file (listed as stored); required"},
     {"json", STRATA_OPT_FLAG, offsetof(info_opts, json), 0, 0, NULL, "print one JSON object"},
 };
-#define NINFO_OPTS (sizeof(INFO_OPTS) / sizeof(INFO_OPTS[0]))
 
-/* Lists the parameter tensors of o->model. Returns a TOOL_EXIT_* code. */
-static int run_info(const info_opts *o)
+/* info's run (opts: an info_opts): lists the parameter tensors of --model.
+ * Returns a TOOL_EXIT_* code. */
+static int run_info(const void *opts, const char *arg)
 {
+    const info_opts *o = opts;
+    (void)arg;
     if (o->model == NULL)
         return tool_usage_error("info: --model is required");
     const char *spec = o->model;
@@ -80,16 +82,15 @@ static int run_info(const info_opts *o)
     return TOOL_EXIT_OK;
 }
 
-int tool_info(int argc, char **argv)
-{
-    info_opts o = {0};
-    int done, code = tool_parse("info", "--model NAME|ARCH.json|CKPT.safetensors [--json]",
-                                INFO_OPTS, NINFO_OPTS, argc, argv, &o, NULL, &done);
-    if (!done)
-        code = run_info(&o);
-    strata_opts_cleanup(INFO_OPTS, NINFO_OPTS, &o);
-    return code;
-}
+const tool_command TOOL_INFO = {
+    .name = "info",
+    .help = "print the parameter tensors and the total parameter count",
+    .synopsis = "--model NAME|ARCH.json|CKPT.safetensors [--json]",
+    .opts = INFO_OPTS,
+    .nopts = TOOL_COUNT(INFO_OPTS),
+    .size = sizeof(info_opts),
+    .run = run_info,
+};
 
 typedef struct train_opts {
     char *model, *data, *out, *normalize, *schedule; /* NULL: the default */
@@ -126,7 +127,8 @@ static const strata_opt TRAIN_OPTS[] = {
     {"json", STRATA_OPT_FLAG, OFF(json), 0, 0, NULL, "last line of output is a JSON summary"},
 };
 #undef OFF
-#define NTRAIN_OPTS (sizeof(TRAIN_OPTS) / sizeof(TRAIN_OPTS[0]))
+
+static const train_opts TRAIN_DEFAULTS = {.batch = 32, .seed = 1, .lr = 0.02, .momentum = 0.9};
 
 /* Loads one split of a data set directory into *ds (initialised here).
  * Errors: those of strata_data_load_dir, logged. */
@@ -140,10 +142,12 @@ static int load_split(const char *dir, const char *split, size_t limit, strata_d
     return rc;
 }
 
-/* Trains o->model on o->data and reports every epoch. Returns a TOOL_EXIT_*
- * code. */
-static int run_train(const train_opts *o)
+/* train's run (opts: a train_opts): trains --model on --data and reports
+ * every epoch. Returns a TOOL_EXIT_* code. */
+static int run_train(const void *opts, const char *arg)
 {
+    const train_opts *o = opts;
+    (void)arg;
     if (o->model == NULL || o->data == NULL || o->epochs == 0)
         return tool_usage_error("train: --model, --data and --epochs are required");
     const char *schedule = o->schedule ? o->schedule : "cosine";
@@ -269,16 +273,19 @@ out:
     return code;
 }
 
-int tool_train(int argc, char **argv)
-{
-    train_opts o = {.batch = 32, .seed = 1, .lr = 0.02, .momentum = 0.9};
-    int done, code = tool_parse("train", "--model NAME|ARCH.json --data DIR --epochs N [options]",
-                                TRAIN_OPTS, NTRAIN_OPTS, argc, argv, &o, NULL, &done);
-    if (!done)
-        code = run_train(&o);
-    strata_opts_cleanup(TRAIN_OPTS, NTRAIN_OPTS, &o);
-    return code;
-}
+const tool_command TOOL_TRAIN = {
+    .name = "train",
+    .help = "train centrally and print per-epoch test accuracy",
+    .synopsis = "--model NAME|ARCH.json --data DIR --epochs N [--threads T] [--seed S] [--batch B] "
+                "[--lr LR] [--momentum M] [--weight-decay WD] [--nesterov] "
+                "[--schedule cosine|constant] [--limit N] [--normalize auto|none|MEAN,STD] "
+                "[--out CKPT.safetensors] [--json]",
+    .opts = TRAIN_OPTS,
+    .nopts = TOOL_COUNT(TRAIN_OPTS),
+    .size = sizeof(train_opts),
+    .defaults = &TRAIN_DEFAULTS,
+    .run = run_train,
+};
 
 typedef struct eval_opts {
     char *model, *data;
@@ -295,12 +302,13 @@ static const strata_opt EVAL_OPTS[] = {
      "threads for OpenMP and BLAS\n(default: OMP_NUM_THREADS or all cores)"},
     {"json", STRATA_OPT_FLAG, offsetof(eval_opts, json), 0, 0, NULL, "print one JSON object"},
 };
-#define NEVAL_OPTS (sizeof(EVAL_OPTS) / sizeof(EVAL_OPTS[0]))
 
-/* Evaluates the checkpoint o->model on the test split of o->data. Returns
- * a TOOL_EXIT_* code. */
-static int run_eval(const eval_opts *o)
+/* eval's run (opts: an eval_opts): evaluates the checkpoint --model on the
+ * test split of --data. Returns a TOOL_EXIT_* code. */
+static int run_eval(const void *opts, const char *arg)
 {
+    const eval_opts *o = opts;
+    (void)arg;
     if (o->model == NULL || o->data == NULL)
         return tool_usage_error("eval: --model and --data are required");
     const char *spec = o->model;
@@ -345,17 +353,15 @@ out:
     return code;
 }
 
-int tool_eval(int argc, char **argv)
-{
-    eval_opts o = {0};
-    int done,
-        code = tool_parse("eval", "--model CKPT.safetensors --data DIR [--threads T] [--json]",
-                          EVAL_OPTS, NEVAL_OPTS, argc, argv, &o, NULL, &done);
-    if (!done)
-        code = run_eval(&o);
-    strata_opts_cleanup(EVAL_OPTS, NEVAL_OPTS, &o);
-    return code;
-}
+const tool_command TOOL_EVAL = {
+    .name = "eval",
+    .help = "evaluate a checkpoint on the test split of a data set",
+    .synopsis = "--model CKPT.safetensors --data DIR [--threads T] [--json]",
+    .opts = EVAL_OPTS,
+    .nopts = TOOL_COUNT(EVAL_OPTS),
+    .size = sizeof(eval_opts),
+    .run = run_eval,
+};
 
 typedef struct partition_opts {
     char *data, *partition; /* partition NULL: iid */
@@ -372,12 +378,16 @@ static const strata_opt PARTITION_OPTS[] = {
     {"seed", STRATA_OPT_INTEGER, offsetof(partition_opts, seed), 0, (double)LONG_MAX, "S",
      "partition seed (default 1)"},
 };
-#define NPARTITION_OPTS (sizeof(PARTITION_OPTS) / sizeof(PARTITION_OPTS[0]))
 
-/* Prints the label histogram of every client's share of o->data's training
- * split. Returns a TOOL_EXIT_* code. */
-static int run_partition(const partition_opts *o)
+static const partition_opts PARTITION_DEFAULTS = {.clients = 10, .seed = 1};
+
+/* partition's run (opts: a partition_opts): prints the label histogram of
+ * every client's share of --data's training split. Returns a TOOL_EXIT_*
+ * code. */
+static int run_partition(const void *opts, const char *arg)
 {
+    const partition_opts *o = opts;
+    (void)arg;
     if (o->data == NULL)
         return tool_usage_error("partition: --data is required");
     const char *spec = o->partition ? o->partition : "iid";
@@ -400,13 +410,13 @@ static int run_partition(const partition_opts *o)
     return TOOL_EXIT_OK;
 }
 
-int tool_partition(int argc, char **argv)
-{
-    partition_opts o = {.clients = 10, .seed = 1};
-    int done, code = tool_parse("partition", "--data DIR [options]", PARTITION_OPTS,
-                                NPARTITION_OPTS, argc, argv, &o, NULL, &done);
-    if (!done)
-        code = run_partition(&o);
-    strata_opts_cleanup(PARTITION_OPTS, NPARTITION_OPTS, &o);
-    return code;
-}
+const tool_command TOOL_PARTITION = {
+    .name = "partition",
+    .help = "print the per-client label histogram of a partition of the training split",
+    .synopsis = "--data DIR [--clients N] [--partition iid|dirichlet:ALPHA|shards:S] [--seed S]",
+    .opts = PARTITION_OPTS,
+    .nopts = TOOL_COUNT(PARTITION_OPTS),
+    .size = sizeof(partition_opts),
+    .defaults = &PARTITION_DEFAULTS,
+    .run = run_partition,
+};

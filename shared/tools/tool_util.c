@@ -1,5 +1,6 @@
 /* strata-tool: the helpers the sub-commands share — option parsing, usage
- * errors, model specs, the writability probe and the terminal progress bar. */
+ * errors, the synopsis printer, model specs, the writability probe and the
+ * terminal progress bar. */
 #include "tool.h"
 
 #include "strata/buf.h"
@@ -52,14 +53,45 @@ static int unexpected_argument(const char *cmd, const char *arg)
     return help_hint(cmd);
 }
 
+void tool_print_synopsis(FILE *f, size_t col, size_t indent, const char *synopsis)
+{
+    const size_t width = 80;
+    const char *s = synopsis;
+    for (int first = 1; *s != '\0'; first = 0) {
+        /* The next word: up to a space outside brackets. */
+        size_t n = 0;
+        for (int depth = 0; s[n] != '\0' && (s[n] != ' ' || depth > 0); n++) {
+            if (s[n] == '[')
+                depth++;
+            else if (s[n] == ']' && depth > 0)
+                depth--;
+        }
+        if (!first && col + 1 + n > width) {
+            fprintf(f, "\n%*s", (int)indent, "");
+            col = indent;
+        } else if (!first) {
+            fputc(' ', f);
+            col++;
+        }
+        fwrite(s, 1, n, f);
+        col += n;
+        for (s += n; *s == ' ';)
+            s++;
+    }
+}
+
 /* Prints cmd's usage text on stdout; returns the command's exit code. */
-static int print_help(const char *cmd, const char *synopsis, const strata_opt *table, size_t n)
+static int print_help(const tool_command *cmd)
 {
     strata_buf b;
     strata_buf_init(&b, 1 << 16);
-    int rc = strata_opts_usage(table, n, &b);
-    if (rc == STRATA_OK)
-        printf("usage: strata-tool %s %s\n%s", cmd, synopsis, b.data ? (const char *)b.data : "");
+    int rc = strata_opts_usage(cmd->opts, cmd->nopts, &b);
+    if (rc == STRATA_OK) {
+        size_t col = strlen("usage: strata-tool ") + strlen(cmd->name) + 1;
+        printf("usage: strata-tool %s ", cmd->name);
+        tool_print_synopsis(stdout, col, col, cmd->synopsis);
+        printf("\n%s", b.data ? (const char *)b.data : "");
+    }
     strata_buf_cleanup(&b);
     if (rc < 0) {
         strata_log_error("usage text: %s", strata_strerror(rc));
@@ -68,10 +100,12 @@ static int print_help(const char *cmd, const char *synopsis, const strata_opt *t
     return TOOL_EXIT_OK;
 }
 
-int tool_parse(const char *cmd, const char *synopsis, const strata_opt *table, size_t n, int argc,
-               char **argv, void *dst, const char **arg, int *done)
+int tool_parse(const tool_command *cmd, int argc, char **argv, void *dst, const char **arg,
+               int *done)
 {
     *done = 1;
+    if (!cmd->takes_arg)
+        arg = NULL;
     if (arg != NULL)
         *arg = NULL;
     strata_diag d = {{0}};
@@ -79,11 +113,12 @@ int tool_parse(const char *cmd, const char *synopsis, const strata_opt *table, s
     /* Each pass parses the options after argv[base] (the command's name or
      * the positional found last) up to the next positional. */
     for (;;) {
-        int rc = strata_opts_parse_argv(table, n, argc - base, argv + base, dst, &help, &d);
+        int rc =
+            strata_opts_parse_argv(cmd->opts, cmd->nopts, argc - base, argv + base, dst, &help, &d);
         if (rc < 0)
-            return option_error(cmd, rc, &d);
+            return option_error(cmd->name, rc, &d);
         if (help)
-            return print_help(cmd, synopsis, table, n);
+            return print_help(cmd);
         int i = base + rc;
         if (i >= argc)
             break;
@@ -91,11 +126,11 @@ int tool_parse(const char *cmd, const char *synopsis, const strata_opt *table, s
          * never "--"): what follows is positional too. */
         int ended = strcmp(argv[i - 1], "--") == 0;
         if (arg == NULL || *arg != NULL)
-            return unexpected_argument(cmd, argv[i]);
+            return unexpected_argument(cmd->name, argv[i]);
         *arg = argv[i];
         if (ended) {
             if (i + 1 < argc)
-                return unexpected_argument(cmd, argv[i + 1]);
+                return unexpected_argument(cmd->name, argv[i + 1]);
             break;
         }
         base = i;
