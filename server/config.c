@@ -33,9 +33,15 @@ const char srv_config_usage[] =
     "  --clients-per-round N     clients sampled per round (default: all registered)\n"
     "  --fraction F              or: this fraction of the registered clients, in (0, 1]\n"
     "  --round-deadline SECONDS  round deadline (60); a round closes when every selected\n"
-    "                            client reported, or when the deadline passed and at least\n"
-    "                            --min-updates arrived (otherwise it keeps waiting)\n"
-    "  --min-updates N           updates needed to close a round at its deadline (1)\n"
+    "                            client answered (an update, or a skip), or at the deadline;\n"
+    "                            with fewer than --min-updates updates then, it closes as\n"
+    "                            failed (the model unchanged) and the next round opens\n"
+    "  --min-updates N           updates a round needs to move the model (1)\n"
+    "  --over-select F           select this fraction more clients than the round needs\n"
+    "                            and close it once max(--min-updates, the clients it\n"
+    "                            needs) updates arrived, without waiting for stragglers (0)\n"
+    "  --straggler-rounds N      a selected client that missed a deadline is not selected\n"
+    "                            for the next N rounds while others can be (2)\n"
     "  --policy SPEC             budget policy: uniform, legacy-layer, legacy-phase, legacy,\n"
     "                            lgreco, JSON, @file.json, or none (dense) (uniform)\n"
     "  --density D               target mean density, (0, 1] (0.01)\n"
@@ -104,6 +110,8 @@ static const strata_opt OPTS[] = {
     {"round_deadline", STRATA_OPT_DOUBLE, OFF(round_deadline), 0.001, 86400.0 * 30, "SECONDS",
      NULL},
     {"min_updates", STRATA_OPT_INTEGER, OFF(min_updates), 1, 1000000, "N", NULL},
+    {"over_select", STRATA_OPT_DOUBLE, OFF(over_select), 0, 10, "F", NULL},
+    {"straggler_rounds", STRATA_OPT_INTEGER, OFF(straggler_rounds), 0, 1000000, "N", NULL},
     {"policy", STRATA_OPT_STRING, OFF(policy), 0, 0, "SPEC", NULL},
     {"density", STRATA_OPT_DOUBLE, OFF(density), 1e-12, 1, "D", NULL},
     {"values", STRATA_OPT_STRING, OFF(values), 0, 0, "fp32|fp16|bf16", NULL},
@@ -154,6 +162,7 @@ void srv_config_init(srv_config *cfg)
     cfg->min_clients = 2;
     cfg->round_deadline = 60;
     cfg->min_updates = 1;
+    cfg->straggler_rounds = 2;
     cfg->density = 0.01;
     cfg->local_epochs = 1;
     cfg->batch = 32;

@@ -115,6 +115,20 @@ int srv_engine_rate_take(srv_engine *e, uint64_t client_id, srv_result *r);
 int srv_engine_task(srv_engine *e, uint64_t client_id, int64_t deadline_ms, void *waiter,
                     int *parked, srv_result *r);
 
+/* Records that client_id, selected for the open round `round`, cannot
+ * contribute to it (its update is not finite, say), so that the round need
+ * not wait for it. body (borrowed; len bytes, may be empty) is
+ * srv_request_reason's: its reason is logged; a bad body is
+ * SRV_E_BAD_REQUEST or SRV_E_TOO_LARGE. Waits for a
+ * group commit in flight. r: SRV_OK with {"round", "skipped": true} (also
+ * for a repeat); SRV_E_CONFLICT (its update was accepted already),
+ * SRV_E_NOT_SELECTED, SRV_E_ROUND_CLOSED (the round closed or is closing),
+ * SRV_E_ROUND_NOT_OPEN, SRV_E_FINISHED. Counted in updates_skipped_total.
+ * A skip is not durable: after a coordinator restart the client is asked
+ * again. */
+void srv_engine_skip(srv_engine *e, uint64_t client_id, uint32_t round, const uint8_t *body,
+                     size_t len, srv_result *r);
+
 /* Forgets a parked waiter (its connection ended). */
 void srv_engine_waiter_gone(srv_engine *e, void *waiter);
 

@@ -70,6 +70,7 @@ typedef struct srv_bucket {
 typedef struct srv_client_state {
     srv_bucket uploads;
     int64_t seen_ms, stored_ms;
+    uint32_t benched_until; /* round.c: not selected before this round (missed a deadline) */
 } srv_client_state;
 
 /* Addresses whose wrong enrolment secrets are counted at once; beyond it the
@@ -85,6 +86,9 @@ typedef struct srv_peer {
     char addr[SRV_PEER_MAX];
     srv_bucket wrong;
 } srv_peer;
+
+/* What a selected client has answered for the open round (reported[]). */
+enum { SRV_REPORT_NONE = 0, SRV_REPORT_UPDATE = 1, SRV_REPORT_SKIPPED = 2 };
 
 /* A parked long-poll connection (round.c). */
 typedef struct srv_waiter {
@@ -142,10 +146,12 @@ struct srv_engine {
     int64_t close_retry_ms;  /* monotonic time of the next attempt */
     uint64_t *selected;      /* ascending */
     size_t nselected;
-    uint8_t *reported; /* per selected client */
+    uint8_t *reported; /* per selected client: SRV_REPORT_* */
     double *norms;     /* per selected client: its update's L2 norm (FedAvg, as it
                           streamed in; robust rules measure at close) */
-    size_t nreported;
+    size_t nreported;  /* selected clients whose update was accepted */
+    size_t nskipped;   /* selected clients that said they cannot contribute */
+    size_t enough;     /* updates that close the round before its deadline */
     strata_budget *budgets;
     char *task_json;
     int64_t opened_ms, deadline_ms;

@@ -114,6 +114,7 @@ typedef enum {
     R_ROUNDS,
     R_ROUND,
     R_UPDATES,
+    R_SKIP,
     R_ADMIN_ACTION,
     R_ADMIN_CONFIG
 } route;
@@ -196,6 +197,10 @@ static route match(const char *url, unsigned long long *arg, const char **method
             parse_id(s, (size_t)(slash - s), UINT32_MAX, arg) == 0) {
             *method = "POST";
             return R_UPDATES;
+        }
+        if (strcmp(slash, "/skip") == 0 && parse_id(s, (size_t)(slash - s), UINT32_MAX, arg) == 0) {
+            *method = "POST";
+            return R_SKIP;
         }
     }
     return R_NONE;
@@ -472,6 +477,9 @@ static void dispatch(srv_http *h, struct MHD_Connection *c, req *q, srv_result *
     case R_UPDATES:
         srv_engine_upload(e, q->client_id, (uint32_t)q->arg, q->body.data, q->body.len, r);
         break;
+    case R_SKIP:
+        srv_engine_skip(e, q->client_id, (uint32_t)q->arg, q->body.data, q->body.len, r);
+        break;
     case R_ADMIN_CONFIG:
         srv_engine_admin_config(e, r);
         break;
@@ -615,9 +623,10 @@ static int check_headers(srv_http *h, struct MHD_Connection *c, req *q, const ch
 {
     const char *allowed;
     q->rt = match(url, &q->arg, &allowed);
-    q->acc = q->rt == R_TASKS || q->rt == R_MODEL || q->rt == R_UPDATES ? A_CLIENT
-             : q->rt == R_ADMIN_ACTION || q->rt == R_ADMIN_CONFIG       ? A_ADMIN
-                                                                        : A_PUBLIC;
+    q->acc = q->rt == R_TASKS || q->rt == R_MODEL || q->rt == R_UPDATES || q->rt == R_SKIP
+                 ? A_CLIENT
+             : q->rt == R_ADMIN_ACTION || q->rt == R_ADMIN_CONFIG ? A_ADMIN
+                                                                  : A_PUBLIC;
     q->action = q->rt == R_ADMIN_ACTION ? url + strlen("/v1/admin/") : NULL;
     q->max = q->rt == R_UPDATES ? srv_engine_max_body(h->e) : srv_engine_max_json(h->e);
     strata_buf_init(&q->body, q->max);
@@ -647,7 +656,8 @@ static int check_headers(srv_http *h, struct MHD_Connection *c, req *q, const ch
         return STRATA_EPROTO;
     }
     int declared_body = cl != NULL && strtoull(cl, NULL, 10) > 0;
-    if ((q->rt == R_CLIENTS || (q->rt == R_ADMIN_ACTION && (ct != NULL || declared_body))) &&
+    int reason_body = q->rt == R_ADMIN_ACTION || q->rt == R_SKIP;
+    if ((q->rt == R_CLIENTS || (reason_body && (ct != NULL || declared_body))) &&
         !ctype_is(c, "application/json")) {
         srv_result_error(r, SRV_E_UNSUPPORTED_MEDIA_TYPE,
                          "Content-Type: expected application/json, got %s", ct ? ct : "none");
@@ -726,7 +736,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         srv_result_error(&r, SRV_E_TOO_LARGE, "body above the limit of %zu bytes", q->max);
         return send_resp(h, c, &r, NULL, how);
     }
-    if (q->rt == R_ADMIN_ACTION && q->body.len > 0 && !ctype_is(c, "application/json")) {
+    if ((q->rt == R_ADMIN_ACTION || q->rt == R_SKIP) && q->body.len > 0 &&
+        !ctype_is(c, "application/json")) {
         /* a chunked body: its size was not declared on the first call */
         srv_result_error(&r, SRV_E_UNSUPPORTED_MEDIA_TYPE,
                          "Content-Type: expected application/json with a body, got none");

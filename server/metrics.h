@@ -26,6 +26,8 @@ typedef enum srv_counter {
     SRV_CTR_ACCEPTED,
     SRV_CTR_ROUNDS_FAILED,  /* closed without a new model (a non-finite result) */
     SRV_CTR_CLOSE_FAILURES, /* close attempts that failed and will be retried */
+    SRV_CTR_SKIPPED,        /* selected clients that said they cannot contribute */
+    SRV_CTR_STRAGGLERS,     /* selected clients that did not answer by the deadline */
     /* updates_quarantined_total{reason=...}: left out of an aggregate */
     SRV_CTR_QUARANTINED_NORM,
     SRV_CTR_QUARANTINED_NON_FINITE,

@@ -50,6 +50,7 @@
 #include "strata/task.h"
 #include "strata/train.h"
 
+#include <jansson.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -228,6 +229,70 @@ no_task:
     return STRATA_OK;
 }
 
+void srv_engine_skip(srv_engine *e, uint64_t client_id, uint32_t round, const uint8_t *body,
+                     size_t len, srv_result *r)
+{
+    srv_reason_req rq;
+    strata_diag pd = {{0}};
+    int prc = srv_request_reason(body, len, &e->jlim, &rq, &pd);
+    if (prc < 0) {
+        srv_result_error(r, prc == STRATA_ETOOBIG ? SRV_E_TOO_LARGE : SRV_E_BAD_REQUEST, "%s",
+                         strata_diag_msg(&pd, prc));
+        return;
+    }
+    const char *reason = rq.has_reason ? rq.reason : NULL;
+    pthread_mutex_lock(&e->mu);
+    /* A batch in flight may hold this client's update: decide after it. */
+    while (e->committing)
+        pthread_cond_wait(&e->commit_cv, &e->mu);
+    ptrdiff_t k =
+        e->open && round == e->next_round ? srv__id_find(e->selected, e->nselected, client_id) : -1;
+    srv_outcome o = SRV_OK;
+    if (e->finished && !e->open)
+        o = SRV_E_FINISHED;
+    else if (!e->open || round > e->next_round)
+        o = round < e->next_round ? SRV_E_ROUND_CLOSED : SRV_E_ROUND_NOT_OPEN;
+    else if (round < e->next_round || e->closing)
+        o = SRV_E_ROUND_CLOSED;
+    else if (k < 0)
+        o = SRV_E_NOT_SELECTED;
+    else if (e->reported[k] == SRV_REPORT_UPDATE)
+        o = SRV_E_CONFLICT;
+    if (o == SRV_OK && e->reported[k] == SRV_REPORT_NONE) {
+        e->reported[k] = SRV_REPORT_SKIPPED;
+        e->nskipped++;
+        srv__ctr_add(e, SRV_CTR_SKIPPED, 1);
+        strata_log_info("round %u: client %llu cannot contribute%s%s", round,
+                        (unsigned long long)client_id, reason != NULL ? ": " : "",
+                        reason != NULL ? reason : "");
+        pthread_cond_broadcast(&e->cv);
+    }
+    pthread_mutex_unlock(&e->mu);
+    switch (o) {
+    case SRV_OK:
+        srv__result_json(r, SRV_OK,
+                         json_pack("{s:I,s:b}", "round", (json_int_t)round, "skipped", 1));
+        break;
+    case SRV_E_FINISHED:
+        srv_result_error(r, o, "the federation has finished");
+        break;
+    case SRV_E_ROUND_CLOSED:
+        srv_result_error(r, o, "round %u is closed", round);
+        break;
+    case SRV_E_ROUND_NOT_OPEN:
+        srv_result_error(r, o, "round %u has not opened", round);
+        break;
+    case SRV_E_NOT_SELECTED:
+        srv_result_error(r, o, "this client was not selected for round %u", round);
+        break;
+    default:
+        srv_result_error(r, SRV_E_CONFLICT,
+                         "this client's update for round %u was accepted; it cannot skip it",
+                         round);
+        break;
+    }
+}
+
 void srv_engine_waiter_gone(srv_engine *e, void *conn)
 {
     pthread_mutex_lock(&e->mu);
@@ -253,12 +318,57 @@ void srv__round_reset(srv_engine *e)
     e->reported = NULL;
     e->budgets = NULL;
     e->task_json = NULL;
-    e->nselected = e->nreported = 0;
+    e->nselected = e->nreported = e->nskipped = e->enough = 0;
     e->open = e->closing = 0;
     e->close_failures = 0;
     e->close_retry_ms = 0;
     e->uplink = e->downlink = 0;
     strata_agg_reset(e->agg);
+}
+
+/* A client counts as live when it asked for a task this recently. */
+#define LIVE_MS 60000
+
+/* Where registered client i stands for round r's selection: 0 live, 1 not
+ * seen lately, 2 benched (it missed a deadline). Lock held. */
+static int selection_class(const srv_engine *e, size_t i, uint32_t r, int64_t now)
+{
+    const srv_client_state *c = &e->cstate[i];
+    if (c->benched_until > r)
+        return 2;
+    return now - c->seen_ms <= LIVE_MS ? 0 : 1;
+}
+
+/* Chooses ks of the registered clients for round r into sel (room for
+ * every registered client), ascending: a seeded shuffle (the same seed and
+ * round give the same order), then live clients first, clients not seen
+ * lately next, benched ones last. Lock held. */
+static void select_clients(const srv_engine *e, uint32_t r, size_t ks, uint64_t *sel)
+{
+    size_t n = e->nclients;
+    size_t *idx = malloc((n ? n : 1) * sizeof(*idx));
+    strata_rng rng;
+    strata_rng_seed(&rng, (uint64_t)e->cfg->seed, 0x5e1ec7ULL + r);
+    if (idx == NULL) { /* no memory for the ordering: the first ks by id */
+        memcpy(sel, e->clients, ks * sizeof(*sel));
+        return;
+    }
+    for (size_t i = 0; i < n; i++)
+        idx[i] = i;
+    for (size_t i = 0; i < n; i++) {
+        size_t j = i + (size_t)strata_rng_below(&rng, n - i);
+        size_t t = idx[i];
+        idx[i] = idx[j];
+        idx[j] = t;
+    }
+    int64_t now = strata_clock_unix_ms();
+    size_t taken = 0;
+    for (int cls = 0; cls < 3 && taken < ks; cls++)
+        for (size_t i = 0; i < n && taken < ks; i++)
+            if (selection_class(e, idx[i], r, now) == cls)
+                sel[taken++] = e->clients[idx[i]];
+    free(idx);
+    srv__id_sort(sel, ks);
 }
 
 /* Opens round e->next_round. Lock held. */
@@ -273,24 +383,25 @@ static int open_round(srv_engine *e, strata_diag *d)
         k = (size_t)ceil(c->fraction * (double)n);
         k = k < 1 ? 1 : k > n ? n : k;
     }
+    /* Over-selection: ks clients are asked, the round closes once `enough`
+     * updates arrived. */
+    size_t need = k, ks = k;
+    if (c->over_select > 0) {
+        double want = ceil((double)k * (1.0 + c->over_select));
+        ks = want < (double)n ? (size_t)want : n;
+        need = (size_t)c->min_updates > k ? (size_t)c->min_updates : k;
+        need = need < ks ? need : ks;
+    }
     int rc = STRATA_ENOMEM;
-    uint64_t *sel = malloc(n * sizeof(*sel));
+    uint64_t *sel = malloc((n ? n : 1) * sizeof(*sel));
     strata_budget *b = calloc(e->nlayers, sizeof(*b));
-    uint8_t *rep = calloc(k, 1);
-    double *norms = calloc(k, sizeof(*norms));
+    uint8_t *rep = calloc(ks ? ks : 1, 1);
+    double *norms = calloc(ks ? ks : 1, sizeof(*norms));
     char *tj = NULL;
     if (sel == NULL || b == NULL || rep == NULL || norms == NULL)
         goto fail;
-    memcpy(sel, e->clients, n * sizeof(*sel));
-    strata_rng rng;
-    strata_rng_seed(&rng, (uint64_t)c->seed, 0x5e1ec7ULL + r);
-    for (size_t i = 0; i < k; i++) {
-        size_t j = i + (size_t)strata_rng_below(&rng, n - i);
-        uint64_t t = sel[i];
-        sel[i] = sel[j];
-        sel[j] = t;
-    }
-    srv__id_sort(sel, k);
+    select_clients(e, r, ks, sel);
+    k = ks;
     if (e->policy == NULL) {
         for (size_t i = 0; i < e->nlayers; i++) {
             b[i].comp = STRATA_COMP_NONE;
@@ -313,6 +424,7 @@ static int open_round(srv_engine *e, strata_diag *d)
     e->nselected = k;
     e->reported = rep;
     e->norms = norms;
+    e->enough = need;
     e->budgets = b;
     e->task_json = tj;
     e->opened_ms = now;
@@ -348,11 +460,16 @@ static int ready_to_close(const srv_engine *e, int64_t now)
                strata_clock_mono_ms() >= e->close_retry_ms;
     /* Not while a group commit is in flight: its updates are acknowledged
      * only after they are aggregated. */
-    if (!e->open || e->committing || e->nreported == 0)
+    if (!e->open || e->committing)
         return 0;
-    if (e->nreported == e->nselected)
+    /* Every selected client answered, or enough updates arrived (fewer
+     * than the selection with over-selection), or the deadline passed:
+     * close_round decides whether the updates suffice. */
+    if (e->nreported + e->nskipped >= e->nselected)
         return 1;
-    return now >= e->deadline_ms && e->nreported >= (size_t)e->cfg->min_updates;
+    if (e->nreported > 0 && e->nreported >= e->enough)
+        return 1;
+    return now >= e->deadline_ms;
 }
 
 /* One accepted update of the round being closed. */
@@ -717,6 +834,29 @@ static void report_quarantine(srv_engine *e, const close_job *j)
     }
 }
 
+/* After round r closed at its deadline: each selected client that answered
+ * nothing (no update, no skip) is counted and not selected again for the
+ * next straggler_rounds rounds while others can be. (Clients left waiting
+ * by an early close, with over-selection, were not late.) Lock held. */
+static void bench_stragglers(srv_engine *e, uint32_t r)
+{
+    size_t late = 0;
+    for (size_t k = 0; k < e->nselected; k++) {
+        if (e->reported[k] != SRV_REPORT_NONE)
+            continue;
+        late++;
+        ptrdiff_t i = srv__id_find(e->clients, e->nclients, e->selected[k]);
+        if (i >= 0 && e->cfg->straggler_rounds > 0)
+            e->cstate[i].benched_until = r + 1 + (uint32_t)e->cfg->straggler_rounds;
+    }
+    if (late == 0)
+        return;
+    srv__ctr_add(e, SRV_CTR_STRAGGLERS, (int64_t)late);
+    strata_log_info("round %u: %zu of %zu selected clients did not answer by the deadline%s", r,
+                    late, e->nselected,
+                    e->cfg->straggler_rounds > 0 ? "; they wait before being selected again" : "");
+}
+
 /* Stops serving rounds after a state that retrying cannot mend. Lock
  * held. */
 static void give_up(srv_engine *e)
@@ -796,12 +936,18 @@ static void close_round(srv_engine *e)
     close_job j = {.round = r};
     srv_model_blob blob = {0};
     char path[4096], opath[4200];
+    /* Too few updates (the deadline passed, or every other selected client
+     * skipped): the round closes without touching the model. */
+    int too_few = e->nreported < (size_t)e->cfg->min_updates;
+    /* Closed by its deadline (not every client answered, not enough
+     * updates for an early close): the silent clients were late. */
+    int late = e->nreported + e->nskipped < e->nselected && e->nreported < e->enough;
     pthread_mutex_unlock(&e->mu);
 
-    int rc = gather(e, &j, &d);
-    if (rc == 0)
-        rc = screen(&j, e->cfg->screen_factor, &d);
-    if (rc == 0)
+    int rc = 0;
+    if (too_few)
+        j.failed = STRATA_ROUND_FAILED_TOO_FEW;
+    else if ((rc = gather(e, &j, &d)) == 0 && (rc = screen(&j, e->cfg->screen_factor, &d)) == 0)
         rc = find_model(e, &j, &d);
     int stepped = rc == 0 && j.failed == STRATA_ROUND_FAILED_NONE;
     /* A model that is not finite is never saved or served: a failed round
@@ -877,6 +1023,15 @@ static void close_round(srv_engine *e)
         if (nq > 0)
             printf(", %zu quarantined", nq);
         printf("\n");
+    } else if (too_few) {
+        srv__ctr_add(e, SRV_CTR_ROUNDS_FAILED, 1);
+        strata_log_warn("round %u: closed with %zu updates, fewer than --min-updates %ld (%zu of "
+                        "%zu selected clients skipped); the model stays at version %llu",
+                        r, e->nreported, e->cfg->min_updates, e->nskipped, e->nselected,
+                        (unsigned long long)e->version);
+        printf("round %u/%ld: %zu updates, failed (%s), model stays at version %llu, %lld ms\n", r,
+               e->cfg->rounds, e->nreported, strata_round_failure_name(j.failed),
+               (unsigned long long)e->version, (long long)dur);
     } else {
         srv__ctr_add(e, SRV_CTR_ROUNDS_FAILED, 1);
         strata_log_error("round %u: failed (%s): %s with %zu of %zu updates, after leaving out "
@@ -891,6 +1046,8 @@ static void close_round(srv_engine *e)
     fflush(stdout);
     if (e->close_failures > 0)
         strata_log_info("round %u: closed after %u failed attempts", r, e->close_failures);
+    if (late)
+        bench_stragglers(e, r);
     srv__metrics_flush(e);
     close_job_cleanup(&j);
     srv__round_reset(e);
@@ -1015,7 +1172,7 @@ static int replay_updates(srv_engine *e, strata_diag *d)
         if (rc == 0 && k >= 0)
             e->norms[k] = norm;
         if (rc == 0 && k >= 0 && !e->reported[k]) {
-            e->reported[k] = 1;
+            e->reported[k] = SRV_REPORT_UPDATE;
             e->nreported++;
             e->uplink += len;
         }
@@ -1024,6 +1181,23 @@ static int replay_updates(srv_engine *e, strata_diag *d)
     }
     strata_store_update_list_free(ups, n);
     return rc;
+}
+
+/* The updates that close a resumed round early: its whole selection, or
+ * with over-selection the share of it the round needed (the selection
+ * divided by 1 + over_select, rounded down, and at least --min-updates).
+ * Skips are not durable: a client that skipped before the restart is asked
+ * again. */
+static size_t enough_after_restart(const srv_engine *e)
+{
+    size_t ks = e->nselected, need = ks;
+    if (e->cfg->over_select > 0) {
+        need = (size_t)floor((double)ks / (1.0 + e->cfg->over_select));
+        if (need < (size_t)e->cfg->min_updates)
+            need = (size_t)e->cfg->min_updates;
+        need = need < ks ? need : ks;
+    }
+    return need;
 }
 
 static int resume_state(srv_engine *e, strata_diag *d)
@@ -1073,6 +1247,7 @@ static int resume_state(srv_engine *e, strata_diag *d)
                 rc = strata_diag_set(d, STRATA_EPROTO, "round %u: unreadable task: %s", last,
                                      td.msg);
             e->open = 1;
+            e->enough = enough_after_restart(e);
             if (rc == 0)
                 rc = replay_updates(e, d);
         }

@@ -134,7 +134,7 @@ static void accept_update(srv_engine *e, const strata_payload *p, uint32_t round
             strata_log_error("round %u: stored update not aggregated: %s", round,
                              strata_diag_msg(&d, rc));
     }
-    e->reported[k] = 1;
+    e->reported[k] = SRV_REPORT_UPDATE;
     e->nreported++;
     e->uplink += len;
     srv__ctr_add(e, SRV_CTR_ACCEPTED, 1);
@@ -282,6 +282,14 @@ static void upload_alone(srv_engine *e, uint64_t cid, uint32_t round, const stra
     char msg[512];
     ptrdiff_t k =
         e->open && round == e->next_round ? srv__id_find(e->selected, e->nselected, cid) : -1;
+    if (k >= 0 && e->reported[k] == SRV_REPORT_SKIPPED) {
+        srv__ctr_add(e, SRV_CTR_UPD_CONFLICT, 1);
+        srv_result_error(r, SRV_E_CONFLICT,
+                         "this client said it cannot contribute to round %u; it takes no update "
+                         "for it now",
+                         round);
+        return;
+    }
     if (e->open && round == e->next_round && !e->closing && (k < 0 || !e->reported[k])) {
         if (k < 0) {
             verdict_result(e, r, round, STRATA_STORE_REJECT_NOT_SELECTED, "");

@@ -170,12 +170,12 @@ out:
     return rc;
 }
 
-int srv_request_admin(const uint8_t *body, size_t len, const srv_json_limits *lim,
-                      srv_admin_req *out, strata_diag *diag)
+int srv_request_reason(const uint8_t *body, size_t len, const srv_json_limits *lim,
+                       srv_reason_req *out, strata_diag *diag)
 {
     static const char *const keys[] = {"reason", NULL};
     if (out == NULL)
-        return strata_diag_set(diag, STRATA_EINVAL, "srv_request_admin: NULL argument");
+        return strata_diag_set(diag, STRATA_EINVAL, "srv_request_reason: NULL argument");
     memset(out, 0, sizeof(*out));
     json_t *root = NULL;
     int rc = srv_json_parse(body, len, lim, &root, diag);

@@ -116,12 +116,14 @@ int srv_request_register(const uint8_t *body, size_t len, const srv_json_limits 
 /* Longest reason, in bytes. */
 #define SRV_REASON_MAX 200
 
-typedef struct srv_admin_req {
+typedef struct srv_reason_req {
     char reason[SRV_REASON_MAX + 1]; /* NUL-terminated; "" when has_reason is 0 */
     int has_reason;                  /* 1 when the body had "reason" */
-} srv_admin_req;
+} srv_reason_req;
 
-/* Parses the body of an admin action (see srv_json_parse for the limits,
+/* Parses a body that may carry a reason: an admin action's (POST
+ * /v1/admin/{pause,resume,stop}) or a skip's (POST
+ * /v1/rounds/{round}/skip) (see srv_json_parse for the limits,
  * lim may be NULL) into *out. The body is empty, or an object with at most
  * the key
  *   "reason"  string of 0 to SRV_REASON_MAX bytes of printable UTF-8 text:
@@ -130,8 +132,8 @@ typedef struct srv_admin_req {
  *             so that it can be written to a log line as it is.
  * Anything else is STRATA_EPROTO, naming the key. Errors: those listed at
  * the top of this header; *out is all zeros on error. */
-int srv_request_admin(const uint8_t *body, size_t len, const srv_json_limits *lim,
-                      srv_admin_req *out, strata_diag *diag);
+int srv_request_reason(const uint8_t *body, size_t len, const srv_json_limits *lim,
+                       srv_reason_req *out, strata_diag *diag);
 
 /* ---- Secrets ---- */
 

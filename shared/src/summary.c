@@ -33,7 +33,8 @@ static const char *const REASONS[] = {
 static const char *const FAILURES[] = {[STRATA_ROUND_FAILED_NONE] = "",
                                        [STRATA_ROUND_FAILED_AGGREGATE] = "aggregate_not_finite",
                                        [STRATA_ROUND_FAILED_MODEL] = "model_not_finite",
-                                       [STRATA_ROUND_FAILED_LOSS] = "loss_not_finite"};
+                                       [STRATA_ROUND_FAILED_LOSS] = "loss_not_finite",
+                                       [STRATA_ROUND_FAILED_TOO_FEW] = "too_few_updates"};
 
 /* The stats group: present together or not at all. */
 static const char *const STATS_KEYS[] = {
@@ -416,7 +417,7 @@ static int get_failed(const json_t *o, strata_round_summary *s, strata_diag *dia
         }
     return strata_diag_set(diag, STRATA_EPROTO,
                            "summary.failed: expected \"aggregate_not_finite\", "
-                           "\"model_not_finite\" or \"loss_not_finite\"");
+                           "\"model_not_finite\", \"loss_not_finite\" or \"too_few_updates\"");
 }
 
 static int get_summary(const json_t *o, const limits *lim, void *out, strata_diag *diag)

@@ -1,4 +1,4 @@
-/* libFuzzer target for srv_request_admin (the body of POST
+/* libFuzzer target for srv_request_reason (the body of POST
  * /v1/admin/{pause,resume,stop}).
  *
  * Each input is used twice:
@@ -66,11 +66,11 @@ static int reason_ok(const char *s, size_t n)
 
 static void as_body(const uint8_t *data, size_t size)
 {
-    srv_admin_req r;
+    srv_reason_req r;
     strata_diag diag;
     memset(&r, 0x5a, sizeof(r));
     diag.msg[0] = '\0';
-    int rc = srv_request_admin(data, size, NULL, &r, &diag);
+    int rc = srv_request_reason(data, size, NULL, &r, &diag);
     if (rc < 0) {
         check(rc == STRATA_EPROTO || rc == STRATA_ETOOBIG);
         check(all_zero(&r, sizeof(r)));
@@ -98,8 +98,8 @@ static void as_body(const uint8_t *data, size_t size)
     check(o != NULL);
     char *body = json_dumps(o, JSON_COMPACT);
     check(body != NULL);
-    srv_admin_req again;
-    check(srv_request_admin((const uint8_t *)body, strlen(body), NULL, &again, NULL) == STRATA_OK);
+    srv_reason_req again;
+    check(srv_request_reason((const uint8_t *)body, strlen(body), NULL, &again, NULL) == STRATA_OK);
     check(memcmp(&again, &r, sizeof(r)) == 0);
     free(body);
     json_decref(o);
@@ -115,8 +115,8 @@ static void as_value(const uint8_t *data, size_t size)
     char *body = json_dumps(o, JSON_COMPACT | (size % 2 ? JSON_ENSURE_ASCII : 0));
     check(body != NULL);
     int ok = memchr(data, '\0', size) == NULL && reason_ok((const char *)data, size);
-    srv_admin_req r;
-    int rc = srv_request_admin((const uint8_t *)body, strlen(body), NULL, &r, NULL);
+    srv_reason_req r;
+    int rc = srv_request_reason((const uint8_t *)body, strlen(body), NULL, &r, NULL);
     check((rc == STRATA_OK) == ok);
     if (rc == STRATA_OK)
         check(r.has_reason && strlen(r.reason) == size && memcmp(r.reason, data, size) == 0);

@@ -433,7 +433,7 @@ static void test_register_lengths(void)
     CU_ASSERT_EQUAL(srv_request_register(NULL, 0, NULL, NULL, &d), STRATA_EINVAL);
 }
 
-/* ---- srv_request_admin -------------------------------------------------- */
+/* ---- srv_request_reason -------------------------------------------------- */
 
 typedef struct {
     const char *what;
@@ -481,10 +481,10 @@ static void test_admin_table(void)
 {
     for (size_t i = 0; i < sizeof(admin_cases) / sizeof(admin_cases[0]); i++) {
         const admin_case *c = &admin_cases[i];
-        srv_admin_req req;
+        srv_reason_req req;
         memset(&req, 0xaa, sizeof(req));
         strata_diag d = {{0}};
-        int rc = srv_request_admin((const uint8_t *)c->body, c->len, NULL, &req, &d);
+        int rc = srv_request_reason((const uint8_t *)c->body, c->len, NULL, &req, &d);
         check_outcome(c->what, rc, c->rc, &d, c->msg);
         if (rc < 0) {
             CU_ASSERT(all_zero(&req, sizeof(req)));
@@ -505,10 +505,10 @@ static void test_admin_lengths(void)
             for (size_t i = 0; i < n; i += 1 + wide)
                 k += snprintf(body + k, sizeof(body) - k, wide ? "\xc3\xa9" : "r");
             snprintf(body + k, sizeof(body) - k, "\"}");
-            srv_admin_req req;
+            srv_reason_req req;
             memset(&req, 0xaa, sizeof(req));
             strata_diag d = {{0}};
-            int rc = srv_request_admin((uint8_t *)body, strlen(body), NULL, &req, &d);
+            int rc = srv_request_reason((uint8_t *)body, strlen(body), NULL, &req, &d);
             if (n <= SRV_REASON_MAX) {
                 check_outcome("reason of 200 bytes", rc, STRATA_OK, &d, NULL);
                 CU_ASSERT_EQUAL(strlen(req.reason), n);
@@ -520,13 +520,13 @@ static void test_admin_lengths(void)
     }
     char *big = string_body("reason", 'r', SRV_JSON_DEFAULT_MAX_BYTES);
     CU_ASSERT_FATAL(big != NULL);
-    srv_admin_req req;
+    srv_reason_req req;
     strata_diag d = {{0}};
     check_outcome("body above the limit",
-                  srv_request_admin((uint8_t *)big, strlen(big), NULL, &req, &d), STRATA_ETOOBIG,
+                  srv_request_reason((uint8_t *)big, strlen(big), NULL, &req, &d), STRATA_ETOOBIG,
                   &d, "above the JSON limit");
     free(big);
-    CU_ASSERT_EQUAL(srv_request_admin(NULL, 0, NULL, NULL, &d), STRATA_EINVAL);
+    CU_ASSERT_EQUAL(srv_request_reason(NULL, 0, NULL, NULL, &d), STRATA_EINVAL);
 }
 
 /* ---- srv_secret_equal --------------------------------------------------- */

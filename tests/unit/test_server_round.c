@@ -390,6 +390,219 @@ static void test_failed_round_moves_on(void)
     free(dir);
 }
 
+/* Skips round r for client id; returns the outcome. */
+static srv_outcome skip(fix_engine *f, uint64_t id, uint32_t r)
+{
+    const char *body = "{\"reason\":\"update not finite\"}";
+    srv_result res = {0};
+    srv_engine_skip(f->e, id, r, (const uint8_t *)body, strlen(body), &res);
+    srv_outcome o = res.outcome;
+    srv_result_cleanup(&res);
+    return o;
+}
+
+/* Waits (up to timeout_ms) until round r is closed; returns its view (new
+ * reference) or NULL. */
+static json_t *wait_closed(fix_engine *f, uint32_t r, long timeout_ms)
+{
+    for (long t = 0; t <= timeout_ms; t += 20) {
+        json_t *s = round_view(f, r);
+        const char *st = json_string_value(json_object_get(s, "state"));
+        if (st != NULL && strcmp(st, "closed") == 0)
+            return s;
+        json_decref(s);
+        fix_sleep_ms(20);
+    }
+    return NULL;
+}
+
+/* Waits (up to timeout_ms) until round r is open; 1 when it is. */
+static int wait_open(fix_engine *f, uint32_t r, long timeout_ms)
+{
+    for (long t = 0; t <= timeout_ms; t += 20) {
+        json_t *s = round_view(f, r);
+        const char *st = json_string_value(json_object_get(s, "state"));
+        int open = st != NULL && strcmp(st, "open") == 0;
+        json_decref(s);
+        if (open)
+            return 1;
+        fix_sleep_ms(20);
+    }
+    return 0;
+}
+
+/* 1 when client id gets a task for round r within timeout_ms. */
+static int has_task(fix_engine *f, uint64_t id, uint32_t r, long timeout_ms)
+{
+    json_t *t = fix_wait_task(f, id, timeout_ms);
+    int yes = t != NULL && json_integer_value(json_object_get(t, "round")) == r;
+    json_decref(t);
+    return yes;
+}
+
+/* A client that cannot contribute says so: the round closes with the
+ * others' updates without waiting for its deadline (60 s here), the client
+ * cannot upload to it afterwards, and it contributes to the next round. */
+static void test_skip(void)
+{
+    char *dir = strata_test_tmpdir();
+    CU_ASSERT_PTR_NOT_NULL_FATAL(dir);
+    fix_engine f;
+    const char *extra[] = {"--min-clients", "3", NULL};
+    CU_ASSERT_EQUAL_FATAL(fix_open(&f, dir, 1, extra), 0);
+    uint64_t ids[3];
+    for (int i = 0; i < 3; i++)
+        CU_ASSERT_EQUAL(fix_register(&f, FIX_SECRET, &ids[i], NULL), SRV_CREATED);
+    CU_ASSERT_TRUE(has_task(&f, ids[0], 0, 10000));
+    CU_ASSERT_EQUAL(skip(&f, ids[0], 1), SRV_E_ROUND_NOT_OPEN);
+    CU_ASSERT_EQUAL(skip(&f, ids[0], 0), SRV_OK);
+    CU_ASSERT_EQUAL(skip(&f, ids[0], 0), SRV_OK); /* a repeat */
+    uint8_t *p = NULL;
+    size_t len = 0;
+    CU_ASSERT_EQUAL_FATAL(fix_payload(0, 0, ids[0], 100, 0.01f, &p, &len), 0);
+    CU_ASSERT_EQUAL(fix_upload(&f, ids[0], 0, p, len, NULL), SRV_E_CONFLICT);
+    free(p);
+    const float vals[2] = {0.01f, 0.01f};
+    CU_ASSERT_EQUAL(upload_round(&f, ids + 1, 2, 0, 0, vals), 2);
+    CU_ASSERT_EQUAL(
+        skip(&f, ids[1], 0) == SRV_E_CONFLICT || skip(&f, ids[1], 0) == SRV_E_ROUND_CLOSED, 1);
+    json_t *s = wait_closed(&f, 0, 10000);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(s);
+    CU_ASSERT_EQUAL(json_integer_value(json_object_get(s, "participants")), 2);
+    CU_ASSERT_PTR_NULL(json_object_get(s, "failed"));
+    json_decref(s);
+    CU_ASSERT_TRUE(fix_wait_version(&f, 1, 10000));
+    CU_ASSERT_EQUAL(skip(&f, ids[0], 0), SRV_E_ROUND_CLOSED);
+    CU_ASSERT_EQUAL(metric(&f, "strata_updates_skipped_total"), 1);
+    CU_ASSERT_EQUAL(metric(&f, "strata_stragglers_total"), 0);
+    /* Round 1: the client that skipped contributes. */
+    const float all[3] = {0.01f, 0.01f, 0.01f};
+    CU_ASSERT_EQUAL(upload_round(&f, ids, 3, 1, 1, all), 3);
+    CU_ASSERT_TRUE(fix_wait_version(&f, 2, 10000));
+    fix_close(&f);
+    strata_test_rmtree(dir);
+    free(dir);
+}
+
+/* Every selected client skips: the round closes at once as failed
+ * (too_few_updates), the model stays, the next round opens. A round whose
+ * deadline passes without an update closes the same way, and its silent
+ * clients are counted as stragglers. */
+static void test_too_few_updates(void)
+{
+    char *dir = strata_test_tmpdir();
+    CU_ASSERT_PTR_NOT_NULL_FATAL(dir);
+    fix_engine f;
+    const char *extra[] = {
+        "--min-clients", "2", "--round-deadline", "1", "--straggler-rounds", "0", NULL};
+    CU_ASSERT_EQUAL_FATAL(fix_open(&f, dir, 1, extra), 0);
+    uint64_t ids[2];
+    for (int i = 0; i < 2; i++)
+        CU_ASSERT_EQUAL(fix_register(&f, FIX_SECRET, &ids[i], NULL), SRV_CREATED);
+    CU_ASSERT_TRUE_FATAL(has_task(&f, ids[0], 0, 10000));
+    CU_ASSERT_EQUAL(skip(&f, ids[0], 0), SRV_OK);
+    CU_ASSERT_EQUAL(skip(&f, ids[1], 0), SRV_OK);
+    json_t *s = wait_closed(&f, 0, 10000);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(s);
+    CU_ASSERT_STRING_EQUAL(json_string_value(json_object_get(s, "failed")), "too_few_updates");
+    CU_ASSERT_EQUAL(json_integer_value(json_object_get(s, "participants")), 0);
+    json_decref(s);
+    CU_ASSERT_EQUAL(fix_version(&f), 0);
+    /* Round 1: nobody answers; the deadline closes it, failed. */
+    CU_ASSERT_TRUE_FATAL(has_task(&f, ids[0], 1, 10000));
+    s = wait_closed(&f, 1, 15000);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(s);
+    CU_ASSERT_STRING_EQUAL(json_string_value(json_object_get(s, "failed")), "too_few_updates");
+    json_decref(s);
+    CU_ASSERT_EQUAL(metric(&f, "strata_rounds_failed_total"), 2);
+    CU_ASSERT_EQUAL(metric(&f, "strata_stragglers_total"), 2);
+    CU_ASSERT_EQUAL(fix_version(&f), 0);
+    CU_ASSERT_FALSE(checkpoint_exists(dir, 1));
+    /* Round 2 still opens and completes. */
+    const float vals[2] = {0.01f, 0.01f};
+    CU_ASSERT_EQUAL(upload_round(&f, ids, 2, 2, 0, vals), 2);
+    CU_ASSERT_TRUE(fix_wait_version(&f, 1, 10000));
+    fix_close(&f);
+    strata_test_rmtree(dir);
+    free(dir);
+}
+
+/* With over-selection a round closes once the updates it needs arrived,
+ * and the clients it did not wait for are not stragglers. A selected client
+ * that misses a deadline is not selected for the next --straggler-rounds
+ * rounds while others can be. */
+static void test_stragglers_and_over_selection(void)
+{
+    char *dir = strata_test_tmpdir();
+    CU_ASSERT_PTR_NOT_NULL_FATAL(dir);
+    fix_engine f;
+    const char *over[] = {"--min-clients", "4", "--clients-per-round", "2", "--over-select",
+                          "0.5",           NULL};
+    CU_ASSERT_EQUAL_FATAL(fix_open(&f, dir, 1, over), 0);
+    uint64_t ids[4], sel[4];
+    for (int i = 0; i < 4; i++)
+        CU_ASSERT_EQUAL(fix_register(&f, FIX_SECRET, &ids[i], NULL), SRV_CREATED);
+    size_t ns = 0;
+    CU_ASSERT_TRUE_FATAL(wait_open(&f, 0, 10000));
+    for (int i = 0; i < 4; i++)
+        if (has_task(&f, ids[i], 0, 100))
+            sel[ns++] = ids[i];
+    CU_ASSERT_EQUAL_FATAL(ns, 3); /* 2 needed, 50% more */
+    const float vals[3] = {0.01f, 0.01f, 0.01f};
+    CU_ASSERT_EQUAL(upload_round(&f, sel, 2, 0, 0, vals), 2);
+    json_t *s = wait_closed(&f, 0, 10000);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(s);
+    CU_ASSERT_EQUAL(json_integer_value(json_object_get(s, "selected")), 3);
+    CU_ASSERT_EQUAL(json_integer_value(json_object_get(s, "participants")), 2);
+    json_decref(s);
+    CU_ASSERT_TRUE(fix_wait_version(&f, 1, 10000));
+    CU_ASSERT_EQUAL(metric(&f, "strata_stragglers_total"), 0);
+    fix_close(&f);
+    strata_test_rmtree(dir);
+
+    CU_ASSERT_EQUAL_FATAL(mkdir(dir, 0700), 0);
+    const char *late[] = {"--min-clients",
+                          "3",
+                          "--clients-per-round",
+                          "2",
+                          "--round-deadline",
+                          "2",
+                          "--straggler-rounds",
+                          "2",
+                          NULL};
+    CU_ASSERT_EQUAL_FATAL(fix_open(&f, dir, 1, late), 0);
+    for (int i = 0; i < 3; i++)
+        CU_ASSERT_EQUAL(fix_register(&f, FIX_SECRET, &ids[i], NULL), SRV_CREATED);
+    ns = 0;
+    CU_ASSERT_TRUE_FATAL(wait_open(&f, 0, 10000));
+    for (int i = 0; i < 3; i++)
+        if (has_task(&f, ids[i], 0, 100))
+            sel[ns++] = ids[i];
+    CU_ASSERT_EQUAL_FATAL(ns, 2);
+    CU_ASSERT_EQUAL(upload_round(&f, sel, 1, 0, 0, vals), 1); /* sel[1] stays silent */
+    s = wait_closed(&f, 0, 15000);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(s);
+    CU_ASSERT_EQUAL(json_integer_value(json_object_get(s, "participants")), 1);
+    json_decref(s);
+    CU_ASSERT_EQUAL(metric(&f, "strata_stragglers_total"), 1);
+    /* Rounds 1 and 2 ask the two others. */
+    for (uint32_t r = 1; r <= 2; r++) {
+        uint64_t got[3];
+        size_t ng = 0;
+        CU_ASSERT_TRUE_FATAL(wait_open(&f, r, 10000));
+        for (int i = 0; i < 3; i++)
+            if (ids[i] != sel[1] && has_task(&f, ids[i], r, 100))
+                got[ng++] = ids[i];
+        CU_ASSERT_EQUAL(ng, 2);
+        CU_ASSERT_FALSE(has_task(&f, sel[1], r, 100));
+        CU_ASSERT_EQUAL(upload_round(&f, got, ng, r, r, vals), (int)ng);
+        CU_ASSERT_TRUE(fix_wait_version(&f, (long long)r + 1, 10000));
+    }
+    fix_close(&f);
+    strata_test_rmtree(dir);
+    free(dir);
+}
+
 /* Makes the checkpoints directory unusable (a regular file in its place,
  * which stops writes for root too) or puts it back. */
 static int checkpoints_broken(const char *dir, int broken)
@@ -580,6 +793,9 @@ static void test_close_retried_db_refused(void)
 int main(void)
 {
     CU_TestInfo tests[] = {
+        {"a client that cannot contribute skips", test_skip},
+        {"too few updates: the round fails, the next opens", test_too_few_updates},
+        {"stragglers and over-selection", test_stragglers_and_over_selection},
         {"open, task, close", test_open_task_close},
         {"restart resumes the open round", test_restart_resumes},
         {"an attacker's 1e30 update is quarantined (every aggregator)", test_attacker_quarantined},

@@ -289,7 +289,7 @@ static void test_quarantined_failed(void)
     round_trip(&s);
     s.num_quarantined = 0;
     s.quarantined = NULL;
-    for (int f = STRATA_ROUND_FAILED_AGGREGATE; f <= STRATA_ROUND_FAILED_LOSS; f++) {
+    for (int f = STRATA_ROUND_FAILED_AGGREGATE; f <= STRATA_ROUND_FAILED_TOO_FEW; f++) {
         s.failed = (strata_round_failure)f;
         got = encode(&s);
         char want[64];
@@ -496,7 +496,7 @@ static void test_encode_refusals(void)
                                  "control character",
                                  "layer 1: 0 is not in",
                                  "densities: NULL",
-                                 "failed: unknown value 4",
+                                 "failed: unknown value 5",
                                  "quarantined: NULL array for 1 entries",
                                  "quarantined: 2 entries, more than the 1 participants",
                                  "quarantined[1].client_id: 5 does not ascend (after 5)",
@@ -534,7 +534,7 @@ static void test_encode_refusals(void)
             s.densities = NULL;
             break;
         case 8:
-            s.failed = (strata_round_failure)4;
+            s.failed = (strata_round_failure)5;
             break;
         case 9:
             s.num_quarantined = 1;

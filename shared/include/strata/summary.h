@@ -18,8 +18,9 @@
  *                "norm": 1.5e31}, ...]: the accepted updates the round's
  *                aggregate left out, in ascending client_id order
  *   failed       "failed": "aggregate_not_finite" | "model_not_finite" |
- *                "loss_not_finite": the round closed without a new model
- *                (the model stayed at model_version), and why
+ *                "loss_not_finite" | "too_few_updates": the round closed
+ *                without a new model (the model stayed at model_version),
+ *                and why
  *   stopped      "stopped": true (closed unaggregated by an admin stop)
  *   recovered    "recovered": true (closed during crash recovery, having
  *                been aggregated before the crash)
@@ -98,7 +99,9 @@ typedef enum {
     STRATA_ROUND_FAILED_NONE = 0,      /* not failed: no "failed" key */
     STRATA_ROUND_FAILED_AGGREGATE = 1, /* "aggregate_not_finite" */
     STRATA_ROUND_FAILED_MODEL = 2,     /* "model_not_finite": after the server step */
-    STRATA_ROUND_FAILED_LOSS = 3       /* "loss_not_finite": the evaluation's loss or accuracy */
+    STRATA_ROUND_FAILED_LOSS = 3,      /* "loss_not_finite": the evaluation's loss or accuracy */
+    STRATA_ROUND_FAILED_TOO_FEW = 4    /* "too_few_updates": fewer than min_updates by the
+                                          deadline, or every selected client skipped */
 } strata_round_failure;
 
 /* The names of a quarantine reason and a failure ("norm",
