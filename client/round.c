@@ -13,6 +13,7 @@
 #include "strata/train.h"
 
 #include <jansson.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -193,6 +194,49 @@ static int residuals_for(const strata_client_round_ctx *c, const strata_task *t,
     return rc;
 }
 
+/* 1 when the training loss and every element of delta are finite. */
+static int update_finite(const strata_tensor_list *delta, double loss)
+{
+    if (!isfinite(loss))
+        return 0;
+    for (size_t i = 0; i < delta->count; i++)
+        for (size_t k = 0; k < delta->items[i].numel; k++)
+            if (!isfinite(delta->items[i].data[k]))
+                return 0;
+    return 1;
+}
+
+/* Round t has no usable update (training diverged): the residuals start
+ * afresh, and the coordinator is told that this client cannot contribute,
+ * so that the round need not wait for it. A refusal of the skip (the round
+ * closed meanwhile) is logged, not an error. */
+static int skip_round(const strata_client_round_ctx *c, uint32_t round,
+                      strata_client_upload *result)
+{
+    *result = STRATA_CLIENT_SKIPPED;
+    strata_diag d = {{0}};
+    int rc = strata_client_state_reset_residuals(c->state, &d);
+    if (rc < 0)
+        strata_log_warn("round %u: %s", round, strata_diag_msg(&d, rc));
+    char url[64];
+    snprintf(url, sizeof(url), "/v1/rounds/%u/skip", round);
+    static const char body[] = "{\"reason\":\"the local update is not finite\"}";
+    strata_http_response r;
+    rc = strata_http_request_retry(c->http, "POST", url, "application/json", (const uint8_t *)body,
+                                   sizeof(body) - 1, NULL, 0, STRATA_CLIENT_MAX_JSON, 0, 30.0, &r,
+                                   &d);
+    if (rc < 0) {
+        strata_log_error("round %u: telling the coordinator failed: %s", round,
+                         strata_diag_msg(&d, rc));
+        return rc;
+    }
+    if (r.status != 200)
+        strata_log_warn("round %u: the coordinator did not take the skip (HTTP %ld): %s", round,
+                        r.status, r.body ? (char *)r.body : "");
+    strata_http_response_cleanup(&r);
+    return STRATA_OK;
+}
+
 /* The payload's metadata: the training loss and the residual norms. */
 static int metadata_json(const strata_ef *ef, size_t n, double loss, char **out)
 {
@@ -279,6 +323,13 @@ int strata_client_round_run(const strata_client_round_ctx *c, const strata_task 
     for (size_t i = 0; i < delta.count; i++)
         for (size_t k = 0; k < delta.items[i].numel; k++)
             delta.items[i].data[k] -= global.items[i].data[k];
+    if (!update_finite(&delta, loss)) {
+        strata_log_warn("round %u: the local update is not finite (training diverged; a lower "
+                        "learning rate may help): skipping the round, residuals start afresh",
+                        t->round);
+        rc = skip_round(c, t->round, result);
+        goto out;
+    }
 
     if ((rc = residuals_for(c, t, &delta, &ef)) < 0)
         goto out;

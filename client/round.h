@@ -34,8 +34,10 @@ typedef struct strata_client_round_ctx {
 
 /* How the coordinator answered an upload. */
 typedef enum {
-    STRATA_CLIENT_ACKED = 0,  /* acknowledged: receipt recorded, residuals installed */
-    STRATA_CLIENT_REFUSED = 1 /* refused: the update and its residuals are dropped */
+    STRATA_CLIENT_ACKED = 0,   /* acknowledged: receipt recorded, residuals installed */
+    STRATA_CLIENT_REFUSED = 1, /* refused: the update and its residuals are dropped */
+    STRATA_CLIENT_SKIPPED = 2  /* no usable update (not finite): the coordinator was told,
+                                  the residuals start afresh */
 } strata_client_upload;
 
 /* Runs task t (borrowed) to its upload; *result (zeroed on entry) says how

@@ -369,6 +369,13 @@ int strata_client_state_last_receipt(const strata_client_state *s, int *present,
     return STRATA_OK;
 }
 
+int strata_client_state_reset_residuals(strata_client_state *s, strata_diag *diag)
+{
+    int rc = remove_file(s, F_RESIDUAL, diag);
+    keep_first(&rc, remove_file(s, F_RESIDUAL_PENDING, rc == STRATA_OK ? diag : NULL));
+    return rc;
+}
+
 int strata_client_state_forget(strata_client_state *s, strata_diag *diag)
 {
     static const char *const federation[] = {

@@ -152,6 +152,10 @@ int strata_client_state_settle(strata_client_state *s, uint32_t round, const cha
  * Errors: STRATA_EINVAL (NULL argument). */
 int strata_client_state_last_receipt(const strata_client_state *s, int *present, uint32_t *round);
 
+/* Removes the residuals (current and pending), so that the next round
+ * starts from zero residuals. Errors: STRATA_EIO (diag names the file). */
+int strata_client_state_reset_residuals(strata_client_state *s, strata_diag *diag);
+
 /* Forgets the federation (the coordinator no longer knows us): removes
  * residuals, the stage, the cached model and the registration id, and moves
  * the receipts log to receipts.log.old. The identity file stays (it is

@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# A client whose local update is not finite (here: training diverges under a
+# learning rate of 1e6) tells the coordinator it cannot contribute
+# (POST /v1/rounds/{round}/skip), starts its residuals afresh and goes on:
+# every round closes at once as failed (too_few_updates, the model
+# unchanged) instead of waiting for its 120 s deadline, and the run ends
+# with every client exiting 0. (That a skipping client contributes again to
+# the next round is checked in unit.test_server_round.)
+source "$(dirname "$0")/lib.sh"
+
+SPID="" CPIDS=""
+cleanup() {
+    for p in $CPIDS $SPID; do
+        kill -KILL "$p" 2>/dev/null || true
+        wait "$p" 2>/dev/null || true
+    done
+    rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+export OMP_NUM_THREADS=1 OMP_WAIT_POLICY=passive
+ROUNDS=2
+"$BUILD/strata-server" --state-dir "$WORK/state" --model mlp --data "$DATA" --port 0 \
+    --rounds "$ROUNDS" --min-clients 2 --round-deadline 120 --lr 1000000 --max-steps 20 \
+    --enrolment-secret nan-s3cret >"$WORK/server.out" 2>"$WORK/server.err" &
+SPID=$!
+wait_listening "$SPID" "$WORK/server.out" "$WORK/server.err"
+START=$SECONDS
+for i in 0 1; do
+    "$BUILD/strata-client" --server "$URL" --state-dir "$WORK/c$i" --data "$DATA" \
+        --num-clients 2 --client-index "$i" --enrolment-secret nan-s3cret --poll-wait 1 \
+        >"$WORK/c$i.log" 2>&1 &
+    CPIDS="$CPIDS $!"
+done
+for p in $CPIDS; do
+    wait "$p" || { cat "$WORK"/c*.log >&2; fail "a client exited with status $?"; }
+done
+CPIDS=""
+ELAPSED=$((SECONDS - START))
+[ "$ELAPSED" -lt 100 ] || fail "the run took ${ELAPSED} s: rounds waited for their deadline"
+for i in 0 1; do
+    grep -q "round 0: the local update is not finite" "$WORK/c$i.log" ||
+        fail "client $i did not notice its update: $(tail -n 5 "$WORK/c$i.log")"
+    grep -q "the federation has finished" "$WORK/c$i.log" || fail "client $i did not finish"
+    [ ! -e "$WORK/c$i/residual.safetensors" ] || fail "client $i kept residuals"
+done
+C=(curl -sS --max-time 10)
+m=$("${C[@]}" "$URL/metrics")
+[ "$(echo "$m" | awk '$1 == "strata_updates_skipped_total" { print $2 }')" = $((2 * ROUNDS)) ] ||
+    fail "skips: $(echo "$m" | grep skipped)"
+[ "$(echo "$m" | awk '$1 == "strata_rounds_failed_total" { print $2 }')" = "$ROUNDS" ] ||
+    fail "failed rounds: $(echo "$m" | grep failed)"
+body=$("${C[@]}" "$URL/v1/rounds/0")
+[ "$(json_field "$body" failed)" = too_few_updates ] || fail "round 0: $body"
+[ "$(json_field "$("${C[@]}" "$URL/v1/status")" model_version)" = 0 ] || fail "the model moved"
+echo "PASS: clients with non-finite updates skip (${ELAPSED} s)"
