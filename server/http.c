@@ -42,23 +42,17 @@
  * - Media types (415 unsupported_media_type): POST /v1/clients needs
  *   Content-Type application/json (parameters after ';' allowed); the admin
  *   POSTs and POST /v1/rounds/{round}/skip refuse any other Content-Type,
- *   and need application/json when they carry a body (a Content-Length above 0 on the first call; a
- * chunked body that is not empty at the end); uploads need application/octet-stream. What the
- * handler never sees, MHD answers itself with an HTML page that Strata does not count: a malformed
- * or overflowing Content-Length (400, 413; MHD 0.9.75 sends its status line and headers twice
- * there), a header line without a colon or a request line without a version (400), a request line
- * or headers above its buffer (414, 431), an HTTP version other than 1.x (505) and a malformed
- * chunked body (400). A NUL byte in a header value ends the value MHD stores; the rest of the line
- * is lost.
- *
- * Limits: MHD closes a connection idle for connection_timeout seconds and
- * refuses connections above max_connections. A request must arrive whole
- * (headers and body) within request_timeout seconds of the connection's
- * start or of its previous response: a watchdog thread shuts down the
- * socket of a connection that overruns (a client trickling bytes keeps the
- * idle timer alive but not this one). The socket is shut down, never closed,
- * here, under the lock that MHD's close notification also takes, so the
- * descriptor cannot have been reused. */
+ *   and need application/json when they carry a body (a Content-Length
+ *   above 0 on the first call; a chunked body that is not empty at the
+ *   end); uploads need application/octet-stream.
+ * What the handler never sees, MHD answers itself with an HTML page that
+ * Strata does not count: a malformed or overflowing Content-Length (400,
+ * 413; MHD 0.9.75 sends its status line and headers twice there), a header
+ * line without a colon or a request line without a version (400), a
+ * request line or headers above its buffer (414, 431), an HTTP version
+ * other than 1.x (505) and a malformed chunked body (400). A NUL byte in a
+ * header value ends the value MHD stores; the rest of the line is lost.
+ */
 #include "http.h"
 
 #include "strata/buf.h"
