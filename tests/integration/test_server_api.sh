@@ -268,6 +268,30 @@ req GET /v1/tasks/next "${A[@]}"
 expect 410 "tasks after the last round"
 echo "$BODY" | grep -q finished || fail "410 body: $BODY"
 
+# Guessing the enrolment secret is limited per address (--enrolment-rate,
+# 10 a minute by default): after the bucket is empty every registration from
+# this address, even with the right secret, gets 429 with Retry-After,
+# counted, and registers nobody.
+req GET /v1/status
+CLIENTS=$(json_field "$BODY" registered_clients)
+LIMITED0=$("${C[@]}" "$URL/metrics" | awk '$1 == "strata_requests_rejected_total{reason=\"rate_limited\"}" { print $2 }')
+wrong=0
+for _ in $(seq 1 15); do
+    req POST /v1/clients "${J[@]}" -d '{"enrolment_secret":"guess"}'
+    [ "$CODE" = 401 ] || break
+    wrong=$((wrong + 1))
+done
+expect 429 "a wrong secret after $wrong others"
+[ "$wrong" -ge 1 ] && [ "$wrong" -le 10 ] || fail "$wrong wrong secrets before the limit"
+echo "$BODY" | grep -q '"code":"rate_limited"' || fail "429 body: $BODY"
+RA=$("${C[@]}" -D - -o /dev/null "${J[@]}" -d '{"enrolment_secret":"s3cret"}' "$URL/v1/clients" |
+    tr -d '\r' | awk -F': ' 'tolower($1) == "retry-after" { print $2 }')
+[ -n "$RA" ] && [ "$RA" -ge 1 ] || fail "no Retry-After for the right secret while limited"
+req GET /v1/status
+[ "$(json_field "$BODY" registered_clients)" = "$CLIENTS" ] || fail "a limited address registered"
+LIMITED1=$("${C[@]}" "$URL/metrics" | awk '$1 == "strata_requests_rejected_total{reason=\"rate_limited\"}" { print $2 }')
+[ "$LIMITED1" = $((${LIMITED0:-0} + 2)) ] || fail "rate_limited counted $LIMITED0 -> $LIMITED1"
+
 # Clean stop on SIGTERM, then a restart resumes from the state directory.
 kill -TERM "$SPID"
 for _ in $(seq 1 100); do kill -0 "$SPID" 2>/dev/null || break; sleep 0.1; done
