@@ -77,8 +77,7 @@ void srv_engine_admin(srv_engine *e, const char *action, const uint8_t *body, si
     srv_reason_req rq;
     int rc = srv_request_reason(body, len, &e->jlim, &rq, &d);
     if (rc < 0) {
-        srv_result_error(r, rc == STRATA_ETOOBIG ? SRV_E_TOO_LARGE : SRV_E_BAD_REQUEST, "%s",
-                         strata_diag_msg(&d, rc));
+        srv__result_bad_body(r, rc, &d);
         return;
     }
     const char *reason = rq.has_reason ? rq.reason : NULL;

@@ -179,6 +179,11 @@ struct srv_engine {
 
 /* ---- result.c ---- */
 
+/* Sets r to the refusal of a request body that a request.h parser refused
+ * with rc (explained in d): SRV_E_TOO_LARGE for STRATA_ETOOBIG, else
+ * SRV_E_BAD_REQUEST, with the parser's message. */
+void srv__result_bad_body(srv_result *r, int rc, const strata_diag *d);
+
 /* Sets r to outcome o with j (a jansson value, stolen; may be NULL after a
  * failed allocation, then r is SRV_E_INTERNAL) dumped compactly in key
  * order as the JSON body. */

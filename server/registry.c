@@ -302,8 +302,7 @@ void srv_engine_register(srv_engine *e, const char *peer, const uint8_t *body, s
     strata_diag pd = {{0}};
     int prc = srv_request_register(body, len, &e->jlim, &rq, &pd);
     if (prc < 0) {
-        srv_result_error(r, prc == STRATA_ETOOBIG ? SRV_E_TOO_LARGE : SRV_E_BAD_REQUEST, "%s",
-                         strata_diag_msg(&pd, prc));
+        srv__result_bad_body(r, prc, &pd);
         return;
     }
     if (!srv_secret_equal(rq.secret, e->cfg->enrolment_secret)) {

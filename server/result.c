@@ -63,3 +63,9 @@ void srv__result_json(srv_result *r, srv_outcome o, struct json_t *j)
     json_decref(j);
     srv_result_take(r, o, SRV_MEDIA_JSON, (uint8_t *)s, s ? strlen(s) : 0);
 }
+
+void srv__result_bad_body(srv_result *r, int rc, const strata_diag *d)
+{
+    srv_result_error(r, rc == STRATA_ETOOBIG ? SRV_E_TOO_LARGE : SRV_E_BAD_REQUEST, "%s",
+                     strata_diag_msg(d, rc));
+}

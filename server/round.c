@@ -236,8 +236,7 @@ void srv_engine_skip(srv_engine *e, uint64_t client_id, uint32_t round, const ui
     strata_diag pd = {{0}};
     int prc = srv_request_reason(body, len, &e->jlim, &rq, &pd);
     if (prc < 0) {
-        srv_result_error(r, prc == STRATA_ETOOBIG ? SRV_E_TOO_LARGE : SRV_E_BAD_REQUEST, "%s",
-                         strata_diag_msg(&pd, prc));
+        srv__result_bad_body(r, prc, &pd);
         return;
     }
     const char *reason = rq.has_reason ? rq.reason : NULL;
