@@ -108,7 +108,11 @@ void srv_engine_admin(srv_engine *e, const char *action, const uint8_t *body, si
     }
     const char *state = srv__state_name(e);
     pthread_mutex_unlock(&e->mu);
-    if (rc < 0)
+    /* The store failing to write (STRATA_EIO: storage full or failing)
+     * passes; the control is unchanged and the operator may retry. */
+    if (rc == STRATA_EIO)
+        srv_result_unavailable(r, action, strata_diag_msg(&d, rc));
+    else if (rc < 0)
         srv_result_internal(r, strata_diag_msg(&d, rc));
     else
         srv__result_json(r, SRV_OK, json_pack("{s:s}", "state", state));

@@ -12,7 +12,8 @@
  *     model (closing = 1 keeps uploads of that round out meanwhile, and
  *     leaves the open round's selection and norms to the round thread). A
  *     close that failed for a reason that can pass keeps closing = 1 and is
- *     retried by the round thread (close_failures, close_retry_ms);
+ *     retried by the round thread (close_failures, close_retry_ms), as is
+ *     an open that failed (open_failures, open_retry_ms);
  *   - group commits (upload.c) run on the second store connection, wstore,
  *     with mu released; one committer at a time (committing), and the round
  *     cannot start closing while one is in flight (srv__round_ready_to_close);
@@ -144,6 +145,8 @@ struct srv_engine {
     int close_busy;          /* a close attempt is running (mu may be dropped) */
     unsigned close_failures; /* failed close attempts of the open round */
     int64_t close_retry_ms;  /* monotonic time of the next attempt */
+    unsigned open_failures;  /* failed attempts at opening next_round */
+    int64_t open_retry_ms;   /* monotonic time of the next one */
     uint64_t *selected;      /* ascending */
     size_t nselected;
     uint8_t *reported; /* per selected client: SRV_REPORT_* */

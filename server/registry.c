@@ -340,7 +340,11 @@ void srv_engine_register(srv_engine *e, const char *peer, const uint8_t *body, s
         rc = add_client(e, id, hash, strata_clock_unix_ms());
     pthread_cond_broadcast(&e->cv);
     pthread_mutex_unlock(&e->mu);
-    if (rc < 0)
+    /* The store failing to write (STRATA_EIO: storage full or failing)
+     * passes: nothing was registered, and the client retries. */
+    if (rc == STRATA_EIO)
+        srv_result_unavailable(r, "registration", strata_diag_msg(&d, rc));
+    else if (rc < 0)
         srv_result_internal(r, strata_diag_msg(&d, rc));
     else
         srv__result_json(r, existed ? SRV_OK : SRV_CREATED,

@@ -45,6 +45,13 @@ void srv_result_internal(srv_result *r, const char *detail)
     srv_result_error(r, SRV_E_INTERNAL, "internal error; the coordinator's log has the details");
 }
 
+void srv_result_unavailable(srv_result *r, const char *what, const char *detail)
+{
+    strata_log_error("%s not stored: %s", what, detail);
+    srv_result_error(r, SRV_E_UNAVAILABLE, "the coordinator cannot store this now; retry later");
+    r->retry_after = SRV_UNAVAILABLE_RETRY_S;
+}
+
 void srv_result_take(srv_result *r, srv_outcome o, srv_media m, uint8_t *body, size_t len)
 {
     free(r->body);

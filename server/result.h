@@ -85,6 +85,16 @@ void srv_result_error(srv_result *r, srv_outcome o, const char *fmt, ...)
  * the message only says where to look. */
 void srv_result_internal(srv_result *r, const char *detail);
 
+/* Seconds a client is told to wait (Retry-After) before retrying a request
+ * whose change the store could not make durable. */
+#define SRV_UNAVAILABLE_RETRY_S 5
+
+/* Sets r to SRV_E_UNAVAILABLE with Retry-After SRV_UNAVAILABLE_RETRY_S: the
+ * store could not make a change durable (storage full or failing), nothing
+ * was changed, and the same request may succeed later. what (the request)
+ * and detail (paths, SQLite's words) go to the log only. */
+void srv_result_unavailable(srv_result *r, const char *what, const char *detail);
+
 /* Sets r to outcome o with body (taken; may be NULL) of len bytes and media
  * m. A NULL body with m != SRV_MEDIA_NONE and o SRV_OK or SRV_CREATED (an
  * allocation that failed upstream) becomes SRV_E_INTERNAL "out of memory". */

@@ -24,7 +24,9 @@
  * with the same updates on the same model. Only a state that retrying cannot
  * mend (a stored, validated update that no longer decodes; the store saying
  * the round is not open) stops the federation; finishing the last round
- * ends it.
+ * ends it. Opening a round that fails (the store cannot record it: full or
+ * failing) is tried again after the same backoff; no round is open
+ * meanwhile, so clients are told "no task yet".
  *
  * Crash consistency: the new checkpoint is recorded before the round is
  * closed in the store. On start, an open round whose model version is older
@@ -441,10 +443,18 @@ fail:
 
 /* ---- close ----------------------------------------------------------------- */
 
-/* A close that failed for a reason that can pass is retried after
- * 1, 2, 4, 8, 16, then every 30 seconds. */
+/* A close or an open that failed for a reason that can pass is retried
+ * after 1, 2, 4, 8, 16, then every 30 seconds. */
 #define CLOSE_BACKOFF_MIN_MS 1000
 #define CLOSE_BACKOFF_MAX_MS 30000
+
+/* The wait before the next attempt after k earlier failures (0 for the
+ * first failure). */
+static int64_t retry_backoff_ms(unsigned k)
+{
+    int64_t wait = (int64_t)CLOSE_BACKOFF_MIN_MS << (k < 5 ? k : 5);
+    return wait < CLOSE_BACKOFF_MAX_MS ? wait : CLOSE_BACKOFF_MAX_MS;
+}
 
 /* The screening rule applies from this many updates on (docs/algorithm.md,
  * "Screening"). */
@@ -879,10 +889,7 @@ static void close_failed(srv_engine *e, uint32_t r, int impossible, const strata
         give_up(e);
         return;
     }
-    unsigned k = e->close_failures++;
-    int64_t wait = (int64_t)CLOSE_BACKOFF_MIN_MS << (k < 5 ? k : 5);
-    if (wait > CLOSE_BACKOFF_MAX_MS)
-        wait = CLOSE_BACKOFF_MAX_MS;
+    int64_t wait = retry_backoff_ms(e->close_failures++);
     e->close_retry_ms = strata_clock_mono_ms() + wait;
     srv__ctr_add(e, SRV_CTR_CLOSE_FAILURES, 1);
     strata_log_error("round %u: closing failed (attempt %u): %s; the model stays at version %llu; "
@@ -1060,20 +1067,39 @@ static void close_round(srv_engine *e)
     srv__waiters_wake_all(e);
 }
 
+/* Opens the next round when one is due, or waits for the retry of an open
+ * that failed (the store could not record the round: full or failing;
+ * nothing was opened). Lock held. */
+static void maybe_open(srv_engine *e)
+{
+    if (e->finished || e->paused || e->open || e->nclients < (size_t)e->cfg->min_clients ||
+        strata_clock_mono_ms() < e->open_retry_ms)
+        return;
+    strata_diag d = {{0}};
+    int rc = open_round(e, &d);
+    if (rc < 0) {
+        int64_t wait = retry_backoff_ms(e->open_failures++);
+        e->open_retry_ms = strata_clock_mono_ms() + wait;
+        strata_log_error("opening round %u failed (attempt %u): %s; retrying in %lld s",
+                         e->next_round, e->open_failures, strata_diag_msg(&d, rc),
+                         (long long)(wait / 1000));
+        return;
+    }
+    if (e->open_failures > 0)
+        strata_log_info("round %u: opened after %u failed attempts", e->next_round,
+                        e->open_failures);
+    e->open_failures = 0;
+    e->open_retry_ms = 0;
+    srv__waiters_wake_all(e);
+}
+
 void *srv__round_thread(void *arg)
 {
     srv_engine *e = arg;
     pthread_mutex_lock(&e->mu);
     while (!e->stopping) {
         int64_t now = strata_clock_unix_ms();
-        if (!e->finished && !e->paused && !e->open && e->nclients >= (size_t)e->cfg->min_clients) {
-            strata_diag d = {{0}};
-            int rc = open_round(e, &d);
-            if (rc < 0)
-                strata_log_error("opening round %u: %s", e->next_round, strata_diag_msg(&d, rc));
-            else
-                srv__waiters_wake_all(e);
-        }
+        maybe_open(e);
         if (ready_to_close(e, now))
             close_round(e);
         wake_expired(e, strata_clock_unix_ms());

@@ -172,10 +172,6 @@ static void verdict_result(srv_engine *e, srv_result *r, uint32_t round, strata_
     }
 }
 
-/* Seconds a client waits before retrying an upload the store could not
- * make durable. */
-#define UNAVAILABLE_RETRY_S 5
-
 /* The result of a store put or commit: receipt, refusal, or a failure to
  * make the update durable (storage full or failing): nothing was
  * acknowledged, so the client is told to retry later, and the detail (paths,
@@ -190,7 +186,7 @@ static void stored_result(srv_engine *e, srv_result *r, uint32_t round, int rc,
         srv__ctr_add(e, SRV_CTR_UPD_UNAVAILABLE, 1);
         srv_result_error(r, SRV_E_UNAVAILABLE,
                          "the coordinator cannot store updates now; retry later");
-        r->retry_after = UNAVAILABLE_RETRY_S;
+        r->retry_after = SRV_UNAVAILABLE_RETRY_S;
     } else {
         receipt_result(r, round, rec);
     }
