@@ -53,8 +53,11 @@ code=$("${C[@]}" -o /dev/null -w '%{http_code}' "${A[@]}" "$URL/v1/tasks/next?wa
 grep -q "admin pause: test pause" "$WORK/server1.err" || fail "the reason was not logged"
 
 # The public status hides paths; the admin config shows them.
-"${C[@]}" "$URL/v1/status" | grep -q state_dir && fail "/v1/status shows state_dir"
-"${C[@]}" "${ADMIN[@]}" "$URL/v1/admin/config" | grep -q "\"state_dir\":\"$STATE\"" ||
+# (Fetched whole first: grep -q closing the pipe early would fail curl.)
+PUBLIC=$("${C[@]}" "$URL/v1/status")
+echo "$PUBLIC" | grep -q state_dir && fail "/v1/status shows state_dir"
+CONFIG=$("${C[@]}" "${ADMIN[@]}" "$URL/v1/admin/config")
+echo "$CONFIG" | grep -q "\"state_dir\":\"$STATE\"" ||
     fail "admin config lacks state_dir"
 
 stop_server
@@ -88,6 +91,7 @@ start 3
 [ "$(state)" = stopped ] || fail "stop did not survive a restart: $(state)"
 code=$("${C[@]}" -o /dev/null -w '%{http_code}' "${A[@]}" "$URL/v1/tasks/next")
 [ "$code" = 410 ] || fail "a task after restart: HTTP $code"
-"${C[@]}" "$URL/metrics" | grep -q '^strata_rounds_completed_total 0$' ||
+M=$("${C[@]}" "$URL/metrics")
+echo "$M" | grep -q '^strata_rounds_completed_total 0$' ||
     fail "a stopped round was counted after a restart"
 echo "PASS: admin pause, resume and stop (persistent)"
