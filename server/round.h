@@ -1,16 +1,18 @@
-/* The round lifecycle's internals (round.c). Its public calls
- * (srv_engine_task, srv_engine_waiter_gone) are declared in engine.h.
+/* The round lifecycle's internals (round.c and close.c). Their public calls
+ * (srv_engine_task, srv_engine_skip, srv_engine_waiter_gone) are declared
+ * in engine.h.
  *
- * round.c owns: client selection, opening a round (its task), the deadline,
- * closing (the screening and quarantine of outlying updates, aggregation
- * orchestration, the server optimiser's step, the finiteness checks,
- * checkpoint, evaluation, summary, retries of a close that failed),
- * resuming the open round after a
- * restart, the round thread, and the parked long-polls (waiters). It owns
- * the two wire documents the coordinator stores about a round: the task
- * JSON and the round summary JSON, each built by one function and parsed by
- * one function here. It may call the store, aggregate.h, robust.h,
- * models.h (to install a new version), metrics.h and libstrata. */
+ * round.c owns: client selection (live clients first, stragglers benched),
+ * opening a round (its task), skips, the round thread, resuming the open
+ * round after a restart, and the parked long-polls (waiters). It owns the
+ * two wire documents the coordinator stores about a round: the task JSON
+ * and the round summary JSON, each built by one function and parsed by one
+ * function here. close.c owns closing a round: when it is due, the
+ * screening and quarantine of outlying updates, aggregation, the server
+ * optimiser's step, the finiteness checks, too few updates, checkpoint,
+ * evaluation, summary, stragglers, retries of a close that failed. Both may
+ * call the store, aggregate.h, robust.h, models.h (to install a new
+ * version), metrics.h and libstrata. */
 #ifndef STRATA_SERVER_ROUND_H
 #define STRATA_SERVER_ROUND_H
 
@@ -54,6 +56,28 @@ int srv__round_resume(srv_engine *e, strata_diag *d);
 /* Closes the open round without aggregating it (admin stop); no-op when
  * none is open. Lock held. Errors: the store's. */
 int srv__round_abandon(srv_engine *e, strata_diag *d);
+
+/* The summary of the open round as far as it is known (no statistics).
+ * Lock held. */
+strata_round_summary srv__summary_of_open(const srv_engine *e);
+
+/* The wait before the next attempt at a close or an open that failed,
+ * after k earlier failures: 1, 2, 4, 8, 16, then 30 seconds (in ms). */
+int64_t srv__retry_backoff_ms(unsigned k);
+
+/* 1 when the open round should be closed now (close.c): every selected
+ * client answered, enough updates arrived (over-selection), or the deadline
+ * passed; for a round whose close failed, when its retry is due. Never
+ * while a group commit is in flight. Lock held. */
+int srv__round_ready_to_close(const srv_engine *e, int64_t now);
+
+/* Closes the open round (close.c). Called by the round thread with the lock
+ * held; drops it for everything but the store's records (uploads for the
+ * round are refused meanwhile). The model moves on only when the store has
+ * recorded the close; otherwise it is put back, the round stays closing and
+ * the close is tried again later with the same updates on the same
+ * model. */
+void srv__round_close(srv_engine *e);
 
 /* Forgets the open round's state (selection, task, aggregate). Lock held. */
 void srv__round_reset(srv_engine *e);
