@@ -494,7 +494,7 @@ static void test_too_few_updates(void)
     CU_ASSERT_PTR_NOT_NULL_FATAL(dir);
     fix_engine f;
     const char *extra[] = {
-        "--min-clients", "2", "--round-deadline", "1", "--straggler-rounds", "0", NULL};
+        "--min-clients", "2", "--round-deadline", "3", "--straggler-rounds", "0", NULL};
     CU_ASSERT_EQUAL_FATAL(fix_open(&f, dir, 1, extra), 0);
     uint64_t ids[2];
     for (int i = 0; i < 2; i++)
@@ -566,7 +566,7 @@ static void test_stragglers_and_over_selection(void)
                           "--clients-per-round",
                           "2",
                           "--round-deadline",
-                          "2",
+                          "4",
                           "--straggler-rounds",
                           "2",
                           NULL};
