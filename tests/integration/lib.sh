@@ -35,3 +35,18 @@ wait_listening() {
     done
     fail "coordinator not listening after 30 s: $(cat "$3" 2>/dev/null)"
 }
+
+# Processes a test started and has not reaped (tests append to PIDS):
+# forget PID drops one (reaped, never to be signalled again); reap PID waits
+# for it (its exit status in REAPED_RC) and forgets it.
+PIDS=()
+forget() { # forget PID: reaped, never to be signalled again
+    local p keep=()
+    for p in "${PIDS[@]}"; do [ "$p" = "$1" ] || keep+=("$p"); done
+    PIDS=("${keep[@]}")
+}
+reap() { # reap PID: wait for it (status in REAPED_RC) and forget it
+    REAPED_RC=0
+    wait "$1" 2>/dev/null || REAPED_RC=$?
+    forget "$1"
+}

@@ -56,18 +56,7 @@ STATE="$DISK/state"
 ROOM_KB=300 # phase 2: room left for the uploads, not for a checkpoint
 
 # ---- bookkeeping, cleanup -----------------------------------------------------
-PIDS=() # every process this test started and has not reaped
 MOUNTED=0
-forget() { # forget PID: reaped, never to be signalled again
-    local p keep=()
-    for p in "${PIDS[@]}"; do [ "$p" = "$1" ] || keep+=("$p"); done
-    PIDS=("${keep[@]}")
-}
-reap() { # reap PID: wait for it (status in REAPED_RC) and forget it
-    REAPED_RC=0
-    wait "$1" 2>/dev/null || REAPED_RC=$?
-    forget "$1"
-}
 cleanup() {
     local p k
     for p in "${PIDS[@]}"; do

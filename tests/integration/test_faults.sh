@@ -61,17 +61,6 @@ VN="stfn$$" # namespace end
 NS_MADE=0
 VETH_MADE=0
 S_N=0
-PIDS=() # every process this test started and has not reaped
-forget() { # forget PID: reaped, never to be signalled again
-    local p keep=()
-    for p in "${PIDS[@]}"; do [ "$p" = "$1" ] || keep+=("$p"); done
-    PIDS=("${keep[@]}")
-}
-reap() { # reap PID: wait for it (status in REAPED_RC) and forget it
-    REAPED_RC=0
-    wait "$1" 2>/dev/null || REAPED_RC=$?
-    forget "$1"
-}
 cleanup() {
     local p
     for p in "${PIDS[@]}"; do
