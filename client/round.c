@@ -237,24 +237,37 @@ static int skip_round(const strata_client_round_ctx *c, uint32_t round,
     return STRATA_OK;
 }
 
-/* The payload's metadata: the training loss and the residual norms. */
-static int metadata_json(const strata_ef *ef, size_t n, double loss, char **out)
+/* The payload's metadata: the training loss, the residual norms and, when
+ * the task asked for one, the error table (n rows of ncand errors). */
+static int metadata_json(const strata_ef *ef, size_t n, double loss, const double *table,
+                         size_t ncand, char **out)
 {
     *out = NULL;
     double *norms = calloc(n ? n : 1, sizeof(double));
-    json_t *nj = json_array();
+    json_t *nj = json_array(), *mj = NULL;
     int rc = STRATA_ENOMEM;
     if (norms == NULL || nj == NULL)
         goto out;
     if (strata_ef_residual_norms(ef, norms, n) == STRATA_OK)
         for (size_t i = 0; i < n; i++)
             json_array_append_new(nj, json_real(norms[i]));
-    json_t *mj = json_pack("{s:f,s:O}", "train_loss", loss, "residual_norms", nj);
+    mj = json_pack("{s:f,s:O}", "train_loss", loss, "residual_norms", nj);
+    if (mj != NULL && ncand > 0) {
+        json_t *tj = json_array();
+        for (size_t l = 0; tj != NULL && l < n; l++) {
+            json_t *row = json_array();
+            for (size_t c = 0; row != NULL && c < ncand; c++)
+                json_array_append_new(row, json_real(table[l * ncand + c]));
+            json_array_append_new(tj, row);
+        }
+        if (tj == NULL || json_object_set_new(mj, "error_table", tj) < 0)
+            goto out;
+    }
     *out = mj ? json_dumps(mj, JSON_COMPACT) : NULL;
-    json_decref(mj);
     if (*out != NULL)
         rc = STRATA_OK;
 out:
+    json_decref(mj);
     json_decref(nj);
     free(norms);
     return rc;
@@ -274,6 +287,7 @@ int strata_client_round_run(const strata_client_round_ctx *c, const strata_task 
     uint8_t *wire = NULL;
     size_t wire_len = 0, downloaded = 0;
     char *meta = NULL;
+    double *table = NULL;
     int rc;
     strata_diag d = {{0}};
     int64_t t0 = strata_clock_mono_ms();
@@ -333,12 +347,25 @@ int strata_client_round_run(const strata_client_round_ctx *c, const strata_task 
 
     if ((rc = residuals_for(c, t, &delta, &ef)) < 0)
         goto out;
-    if ((rc = strata_ef_step(ef, &delta, t->budgets, t->values_format, t->round,
-                             t->seed ^ (uint64_t)c->id->client_id, &layers, &d)) < 0) {
+    uint64_t seed = t->seed ^ (uint64_t)c->id->client_id;
+    if (t->num_candidates > 0) { /* before the step, which moves the residuals on */
+        table = malloc(delta.count * t->num_candidates * sizeof(double) + 1);
+        if (table == NULL) {
+            rc = STRATA_ENOMEM;
+            goto out;
+        }
+        if ((rc = strata_ef_error_table(ef, &delta, t->round, seed, t->candidates,
+                                        t->num_candidates, table, &d)) < 0) {
+            strata_log_error("round %u: error table failed: %s", t->round,
+                             strata_diag_msg(&d, rc));
+            goto out;
+        }
+    }
+    if ((rc = strata_ef_step(ef, &delta, t->budgets, t->round, seed, &layers, &d)) < 0) {
         strata_log_error("round %u: compression failed: %s", t->round, strata_diag_msg(&d, rc));
         goto out;
     }
-    if ((rc = metadata_json(ef, delta.count, loss, &meta)) < 0)
+    if ((rc = metadata_json(ef, delta.count, loss, table, t->num_candidates, &meta)) < 0)
         goto out;
     strata_payload p = {.round = t->round,
                         .model_version = t->model_version,
@@ -366,6 +393,7 @@ int strata_client_round_run(const strata_client_round_ctx *c, const strata_task 
                         t->round, c->nmine, loss, wire_len, downloaded,
                         (double)(strata_clock_mono_ms() - t0) / 1000.0);
 out:
+    free(table);
     free(meta);
     free(wire);
     if (layers)

@@ -33,6 +33,7 @@
 #include "round.h"
 
 #include "engine_internal.h"
+#include "lgreco.h"
 
 #include "strata/checkpoint.h"
 #include "strata/clock.h"
@@ -522,6 +523,28 @@ static int already_closed(srv_engine *e, uint32_t r, close_job *j)
     return STRATA_ESTATE;
 }
 
+/* The lgreco solve of a round that asked for error tables, over the
+ * updates the aggregate kept. */
+static int solve_lgreco(srv_engine *e, const close_job *j, strata_diag *d)
+{
+    uint64_t *ids = calloc(j->n + 1, sizeof(*ids));
+    double *w = calloc(j->n + 1, sizeof(*w));
+    int *kept = calloc(j->n + 1, sizeof(*kept));
+    int rc = strata_diag_set(d, STRATA_ENOMEM, "out of memory (%zu updates)", j->n);
+    if (ids != NULL && w != NULL && kept != NULL) {
+        for (size_t i = 0; i < j->n; i++) {
+            ids[i] = j->u[i].client_id;
+            w[i] = j->u[i].weight;
+            kept[i] = j->u[i].quarantined == 0;
+        }
+        rc = srv__lgreco_solve(e, j->round, ids, w, kept, j->n, d);
+    }
+    free(ids);
+    free(w);
+    free(kept);
+    return rc;
+}
+
 /* Closes the open round: screening, aggregate, server step, evaluation,
  * checkpoint, store (docs/algorithm.md, "Screening"; docs/operations.md,
  * "Closing a round"). Called by the round thread with the lock held; drops
@@ -557,6 +580,8 @@ void srv__round_close(srv_engine *e)
     else if ((rc = gather(e, &j, &d)) == 0 && (rc = screen(&j, e->cfg->screen_factor, &d)) == 0)
         rc = find_model(e, &j, &d);
     int stepped = rc == 0 && j.failed == STRATA_ROUND_FAILED_NONE;
+    if (stepped && e->ncands > 0)
+        rc = solve_lgreco(e, &j, &d);
     /* A model that is not finite is never saved or served: a failed round
      * keeps the current version. */
     if (stepped) {

@@ -6,6 +6,7 @@
  * models.h, metrics.h, admin.c), the store, aggregate.h, robust.h and
  * libstrata (model, checkpoint, data, policy, fileio). */
 #include "engine_internal.h"
+#include "lgreco.h"
 
 #include "strata/checkpoint.h"
 #include "strata/train.h"
@@ -134,6 +135,15 @@ int srv_engine_open(const srv_config *cfg, srv_engine **out, strata_diag *d)
     if (strcmp(cfg->policy, "none") != 0 &&
         (rc = strata_policy_parse(cfg->policy, &e->policy, d)) < 0)
         goto fail;
+    if (e->policy != NULL && (rc = strata_policy_set_values(e->policy, cfg->values_format, d)) < 0)
+        goto fail;
+    if (e->policy == NULL && (unsigned)cfg->values_format > STRATA_VALUES_BF16) {
+        rc = strata_diag_set(d, STRATA_EINVAL,
+                             "values %s: --policy none sends every layer dense (fp32, fp16 or "
+                             "bf16)",
+                             strata_values_format_name(cfg->values_format));
+        goto fail;
+    }
     if ((rc = strata_robust_parse(cfg->aggregator, &e->method, d)) < 0 ||
         (rc = strata_robust_check(e->method, cfg->trim_fraction, cfg->clip_norm, d)) < 0)
         goto fail;
@@ -154,7 +164,8 @@ int srv_engine_open(const srv_config *cfg, srv_engine **out, strata_diag *d)
                                     strata_server_opt_get_config(e->opt), &e->opt_next, d)) < 0 ||
         (rc = strata_tensor_list_copy(&e->rollback, strata_model_params(e->model))) < 0)
         goto fail;
-    if ((rc = srv__registry_load(e, d)) < 0 || (rc = srv__round_resume(e, d)) < 0)
+    if ((rc = srv__registry_load(e, d)) < 0 || (rc = srv__round_resume(e, d)) < 0 ||
+        (rc = srv__lgreco_restore(e, d)) < 0)
         goto fail;
     srv_model_blob blob;
     if ((rc = srv__model_encode(e, &blob, d)) < 0)

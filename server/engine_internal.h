@@ -156,6 +156,9 @@ struct srv_engine {
     size_t nskipped;   /* selected clients that said they cannot contribute */
     size_t enough;     /* updates that close the round before its deadline */
     strata_budget *budgets;
+    strata_budget *cands; /* the task's error-table candidates (lgreco), or NULL */
+    size_t ncands;
+    int lg_solved; /* the close being run solved an lgreco table */
     char *task_json;
     int64_t opened_ms, deadline_ms;
     uint64_t uplink, downlink;

@@ -27,6 +27,7 @@
 #include "round.h"
 
 #include "engine_internal.h"
+#include "lgreco.h"
 
 #include "strata/buf.h"
 #include "strata/clock.h"
@@ -49,17 +50,19 @@
 /* The task JSON of round r, through the task codec (strata/task.h). Errors:
  * as strata_task_encode. */
 static int task_encode(const srv_engine *e, uint32_t r, int64_t deadline, const strata_budget *b,
-                       uint64_t seed, char **out, strata_diag *d)
+                       const strata_budget *cands, size_t ncands, uint64_t seed, char **out,
+                       strata_diag *d)
 {
     const srv_config *c = e->cfg;
     strata_task t = {.round = r,
                      .total_rounds = (uint32_t)c->rounds,
                      .model_version = e->version,
                      .deadline_unix_ms = deadline,
-                     .values_format = c->values_format,
                      .num_layers = e->nlayers,
                      .layer_names = e->names,
                      .budgets = (strata_budget *)b,
+                     .num_candidates = ncands,
+                     .candidates = (strata_budget *)cands,
                      .train = {.epochs = (uint32_t)c->local_epochs,
                                .batch = (uint32_t)c->batch,
                                .lr = c->lr,
@@ -73,8 +76,9 @@ static int task_encode(const srv_engine *e, uint32_t r, int64_t deadline, const 
 }
 
 /* Reads the per-layer budgets back from a stored task JSON into b
- * (e->nlayers entries). Errors: STRATA_EPROTO (not a task of this model). */
-static int task_decode_budgets(const srv_engine *e, const char *task_json, strata_budget *b,
+ * (e->nlayers entries), and its error-table candidates into e->cands.
+ * Errors: STRATA_EPROTO (not a task of this model), STRATA_ENOMEM. */
+static int task_decode_budgets(srv_engine *e, const char *task_json, strata_budget *b,
                                strata_diag *d)
 {
     strata_task t;
@@ -91,6 +95,12 @@ static int task_decode_budgets(const srv_engine *e, const char *task_json, strat
                              e->nlayers);
     if (rc == 0)
         memcpy(b, t.budgets, e->nlayers * sizeof(*b));
+    if (rc == 0 && t.num_candidates > 0) {
+        e->cands = t.candidates;
+        e->ncands = t.num_candidates;
+        t.candidates = NULL;
+        t.num_candidates = 0;
+    }
     strata_task_cleanup(&t);
     return rc;
 }
@@ -101,22 +111,42 @@ int srv__summary_text(const srv_engine *e, strata_round_summary *s, char **out, 
 {
     *out = NULL;
     double *dens = NULL;
+    /* budget specifications: the round's, then the lgreco allocation */
+    size_t nl = e->nlayers ? e->nlayers : 1;
+    char(*specs)[64] = NULL;
+    char **ptrs = NULL;
     if (s->has_densities) {
-        dens = calloc(e->nlayers ? e->nlayers : 1, sizeof(*dens));
-        if (dens == NULL)
+        dens = calloc(nl, sizeof(*dens));
+        specs = calloc(2 * nl, sizeof(*specs));
+        ptrs = calloc(2 * nl, sizeof(*ptrs));
+        if (dens == NULL || specs == NULL || ptrs == NULL) {
+            free(dens);
+            free(specs);
+            free(ptrs);
             return strata_diag_set(d, STRATA_ENOMEM, "out of memory");
-        for (size_t i = 0; i < e->nlayers; i++)
+        }
+        for (size_t i = 0; i < e->nlayers; i++) {
             dens[i] = e->budgets != NULL ? e->budgets[i].density : 1.0;
+            if (e->budgets != NULL)
+                ptrs[i] = strata_budget_format(&e->budgets[i], 1, specs[i], sizeof(specs[i]));
+        }
         s->num_layers = e->nlayers;
         s->layer_names = e->names;
         s->densities = dens;
+        s->compressors = e->budgets != NULL ? ptrs : NULL;
+        srv__lgreco_summary(e, s, specs + nl, ptrs + nl);
     }
     size_t len;
     int rc = strata_round_summary_encode(s, out, &len, d);
     s->layer_names = NULL;
     s->densities = NULL;
+    s->compressors = NULL;
+    s->lg_allocation = NULL;
+    s->has_lgreco = 0;
     s->num_layers = 0;
     free(dens);
+    free(specs);
+    free(ptrs);
     return rc;
 }
 
@@ -297,10 +327,14 @@ void srv__round_reset(srv_engine *e)
     free(e->norms);
     e->norms = NULL;
     free(e->budgets);
+    free(e->cands);
     free(e->task_json);
     e->selected = NULL;
     e->reported = NULL;
     e->budgets = NULL;
+    e->cands = NULL;
+    e->ncands = 0;
+    e->lg_solved = 0;
     e->task_json = NULL;
     e->nselected = e->nreported = e->nskipped = e->enough = 0;
     e->open = e->closing = 0;
@@ -386,11 +420,12 @@ static int open_round(srv_engine *e, strata_diag *d)
         goto fail;
     select_clients(e, r, ks, sel);
     k = ks;
+    strata_budget *cands = NULL;
+    size_t ncands = 0;
     if (e->policy == NULL) {
-        for (size_t i = 0; i < e->nlayers; i++) {
-            b[i].comp = STRATA_COMP_NONE;
-            b[i].density = 1.0;
-        }
+        for (size_t i = 0; i < e->nlayers; i++)
+            b[i] = (strata_budget){.comp = STRATA_COMP_NONE, .density = 1.0,
+                                   .values = c->values_format};
     } else if ((rc = strata_policy_budgets(e->policy, e->numel, e->nlayers, c->density, r,
                                            (uint32_t)c->rounds, b, d)) < 0) {
         goto fail;
@@ -398,7 +433,8 @@ static int open_round(srv_engine *e, strata_diag *d)
     int64_t now = strata_clock_unix_ms();
     int64_t deadline = now + (int64_t)(c->round_deadline * 1000.0);
     uint64_t seed = strata_mix64((uint64_t)c->seed ^ strata_mix64(r)) & ((1ULL << 53) - 1);
-    if ((rc = task_encode(e, r, deadline, b, seed, &tj, d)) < 0)
+    if ((rc = srv__lgreco_candidates(e, r, &cands, &ncands)) < 0 ||
+        (rc = task_encode(e, r, deadline, b, cands, ncands, seed, &tj, d)) < 0)
         goto fail;
     if ((rc = strata_store_round_open(e->store, r, e->version, sel, k, deadline, tj, d)) < 0)
         goto fail;
@@ -410,6 +446,8 @@ static int open_round(srv_engine *e, strata_diag *d)
     e->norms = norms;
     e->enough = need;
     e->budgets = b;
+    e->cands = cands;
+    e->ncands = ncands;
     e->task_json = tj;
     e->opened_ms = now;
     e->deadline_ms = deadline;
@@ -418,6 +456,7 @@ static int open_round(srv_engine *e, strata_diag *d)
 fail:
     free(tj);
     free(sel);
+    free(cands);
     free(b);
     free(rep);
     free(norms);

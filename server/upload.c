@@ -13,6 +13,7 @@
 #include "upload.h"
 
 #include "engine_internal.h"
+#include "lgreco.h"
 
 #include "strata/log.h"
 
@@ -95,10 +96,10 @@ static int validate_task(const srv_engine *e, const strata_payload *p, char *msg
         }
         int uses_vf = l->comp == STRATA_COMP_NONE || l->comp == STRATA_COMP_TOPK ||
                       l->comp == STRATA_COMP_RANDK || l->comp == STRATA_COMP_POWERSGD;
-        if (uses_vf && l->values_format != e->cfg->values_format) {
+        if (uses_vf && l->values_format != b->values) {
             snprintf(msg, mlen, "layer %zu (%s): values %s, the task says %s", i, nm,
                      strata_values_format_name(l->values_format),
-                     strata_values_format_name(e->cfg->values_format));
+                     strata_values_format_name(b->values));
             return STRATA_EPROTO;
         }
         if ((l->comp == STRATA_COMP_TOPK || l->comp == STRATA_COMP_RANDK) &&
@@ -115,7 +116,7 @@ static int validate_task(const srv_engine *e, const strata_payload *p, char *msg
             return STRATA_EPROTO;
         }
     }
-    return 0;
+    return srv__lgreco_table(e, e->ncands, p->metadata_json, NULL, msg, mlen);
 }
 
 /* The one accept step: an update the store just acknowledged (not a

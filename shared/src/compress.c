@@ -179,10 +179,9 @@ uint64_t strata_comp_kept(double density, uint64_t numel)
     return k < 1.0 ? 1 : (uint64_t)k;
 }
 
-int strata_budget_check(const strata_budget *b, strata_diag *diag)
+/* The compressor-specific part of strata_budget_check. */
+static int budget_param_check(const strata_budget *b, strata_diag *diag)
 {
-    if (b == NULL)
-        return strata_diag_set(diag, STRATA_EINVAL, "budget is NULL");
     switch (b->comp) {
     case STRATA_COMP_NONE:
     case STRATA_COMP_FP16:
@@ -206,6 +205,25 @@ int strata_budget_check(const strata_budget *b, strata_diag *diag)
         return STRATA_OK;
     }
     return strata_diag_set(diag, STRATA_EINVAL, "unknown compressor id %d", (int)b->comp);
+}
+
+int strata_budget_check(const strata_budget *b, strata_diag *diag)
+{
+    if (b == NULL)
+        return strata_diag_set(diag, STRATA_EINVAL, "budget is NULL");
+    int rc = budget_param_check(b, diag);
+    if (rc < 0)
+        return rc;
+    if ((unsigned)b->values >= STRATA_VALUES_COUNT)
+        return strata_diag_set(diag, STRATA_EINVAL, "unknown values format %d", (int)b->values);
+    int sparse = b->comp == STRATA_COMP_TOPK || b->comp == STRATA_COMP_RANDK;
+    int floats = sparse || b->comp == STRATA_COMP_NONE || b->comp == STRATA_COMP_POWERSGD;
+    if ((!floats && b->values != STRATA_VALUES_FP32) ||
+        (!sparse && (unsigned)b->values > STRATA_VALUES_BF16))
+        return strata_diag_set(diag, STRATA_EINVAL, "%s does not take values %s%s",
+                               strata_comp_name(b->comp), strata_values_format_name(b->values),
+                               floats ? " (only topk and randk do)" : " (its values are fixed)");
+    return STRATA_OK;
 }
 
 int strata_powersgd_dims(int ndim, const int64_t *shape, uint32_t rank, uint32_t *rows,

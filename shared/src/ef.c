@@ -94,6 +94,25 @@ static uint64_t layer_seed(uint64_t seed, size_t layer)
     return strata_mix64(seed + 0x9e3779b97f4a7c15ULL * ((uint64_t)layer + 1));
 }
 
+/* The staleness decay of a step for round (see the file comment) and the
+ * matching way of forming a. STRATA_ESTATE when round is not after the last
+ * step's. */
+static int step_decay(const strata_ef *ef, uint32_t round, float *decay, strata__topk_mode *mode,
+                      strata_diag *diag)
+{
+    if (ef->has_round && round <= ef->last_round)
+        return strata_diag_set(diag, STRATA_ESTATE,
+                               "ef step: round %u is not after the last round %u", round,
+                               ef->last_round);
+    uint32_t missed = ef->has_round ? round - ef->last_round - 1 : 0;
+    int drop = ef->max_staleness > 0 && missed > ef->max_staleness;
+    *decay = drop ? 0.0f : (float)pow(ef->beta, (double)missed);
+    *mode = *decay == 0.0f   ? STRATA__TOPK_COPY
+            : *decay == 1.0f ? STRATA__TOPK_ADD
+                             : STRATA__TOPK_SCALE;
+    return STRATA_OK;
+}
+
 /* Compresses one layer: a into nx, C(a) into c, nx becomes e_new. A new
  * PowerSGD Q (owned by the caller) goes to *q_new. */
 static int step_layer(const strata_ef *ef, size_t l, const strata_tensor *d, const strata_budget *b,
@@ -164,7 +183,7 @@ static int step_layer(const strata_ef *ef, size_t l, const strata_tensor *d, con
 }
 
 int strata_ef_step(strata_ef *ef, const strata_tensor_list *delta, const strata_budget *budgets,
-                   strata_values_format vf, uint32_t round, uint64_t seed,
+                   uint32_t round, uint64_t seed,
                    strata_clayer **out_layers, strata_diag *diag)
 {
     if (out_layers != NULL)
@@ -174,25 +193,17 @@ int strata_ef_step(strata_ef *ef, const strata_tensor_list *delta, const strata_
     if (!strata_tensor_list_same_layout(delta, &ef->res))
         return strata_diag_set(diag, STRATA_EINVAL,
                                "ef step: the update's tensors do not match the residuals");
-    if ((unsigned)vf > STRATA_VALUES_BF16)
-        return strata_diag_set(diag, STRATA_EINVAL, "ef step: unknown values format %d", (int)vf);
     for (size_t l = 0; l < delta->count; l++) {
         strata_diag bd = {{0}};
         int rc = strata_budget_check(&budgets[l], &bd);
         if (rc < 0)
             return strata_diag_set(diag, rc, "tensor %s: %s", delta->items[l].name, bd.msg);
     }
-    if (ef->has_round && round <= ef->last_round)
-        return strata_diag_set(diag, STRATA_ESTATE,
-                               "ef step: round %u is not after the last round %u", round,
-                               ef->last_round);
-
-    uint32_t missed = ef->has_round ? round - ef->last_round - 1 : 0;
-    int drop = ef->max_staleness > 0 && missed > ef->max_staleness;
-    float decay = drop ? 0.0f : (float)pow(ef->beta, (double)missed);
-    strata__topk_mode mode = decay == 0.0f   ? STRATA__TOPK_COPY
-                             : decay == 1.0f ? STRATA__TOPK_ADD
-                                             : STRATA__TOPK_SCALE;
+    float decay = 1.0f;
+    strata__topk_mode mode = STRATA__TOPK_ADD;
+    int rc0 = step_decay(ef, round, &decay, &mode, diag);
+    if (rc0 < 0)
+        return rc0;
 
     const size_t count = delta->count;
     strata_clayer *layers = calloc(count > 0 ? count : 1, sizeof(strata_clayer));
@@ -203,7 +214,8 @@ int strata_ef_step(strata_ef *ef, const strata_tensor_list *delta, const strata_
         goto out;
     }
     for (size_t l = 0; l < count; l++) {
-        rc = step_layer(ef, l, &delta->items[l], &budgets[l], vf, mode, decay, layer_seed(seed, l),
+        rc = step_layer(ef, l, &delta->items[l], &budgets[l], budgets[l].values, mode, decay,
+                        layer_seed(seed, l),
                         &layers[l], &q_new[l], diag);
         if (rc < 0) {
             if (rc == STRATA_ENOMEM)
@@ -236,6 +248,90 @@ out:
             free(q_new[l]);
     free(q_new);
     strata_clayers_free(layers, count);
+    return rc;
+}
+
+/* Squared errors of the ncand candidates on the n floats of a, one tensor
+ * of the layout (ndim, shape), to err[0..ncand). dec is scratch (n). */
+static int table_layer(const strata_ef *ef, size_t l, const float *a, size_t n, int ndim,
+                       const int64_t *shape, uint64_t seed, const strata_budget *cand,
+                       size_t ncand, float *dec, double *err, strata_diag *diag)
+{
+    for (size_t c = 0; c < ncand; c++) {
+        const float *q_warm = NULL;
+        const ef_q *wq = &ef->q[l];
+        if (cand[c].comp == STRATA_COMP_POWERSGD && wq->q != NULL) {
+            uint32_t rows, cols, rank;
+            if (strata_powersgd_dims(ndim, shape, cand[c].rank, &rows, &cols, &rank) ==
+                    STRATA_OK &&
+                cols == wq->cols && rank == wq->rank)
+                q_warm = wq->q;
+        }
+        strata_clayer cl;
+        strata_diag cd = {{0}};
+        int rc = strata_compress(a, n, ndim, shape, &cand[c], cand[c].values, seed, q_warm, &cl,
+                                 &cd);
+        if (rc == STRATA_OK)
+            rc = strata_clayer_decode(&cl, dec, &cd);
+        strata_clayer_cleanup(&cl);
+        if (rc < 0)
+            return strata_diag_set(diag, rc, "candidate %zu: %s", c, strata_diag_msg(&cd, rc));
+        double s = 0.0;
+        for (size_t i = 0; i < n; i++) {
+            double d = (double)a[i] - (double)dec[i];
+            s += d * d;
+        }
+        err[c] = s;
+    }
+    return STRATA_OK;
+}
+
+int strata_ef_error_table(strata_ef *ef, const strata_tensor_list *delta, uint32_t round,
+                          uint64_t seed, const strata_budget *cand, size_t ncand, double *err,
+                          strata_diag *diag)
+{
+    if (ef == NULL || delta == NULL || (ncand > 0 && cand == NULL) ||
+        (delta->count > 0 && ncand > 0 && err == NULL))
+        return strata_diag_set(diag, STRATA_EINVAL, "error table: NULL argument");
+    if (!strata_tensor_list_same_layout(delta, &ef->res))
+        return strata_diag_set(diag, STRATA_EINVAL,
+                               "error table: the update's tensors do not match the residuals");
+    for (size_t c = 0; c < ncand; c++) {
+        strata_diag bd = {{0}};
+        int rc = strata_budget_check(&cand[c], &bd);
+        if (rc < 0)
+            return strata_diag_set(diag, rc, "error table: candidate %zu: %s", c, bd.msg);
+    }
+    float decay = 1.0f;
+    strata__topk_mode mode = STRATA__TOPK_ADD;
+    int rc = step_decay(ef, round, &decay, &mode, diag);
+    if (rc < 0 || ncand == 0)
+        return rc;
+    float *dec = NULL;
+    for (size_t l = 0; l < delta->count; l++) {
+        const strata_tensor *d = &delta->items[l];
+        const float *ev = ef->res.items[l].data, *src = d->data;
+        float *a = ef->next.items[l].data; /* scratch until the next step */
+        const size_t n = d->numel;
+        for (size_t i = 0; i < n; i++)
+            a[i] = mode == STRATA__TOPK_COPY  ? src[i] + 0.0f
+                   : mode == STRATA__TOPK_ADD ? (ev[i] + src[i]) + 0.0f
+                                              : (decay * ev[i] + src[i]) + 0.0f;
+        float *grown = realloc(dec, (n > 0 ? n : 1) * sizeof(float));
+        if (grown == NULL) {
+            rc = strata_diag_set(diag, STRATA_ENOMEM, "error table: out of memory");
+            break;
+        }
+        dec = grown;
+        strata_diag ld = {{0}};
+        rc = table_layer(ef, l, a, n, d->ndim, d->shape, layer_seed(seed, l), cand, ncand, dec,
+                         err + l * ncand, &ld);
+        if (rc < 0) {
+            strata_diag_set(diag, rc, "tensor %s: %s", d->name, strata_diag_msg(&ld, rc));
+            break;
+        }
+    }
+    free(dec);
     return rc;
 }
 

@@ -1,7 +1,7 @@
 /* Budget policies (docs/algorithm.md "Budget policies"): per-layer
  * densities for every round, with equal-volume calibration and the lgreco
  * dynamic programme. */
-#include "strata/policy.h"
+#include "policy_internal.h"
 #include "strata/fileio.h"
 
 #include <errno.h>
@@ -11,45 +11,41 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define MAX_GROUPS (STRATA_POLICY_MAX_SPLITS + 1)
+#define MAX_GROUPS STRATA__POLICY_MAX_GROUPS
 #define MIN_WEIGHT 1e-9
 #define MAX_WEIGHT 1e9
 #define MAX_SPLIT ((uint64_t)1 << 53)
 #define MAX_LGRECO_EVERY 1000000
 #define BISECT_STEPS 256
 
-typedef enum { POL_UNIFORM, POL_LAYER, POL_PHASE, POL_LEGACY, POL_LGRECO } pol_type;
-typedef enum { CAL_ROUND, CAL_RUN, CAL_NONE } cal_mode;
+typedef strata__pol_type pol_type;
+typedef strata__cal_mode cal_mode;
+#define POL_UNIFORM STRATA__POL_UNIFORM
+#define POL_LAYER STRATA__POL_LAYER
+#define POL_PHASE STRATA__POL_PHASE
+#define POL_LEGACY STRATA__POL_LEGACY
+#define POL_LEGACY_REF STRATA__POL_LEGACY_REF
+#define POL_LGRECO STRATA__POL_LGRECO
+#define CAL_ROUND STRATA__CAL_ROUND
+#define CAL_RUN STRATA__CAL_RUN
+#define CAL_NONE STRATA__CAL_NONE
 
-static const char *const type_names[] = {"uniform", "legacy-layer", "legacy-phase", "legacy",
-                                         "lgreco"};
+static const char *const type_names[] = {"uniform",    "legacy-layer", "legacy-phase", "legacy",
+                                         "legacy-ref", "lgreco"};
 static const char *const cal_names[] = {"round", "run", "none"};
-
-struct strata_policy {
-    pol_type type;
-    strata_compressor_id comp; /* TOPK or RANDK */
-    size_t dense_below;
-    cal_mode cal;
-    size_t nsplits;
-    size_t splits[STRATA_POLICY_MAX_SPLITS];
-    size_t ngroups; /* nsplits + 1 */
-    uint32_t nphases;
-    double w[STRATA_POLICY_MAX_PHASES][MAX_GROUPS]; /* w[phase][group] */
-    size_t ncand;
-    double cand[STRATA_LGRECO_MAX_CAND];
-    uint32_t lgreco_every;
-    /* lgreco allocation from the last table (lg_ready), for these layers */
-    int lg_ready;
-    double lg_d0;
-    size_t lg_nlayers;
-    size_t *lg_numel;
-    double *lg_density;
-};
 
 /* ---- defaults ---- */
 
 static const size_t default_splits[] = {10000, 100000, 1000000};
 static const double default_cand[] = {0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0};
+/* Default candidate value formats of lgreco's top-k candidates, and its
+ * other candidate compressors (dense fp16, for small layers). */
+static const char *const default_cvals[] = {"fp32", "fp16", "int8", "ternary"};
+static const char *const default_extra[] = {"fp16"};
+/* legacy-ref: the published LEGACY setting. */
+#define REF_SPLIT 10000
+#define REF_HIGH 0.01
+#define REF_LOW 0.001
 
 /* Default weights for n groups or phases: halving from one to the next,
  * the last getting 0.5 (n = 4: 4, 2, 1, 0.5; n = 3: 2, 1, 0.5); 1 if n == 1. */
@@ -61,12 +57,17 @@ static double default_weight(size_t i, size_t n)
 static void set_defaults(strata_policy *p, pol_type type)
 {
     p->type = type;
-    p->comp = STRATA_COMP_TOPK;
-    p->dense_below = 1000;
+    p->base = (strata_budget){.comp = STRATA_COMP_TOPK, .density = 1.0};
+    p->values = STRATA_VALUES_FP32;
+    p->dense_below = type == POL_LEGACY_REF ? 0 : 1000;
+    p->cal_bytes = 0;
+    p->absolute = type == POL_LEGACY_REF;
     /* Per-round calibration would cancel phase weights, so policies with
      * phases calibrate over the run; uniform and lgreco need none. */
     p->cal = type == POL_LAYER ? CAL_ROUND
-                               : (type == POL_UNIFORM || type == POL_LGRECO ? CAL_NONE : CAL_RUN);
+                               : (type == POL_UNIFORM || type == POL_LGRECO || type == POL_LEGACY_REF
+                                      ? CAL_NONE
+                                      : CAL_RUN);
     p->nsplits = 0;
     p->nphases = 1;
     if (type == POL_LAYER || type == POL_LEGACY) {
@@ -81,11 +82,25 @@ static void set_defaults(strata_policy *p, pol_type type)
             p->w[ph][g] = default_weight(ph, p->nphases) * default_weight(g, p->ngroups);
     if (type == POL_UNIFORM || type == POL_LGRECO)
         p->w[0][0] = 1.0;
-    p->ncand = 0;
+    if (type == POL_LEGACY_REF) { /* first half 1% everywhere; then 1% / 0.1% */
+        p->nsplits = 1;
+        p->splits[0] = REF_SPLIT;
+        p->ngroups = 2;
+        p->nphases = 2;
+        p->w[0][0] = p->w[0][1] = p->w[1][0] = REF_HIGH;
+        p->w[1][1] = REF_LOW;
+    }
+    p->ncand = p->ncvals = p->nextra = 0;
     p->lgreco_every = 0;
     if (type == POL_LGRECO) {
         p->ncand = sizeof(default_cand) / sizeof(default_cand[0]);
         memcpy(p->cand, default_cand, sizeof(default_cand));
+        for (size_t i = 0; i < sizeof(default_cvals) / sizeof(default_cvals[0]); i++)
+            if (strata_values_format_parse(default_cvals[i], &p->cvals[p->ncvals]) == STRATA_OK)
+                p->ncvals++;
+        for (size_t i = 0; i < sizeof(default_extra) / sizeof(default_extra[0]); i++)
+            if (strata_budget_parse(default_extra[i], 0, &p->extra[p->nextra], NULL) == STRATA_OK)
+                p->nextra++;
         p->lgreco_every = 10;
     }
 }
@@ -113,7 +128,10 @@ enum {
     K_W = 1 << 7,
     K_CAL = 1 << 8,
     K_CAND = 1 << 9,
-    K_EVERY = 1 << 10
+    K_EVERY = 1 << 10,
+    K_CALU = 1 << 11,
+    K_CVALS = 1 << 12,
+    K_CCOMP = 1 << 13
 };
 
 static const struct {
@@ -122,7 +140,9 @@ static const struct {
 } known_keys[] = {{"type", K_TYPE},        {"dense_below", K_DENSE}, {"compressor", K_COMP},
                   {"splits", K_SPLITS},    {"layer_weights", K_LW},  {"phases", K_PHASES},
                   {"phase_weights", K_PW}, {"weights", K_W},         {"calibration", K_CAL},
-                  {"candidates", K_CAND},  {"lgreco_every", K_EVERY}};
+                  {"candidates", K_CAND},  {"lgreco_every", K_EVERY},
+                  {"calibration_unit", K_CALU}, {"candidate_values", K_CVALS},
+                  {"candidate_compressors", K_CCOMP}};
 
 static unsigned allowed_keys(pol_type t)
 {
@@ -131,13 +151,15 @@ static unsigned allowed_keys(pol_type t)
     case POL_UNIFORM:
         return common;
     case POL_LAYER:
-        return common | K_SPLITS | K_LW | K_CAL;
+        return common | K_SPLITS | K_LW | K_CAL | K_CALU;
     case POL_PHASE:
-        return common | K_PHASES | K_PW | K_CAL;
+        return common | K_PHASES | K_PW | K_CAL | K_CALU;
     case POL_LEGACY:
-        return common | K_SPLITS | K_LW | K_PHASES | K_PW | K_W | K_CAL;
+        return common | K_SPLITS | K_LW | K_PHASES | K_PW | K_W | K_CAL | K_CALU;
+    case POL_LEGACY_REF:
+        return common;
     case POL_LGRECO:
-        return common | K_CAND | K_EVERY;
+        return common | K_CAND | K_EVERY | K_CVALS | K_CCOMP;
     }
     return common;
 }
@@ -233,6 +255,81 @@ static int parse_candidates(strata_policy *p, json_t *v, strata_diag *diag)
     return STRATA_OK;
 }
 
+/* "compressor": a specification without density; the density policies and
+ * lgreco need a sparse one. */
+static int parse_compressor(strata_policy *p, json_t *v, strata_diag *diag)
+{
+    strata_diag inner = {{0}};
+    strata_budget b;
+    if (!json_is_string(v))
+        return strata_diag_set(diag, STRATA_EINVAL,
+                               "compressor: expected a string such as \"topk\", \"randk\", "
+                               "\"qsgd:4\", \"sign\", \"powersgd:2\" or \"fp16\"");
+    if (strata_budget_parse(json_string_value(v), 0, &b, &inner) < 0)
+        return strata_diag_set(diag, STRATA_EINVAL, "compressor: %s", inner.msg);
+    if (b.values != STRATA_VALUES_FP32)
+        return strata_diag_set(diag, STRATA_EINVAL,
+                               "compressor: give the values format with --values (or "
+                               "candidate_values for lgreco), not in the compressor");
+    int sparse = b.comp == STRATA_COMP_TOPK || b.comp == STRATA_COMP_RANDK;
+    if (p->type == POL_LGRECO && b.comp != STRATA_COMP_TOPK)
+        return strata_diag_set(diag, STRATA_EINVAL,
+                               "compressor: lgreco needs \"topk\" (its uniform reference is "
+                               "top-k at the target density; other families go in "
+                               "candidate_compressors)");
+    if (p->type != POL_UNIFORM && !sparse)
+        return strata_diag_set(diag, STRATA_EINVAL,
+                               "compressor: policy %s sets densities, so it needs \"topk\" or "
+                               "\"randk\"",
+                               type_names[p->type]);
+    p->base = b;
+    return STRATA_OK;
+}
+
+static int parse_cvals(strata_policy *p, json_t *v, strata_diag *diag)
+{
+    size_t len = json_array_size(v);
+    if (!json_is_array(v) || len == 0 || len > STRATA__LGRECO_MAX_VALUES)
+        return strata_diag_set(diag, STRATA_EINVAL,
+                               "candidate_values: expected an array of 1 to %d values formats",
+                               STRATA__LGRECO_MAX_VALUES);
+    for (size_t i = 0; i < len; i++) {
+        const char *name = json_string_value(json_array_get(v, i));
+        if (strata_values_format_parse(name, &p->cvals[i]) < 0)
+            return strata_diag_set(diag, STRATA_EINVAL,
+                                   "candidate_values[%zu]: expected a values format name (fp32, "
+                                   "fp16, bf16, int8, ternary)",
+                                   i);
+        for (size_t j = 0; j < i; j++)
+            if (p->cvals[j] == p->cvals[i])
+                return strata_diag_set(diag, STRATA_EINVAL, "candidate_values[%zu]: repeated", i);
+    }
+    p->ncvals = len;
+    return STRATA_OK;
+}
+
+static int parse_extra(strata_policy *p, json_t *v, strata_diag *diag)
+{
+    size_t len = json_array_size(v);
+    if (!json_is_array(v) || len > STRATA__LGRECO_MAX_EXTRA)
+        return strata_diag_set(diag, STRATA_EINVAL,
+                               "candidate_compressors: expected an array of 0 to %d compressor "
+                               "specifications",
+                               STRATA__LGRECO_MAX_EXTRA);
+    for (size_t i = 0; i < len; i++) {
+        const char *spec = json_string_value(json_array_get(v, i));
+        strata_diag inner = {{0}};
+        if (spec == NULL)
+            return strata_diag_set(diag, STRATA_EINVAL, "candidate_compressors[%zu]: expected a string",
+                                   i);
+        if (strata_budget_parse(spec, 1, &p->extra[i], &inner) < 0)
+            return strata_diag_set(diag, STRATA_EINVAL, "candidate_compressors[%zu]: %s", i,
+                                   inner.msg);
+    }
+    p->nextra = len;
+    return STRATA_OK;
+}
+
 /* Parses the phase-related keys: "phases", "phase_weights", "weights". The
  * number of phases comes from "phases", else from the length of
  * "phase_weights" or "weights", else the default. */
@@ -321,7 +418,7 @@ static int parse_json(const char *text, size_t len, strata_policy *p, strata_dia
     if (!json_is_string(jt) || !type_from_name(json_string_value(jt), &type)) {
         rc = strata_diag_set(diag, STRATA_EINVAL,
                              "type: expected one of \"uniform\", \"legacy-layer\", "
-                             "\"legacy-phase\", \"legacy\", \"lgreco\"");
+                             "\"legacy-phase\", \"legacy\", \"legacy-ref\", \"lgreco\"");
         goto out;
     }
     set_defaults(p, type);
@@ -338,7 +435,8 @@ static int parse_json(const char *text, size_t len, strata_policy *p, strata_dia
             rc = strata_diag_set(diag, STRATA_EINVAL,
                                  "%s: unknown key (known: type, dense_below, compressor, splits, "
                                  "layer_weights, phases, phase_weights, weights, calibration, "
-                                 "candidates, lgreco_every)",
+                                 "calibration_unit, candidates, candidate_values, "
+                                 "candidate_compressors, lgreco_every)",
                                  key);
             goto out;
         }
@@ -356,21 +454,9 @@ static int parse_json(const char *text, size_t len, strata_policy *p, strata_dia
             goto out;
         p->dense_below = (size_t)u;
     }
-    if ((val = json_object_get(root, "compressor")) != NULL) {
-        const char *c = json_string_value(val);
-        if (c != NULL && strcmp(c, "topk") == 0) {
-            p->comp = STRATA_COMP_TOPK;
-        } else if (c != NULL && strcmp(c, "randk") == 0 && type != POL_LGRECO) {
-            p->comp = STRATA_COMP_RANDK;
-        } else {
-            rc = strata_diag_set(diag, STRATA_EINVAL, "%s",
-                                 type == POL_LGRECO
-                                     ? "compressor: lgreco needs \"topk\" (its error tables are "
-                                       "top-k errors)"
-                                     : "compressor: expected \"topk\" or \"randk\"");
-            goto out;
-        }
-    }
+    if ((val = json_object_get(root, "compressor")) != NULL &&
+        (rc = parse_compressor(p, val, diag)) < 0)
+        goto out;
     if ((val = json_object_get(root, "splits")) != NULL && (rc = parse_splits(p, val, diag)) < 0)
         goto out;
     if (type == POL_LAYER || type == POL_PHASE || type == POL_LEGACY) {
@@ -402,10 +488,33 @@ static int parse_json(const char *text, size_t len, strata_policy *p, strata_dia
     if ((val = json_object_get(root, "candidates")) != NULL &&
         (rc = parse_candidates(p, val, diag)) < 0)
         goto out;
+    if ((val = json_object_get(root, "calibration_unit")) != NULL) {
+        const char *c = json_string_value(val);
+        if (c == NULL || (strcmp(c, "elements") != 0 && strcmp(c, "bytes") != 0)) {
+            rc = strata_diag_set(diag, STRATA_EINVAL,
+                                 "calibration_unit: expected \"elements\" or \"bytes\"");
+            goto out;
+        }
+        p->cal_bytes = strcmp(c, "bytes") == 0;
+    }
+    if ((val = json_object_get(root, "candidate_values")) != NULL &&
+        (rc = parse_cvals(p, val, diag)) < 0)
+        goto out;
+    if ((val = json_object_get(root, "candidate_compressors")) != NULL &&
+        (rc = parse_extra(p, val, diag)) < 0)
+        goto out;
     if ((val = json_object_get(root, "lgreco_every")) != NULL) {
         if ((rc = get_uint(val, "lgreco_every", 1, MAX_LGRECO_EVERY, &u, diag)) < 0)
             goto out;
         p->lgreco_every = (uint32_t)u;
+    }
+    if (type == POL_LGRECO &&
+        (p->ncand + 1) * (p->ncvals + 1) + p->nextra + 1 > STRATA_LGRECO_MAX_TABLE) {
+        rc = strata_diag_set(diag, STRATA_EINVAL,
+                             "candidates: %zu densities x %zu value formats and %zu compressors "
+                             "may make more than %d candidates",
+                             p->ncand, p->ncvals, p->nextra, STRATA_LGRECO_MAX_TABLE);
+        goto out;
     }
     rc = STRATA_OK;
 out:
@@ -440,9 +549,15 @@ int strata_policy_parse(const char *spec, strata_policy **out, strata_diag *diag
     while (*s == ' ' || *s == '\t' || *s == '\n' || *s == '\r')
         s++;
     pol_type type;
+    strata_budget comp;
     int rc;
     if (type_from_name(spec, &type)) {
         set_defaults(p, type);
+        rc = STRATA_OK;
+    } else if (strata_budget_parse(spec, 0, &comp, NULL) == STRATA_OK &&
+               comp.values == STRATA_VALUES_FP32) {
+        set_defaults(p, POL_UNIFORM);
+        p->base = comp;
         rc = STRATA_OK;
     } else if (*s == '{') {
         rc = parse_json(s, strlen(s), p, diag);
@@ -462,7 +577,9 @@ int strata_policy_parse(const char *spec, strata_policy **out, strata_diag *diag
     } else {
         rc = strata_diag_set(diag, STRATA_EINVAL,
                              "policy '%s': expected a policy name (uniform, legacy-layer, "
-                             "legacy-phase, legacy, lgreco), JSON text or @file.json",
+                             "legacy-phase, legacy, legacy-ref, lgreco), a compressor (topk, "
+                             "randk, fp16, bf16, sign, qsgd:LEVELS, powersgd:RANK, none), JSON "
+                             "text or @file.json",
                              spec);
     }
     if (rc < 0) {
@@ -478,7 +595,7 @@ void strata_policy_free(strata_policy *p)
     if (p == NULL)
         return;
     free(p->lg_numel);
-    free(p->lg_density);
+    free(p->lg_budget);
     free(p);
 }
 
@@ -505,8 +622,9 @@ char *strata_policy_json(const strata_policy *p)
         return NULL;
     int bad = json_object_set_new(o, "type", json_string(type_names[p->type]));
     bad |= json_object_set_new(o, "dense_below", json_integer((json_int_t)p->dense_below));
+    char spec[64];
     bad |= json_object_set_new(o, "compressor",
-                               json_string(p->comp == STRATA_COMP_RANDK ? "randk" : "topk"));
+                               json_string(strata_budget_format(&p->base, 0, spec, sizeof(spec))));
     if (p->type == POL_LAYER || p->type == POL_LEGACY) {
         bad |= json_object_set_new(o, "splits", a = json_array());
         for (size_t i = 0; a != NULL && i < p->nsplits; i++)
@@ -527,10 +645,20 @@ char *strata_policy_json(const strata_policy *p)
         for (uint32_t ph = 0; a != NULL && ph < p->nphases; ph++)
             bad |= json_array_append_new(a, real_array(p->w[ph], p->ngroups));
     }
-    if (p->type == POL_LAYER || p->type == POL_PHASE || p->type == POL_LEGACY)
+    if (p->type == POL_LAYER || p->type == POL_PHASE || p->type == POL_LEGACY) {
         bad |= json_object_set_new(o, "calibration", json_string(cal_names[p->cal]));
+        bad |= json_object_set_new(o, "calibration_unit",
+                                   json_string(p->cal_bytes ? "bytes" : "elements"));
+    }
     if (p->type == POL_LGRECO) {
         bad |= json_object_set_new(o, "candidates", real_array(p->cand, p->ncand));
+        bad |= json_object_set_new(o, "candidate_values", a = json_array());
+        for (size_t i = 0; a != NULL && i < p->ncvals; i++)
+            bad |= json_array_append_new(a, json_string(strata_values_format_name(p->cvals[i])));
+        bad |= json_object_set_new(o, "candidate_compressors", a = json_array());
+        for (size_t i = 0; a != NULL && i < p->nextra; i++)
+            bad |= json_array_append_new(
+                a, json_string(strata_budget_format(&p->extra[i], 1, spec, sizeof(spec))));
         bad |= json_object_set_new(o, "lgreco_every", json_integer(p->lgreco_every));
     }
     if (bad) {
@@ -575,19 +703,18 @@ static int valid_d0(double d0)
     return d0 > 0.0 && d0 <= 1.0;
 }
 
-size_t strata_policy_lgreco_candidates(const strata_policy *p, double d0, double *out)
+int strata_policy_set_values(strata_policy *p, strata_values_format vf, strata_diag *diag)
 {
-    if (p->type != POL_LGRECO || !valid_d0(d0))
-        return 0;
-    size_t n = 0, i = 0;
-    while (i < p->ncand && p->cand[i] < d0)
-        out[n++] = p->cand[i++];
-    out[n++] = d0;
-    if (i < p->ncand && p->cand[i] == d0)
-        i++;
-    while (i < p->ncand)
-        out[n++] = p->cand[i++];
-    return n;
+    if (p == NULL)
+        return strata_diag_set(diag, STRATA_EINVAL, "policy: NULL argument");
+    strata_budget b = p->base;
+    b.values = vf;
+    strata_diag inner = {{0}};
+    if (strata_budget_check(&b, &inner) < 0)
+        return strata_diag_set(diag, STRATA_EINVAL, "values %s: %s", strata_values_format_name(vf),
+                               inner.msg);
+    p->values = vf;
+    return STRATA_OK;
 }
 
 /* ---- densities and calibration ---- */
@@ -600,9 +727,29 @@ size_t strata_policy_kept(const size_t *numel, const double *density, size_t nla
     return total;
 }
 
-static int is_dense(const strata_policy *p, size_t n)
+int strata__policy_is_dense(const strata_policy *p, size_t n)
 {
     return n == 0 || n < p->dense_below;
+}
+#define is_dense strata__policy_is_dense
+
+strata_budget strata__policy_dense_budget(const strata_policy *p)
+{
+    strata_budget b = {.comp = STRATA_COMP_NONE, .density = 1.0, .values = p->values};
+    if ((unsigned)b.values > STRATA_VALUES_BF16)
+        b.values = STRATA_VALUES_FP32;
+    return b;
+}
+
+strata_budget strata__policy_layer_budget(const strata_policy *p, double d)
+{
+    int sparse = p->base.comp == STRATA_COMP_TOPK || p->base.comp == STRATA_COMP_RANDK;
+    if (sparse && d >= 1.0)
+        return strata__policy_dense_budget(p);
+    strata_budget b = p->base;
+    b.density = sparse ? d : 1.0;
+    b.values = p->values;
+    return b;
 }
 
 static size_t group_of(const strata_policy *p, size_t n)
@@ -620,18 +767,27 @@ static double scaled(double alpha, double w)
     return d >= 1.0 ? 1.0 : d;
 }
 
-/* Elements kept in one round of phase ph at scale alpha (dense layers
- * included). */
+/* The volume of one layer of n elements at density d: kept elements, or
+ * estimated payload bytes with "calibration_unit": "bytes". */
+static double layer_volume(const strata_policy *p, size_t n, double d)
+{
+    if (!p->cal_bytes)
+        return (double)strata_comp_kept(d, n);
+    strata_budget b = strata__policy_layer_budget(p, d);
+    return strata_budget_bytes(&b, n);
+}
+
+/* Volume of one round of phase ph at scale alpha (dense layers included). */
 static double phase_kept(const strata_policy *p, const size_t *numel, size_t nlayers, uint32_t ph,
                          double alpha)
 {
-    size_t total = 0;
+    double total = 0.0;
     for (size_t l = 0; l < nlayers; l++)
-        total += is_dense(p, numel[l])
-                     ? numel[l]
-                     : (size_t)strata_comp_kept(scaled(alpha, p->w[ph][group_of(p, numel[l])]),
-                                                numel[l]);
-    return (double)total;
+        total += layer_volume(p, numel[l],
+                              is_dense(p, numel[l])
+                                  ? 1.0
+                                  : scaled(alpha, p->w[ph][group_of(p, numel[l])]));
+    return total;
 }
 
 /* Calibration target and kept-volume function: `rounds[ph]` rounds of each
@@ -711,20 +867,18 @@ int strata_policy_densities(const strata_policy *p, const size_t *numel, size_t 
         return rc;
 
     if (p->type == POL_LGRECO && p->lg_ready) {
-        int same = p->lg_nlayers == nlayers && p->lg_d0 == d0;
-        for (size_t l = 0; same && l < nlayers; l++)
-            same = p->lg_numel[l] == numel[l];
-        if (!same)
-            return strata_diag_set(diag, STRATA_ESTATE,
-                                   "lgreco: the error table was solved for %zu layers at density "
-                                   "%g, not for these %zu layers at %g",
-                                   p->lg_nlayers, p->lg_d0, nlayers, d0);
-        memcpy(density, p->lg_density, nlayers * sizeof(*density));
+        if ((rc = strata__policy_lgreco_applies(p, numel, nlayers, d0, diag)) < 0)
+            return rc;
+        for (size_t l = 0; l < nlayers; l++) {
+            const strata_budget *b = &p->lg_budget[l];
+            density[l] =
+                b->comp == STRATA_COMP_TOPK || b->comp == STRATA_COMP_RANDK ? b->density : 1.0;
+        }
         return STRATA_OK;
     }
 
     uint32_t ph = strata_policy_phase(p, round, total_rounds);
-    double alpha = d0;
+    double alpha = p->absolute ? 1.0 : d0;
     int any = 0;
     for (size_t l = 0; l < nlayers; l++)
         any |= !is_dense(p, numel[l]);
@@ -732,8 +886,7 @@ int strata_policy_densities(const strata_policy *p, const size_t *numel, size_t 
         volume_fn v = {p, numel, nlayers, {0}};
         double uniform = 0.0;
         for (size_t l = 0; l < nlayers; l++)
-            uniform +=
-                (double)(is_dense(p, numel[l]) ? numel[l] : (size_t)strata_comp_kept(d0, numel[l]));
+            uniform += layer_volume(p, numel[l], is_dense(p, numel[l]) ? 1.0 : d0);
         double target = uniform;
         if (p->cal == CAL_ROUND) {
             v.rounds[ph] = 1.0;
@@ -765,228 +918,12 @@ int strata_policy_budgets(const strata_policy *p, const size_t *numel, size_t nl
     if (d == NULL)
         return STRATA_ENOMEM;
     rc = strata_policy_densities(p, numel, nlayers, d0, round, total_rounds, d, diag);
-    for (size_t l = 0; rc == STRATA_OK && l < nlayers; l++) {
-        out[l].comp = d[l] >= 1.0 ? STRATA_COMP_NONE : p->comp;
-        out[l].density = d[l];
-    }
+    for (size_t l = 0; rc == STRATA_OK && l < nlayers; l++)
+        out[l] = p->type == POL_LGRECO && p->lg_ready
+                     ? p->lg_budget[l]
+                     : (is_dense(p, numel[l]) ? strata__policy_dense_budget(p)
+                                              : strata__policy_layer_budget(p, d[l]));
     free(d);
     return rc;
 }
 
-/* ---- lgreco ---- */
-
-int strata_lgreco_uniform_error(const double *err, size_t nlayers, const double *cand, size_t ncand,
-                                double d0, double *out, strata_diag *diag)
-{
-    *out = 0.0;
-    size_t c0 = ncand;
-    for (size_t c = 0; cand != NULL && c < ncand; c++)
-        if (cand[c] == d0)
-            c0 = c;
-    if (c0 == ncand)
-        return strata_diag_set(diag, STRATA_EINVAL, "lgreco: density %g is not a candidate", d0);
-    if (nlayers > 0 && err == NULL)
-        return strata_diag_set(diag, STRATA_EINVAL, "lgreco: NULL error table");
-    double s = 0.0;
-    for (size_t l = 0; l < nlayers; l++)
-        s += err[l * ncand + c0];
-    *out = s;
-    return STRATA_OK;
-}
-
-int strata_lgreco_solve(const double *err, const size_t *numel, size_t nlayers, const double *cand,
-                        size_t ncand, double budget, size_t *choice, strata_diag *diag)
-{
-    if (choice != NULL)
-        memset(choice, 0, nlayers * sizeof(*choice));
-    if (nlayers == 0)
-        return STRATA_OK;
-    if (err == NULL || numel == NULL || cand == NULL || choice == NULL)
-        return strata_diag_set(diag, STRATA_EINVAL, "lgreco: NULL argument");
-    if (ncand == 0 || ncand > 255)
-        return strata_diag_set(diag, STRATA_EINVAL, "lgreco: %zu candidates (1 to 255 allowed)",
-                               ncand);
-    for (size_t c = 0; c < ncand; c++)
-        if (!(cand[c] > 0.0 && cand[c] <= 1.0) || (c > 0 && cand[c] <= cand[c - 1]))
-            return strata_diag_set(diag, STRATA_EINVAL,
-                                   "lgreco: candidate %zu (%g) is not an ascending density in "
-                                   "(0, 1]",
-                                   c, cand[c]);
-    if (!(budget >= 0.0 && isfinite(budget)))
-        return strata_diag_set(diag, STRATA_EINVAL, "lgreco: budget %g is not a finite number >= 0",
-                               budget);
-    if (nlayers > SIZE_MAX / ncand)
-        return STRATA_ENOMEM;
-    for (size_t i = 0; i < nlayers * ncand; i++)
-        if (!(err[i] >= 0.0 && isfinite(err[i])))
-            return strata_diag_set(diag, STRATA_EINVAL,
-                                   "lgreco: error of layer %zu at candidate %zu is %g (expected a "
-                                   "finite number >= 0)",
-                                   i / ncand, i % ncand, err[i]);
-
-    const size_t Q = STRATA_LGRECO_RESOLUTION;
-    const uint64_t INF = UINT64_MAX;
-    int rc = STRATA_OK;
-    uint32_t *units = NULL;
-    uint64_t *kept = NULL, *prev = NULL, *cur = NULL;
-    unsigned char *pick = NULL;
-    if (nlayers > SIZE_MAX / (Q + 1) || nlayers * ncand > SIZE_MAX / sizeof(uint64_t))
-        return STRATA_ENOMEM;
-    units = malloc(nlayers * ncand * sizeof(*units));
-    kept = malloc(nlayers * ncand * sizeof(*kept));
-    prev = malloc((Q + 1) * sizeof(*prev));
-    cur = malloc((Q + 1) * sizeof(*cur));
-    pick = malloc(nlayers * (Q + 1));
-    if (units == NULL || kept == NULL || prev == NULL || cur == NULL || pick == NULL) {
-        rc = STRATA_ENOMEM;
-        goto out;
-    }
-    /* Error in units of budget / Q, rounded up: floor(x) + 1 exceeds the
-     * exact quotient even when x itself was rounded down. Zero stays zero. */
-    for (size_t i = 0; i < nlayers * ncand; i++) {
-        double x = budget > 0.0 ? err[i] / budget * (double)Q : INFINITY;
-        units[i] = err[i] == 0.0 ? 0 : (x >= (double)Q ? (uint32_t)Q + 1 : (uint32_t)x + 1);
-        kept[i] = strata_comp_kept(cand[i % ncand], numel[i / ncand]);
-    }
-    /* prev[q]: fewest kept elements over the layers so far with at most q
-     * units of error. */
-    for (size_t q = 0; q <= Q; q++)
-        prev[q] = 0;
-    for (size_t l = 0; l < nlayers; l++) {
-        const uint32_t *u = units + l * ncand;
-        const uint64_t *k = kept + l * ncand;
-        unsigned char *pk = pick + l * (Q + 1);
-        for (size_t q = 0; q <= Q; q++) {
-            uint64_t best = INF;
-            unsigned char bc = 0;
-            for (size_t c = 0; c < ncand; c++) {
-                if (u[c] > q || prev[q - u[c]] == INF)
-                    continue;
-                uint64_t v = prev[q - u[c]] + k[c];
-                if (v < best) {
-                    best = v;
-                    bc = (unsigned char)c;
-                }
-            }
-            cur[q] = best;
-            pk[q] = bc;
-        }
-        uint64_t *t = prev;
-        prev = cur;
-        cur = t;
-    }
-    if (prev[Q] == INF) {
-        double least = 0.0;
-        for (size_t l = 0; l < nlayers; l++) {
-            double m = INFINITY;
-            for (size_t c = 0; c < ncand; c++)
-                m = fmin(m, err[l * ncand + c]);
-            least += m;
-        }
-        rc = strata_diag_set(diag, STRATA_EINVAL,
-                             "lgreco: no choice of candidates keeps the total error within the "
-                             "budget %g (the smallest total error is %g)",
-                             budget, least);
-        goto out;
-    }
-    size_t q = Q;
-    for (size_t l = nlayers; l-- > 0;) {
-        size_t c = pick[l * (Q + 1) + q];
-        choice[l] = c;
-        q -= units[l * ncand + c];
-    }
-out:
-    free(units);
-    free(kept);
-    free(prev);
-    free(cur);
-    free(pick);
-    return rc;
-}
-
-int strata_policy_set_lgreco_table(strata_policy *p, const double *err, const size_t *numel,
-                                   size_t nlayers, double d0, strata_diag *diag)
-{
-    if (p == NULL || p->type != POL_LGRECO)
-        return strata_diag_set(diag, STRATA_EINVAL, "lgreco table given to a policy of type %s",
-                               p == NULL ? "(null)" : type_names[p->type]);
-    double cand[STRATA_LGRECO_MAX_CAND + 1];
-    size_t nc = strata_policy_lgreco_candidates(p, d0, cand);
-    if (nc == 0)
-        return strata_diag_set(diag, STRATA_EINVAL, "density: %g is not in (0, 1]", d0);
-    if (nlayers > 0 && (err == NULL || numel == NULL))
-        return strata_diag_set(diag, STRATA_EINVAL, "lgreco: NULL error table");
-    if (nlayers > SIZE_MAX / nc / sizeof(double))
-        return STRATA_ENOMEM;
-    size_t c0 = 0;
-    while (cand[c0] != d0)
-        c0++;
-    for (size_t l = 0; l < nlayers; l++)
-        for (size_t c = 0; !is_dense(p, numel[l]) && c < nc; c++) {
-            double e = err[l * nc + c];
-            if (!(e >= 0.0 && isfinite(e)))
-                return strata_diag_set(diag, STRATA_EINVAL,
-                                       "lgreco table: error of layer %zu at density %g is %g "
-                                       "(expected a finite number >= 0)",
-                                       l, cand[c], e);
-        }
-
-    /* Solve over the compressible layers only. */
-    int rc = STRATA_ENOMEM;
-    size_t m = 0, *idx = malloc((nlayers + 1) * sizeof(size_t));
-    size_t *sub_numel = malloc((nlayers + 1) * sizeof(size_t));
-    size_t *choice = malloc((nlayers + 1) * sizeof(size_t));
-    double *sub_err = malloc((nlayers * nc + 1) * sizeof(double));
-    size_t *new_numel = malloc((nlayers + 1) * sizeof(size_t));
-    double *new_density = malloc((nlayers + 1) * sizeof(double));
-    if (idx == NULL || sub_numel == NULL || choice == NULL || sub_err == NULL ||
-        new_numel == NULL || new_density == NULL)
-        goto out;
-    for (size_t l = 0; l < nlayers; l++) {
-        new_numel[l] = numel[l];
-        new_density[l] = 1.0;
-        if (is_dense(p, numel[l]))
-            continue;
-        idx[m] = l;
-        sub_numel[m] = numel[l];
-        memcpy(sub_err + m * nc, err + l * nc, nc * sizeof(double));
-        m++;
-    }
-    double budget;
-    rc = strata_lgreco_uniform_error(sub_err, m, cand, nc, d0, &budget, diag);
-    if (rc < 0)
-        goto out;
-    rc = strata_lgreco_solve(sub_err, sub_numel, m, cand, nc, budget, choice, diag);
-    if (rc == STRATA_ENOMEM)
-        goto out;
-    /* Uniform meets the budget exactly; keep it unless the programme found
-     * something no larger (rounding may make uniform itself infeasible for
-     * the programme). */
-    size_t k_dp = 0, k_uni = 0;
-    for (size_t i = 0; i < m; i++) {
-        k_dp += (size_t)strata_comp_kept(cand[choice[i]], sub_numel[i]);
-        k_uni += (size_t)strata_comp_kept(d0, sub_numel[i]);
-    }
-    for (size_t i = 0; i < m; i++)
-        new_density[idx[i]] = (rc == STRATA_OK && k_dp <= k_uni) ? cand[choice[i]] : d0;
-    if (rc < 0 && diag != NULL) /* infeasible for the programme: uniform stands */
-        diag->msg[0] = '\0';
-    rc = STRATA_OK;
-    free(p->lg_numel);
-    free(p->lg_density);
-    p->lg_numel = new_numel;
-    p->lg_density = new_density;
-    new_numel = NULL;
-    new_density = NULL;
-    p->lg_nlayers = nlayers;
-    p->lg_d0 = d0;
-    p->lg_ready = 1;
-out:
-    free(idx);
-    free(sub_numel);
-    free(choice);
-    free(sub_err);
-    free(new_numel);
-    free(new_density);
-    return rc;
-}

@@ -8,10 +8,12 @@
 #include "strata/summary.h"
 
 #include "json_strict.h"
+#include "strata/compress.h"
 
 #include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
+#include <float.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -21,8 +23,10 @@
 static const char *const KEYS[] = {
     "round",       "state",     "model_version", "selected",       "participants",
     "accuracy",    "loss",      "uplink_bytes",  "downlink_bytes", "dense_uplink_bytes",
-    "duration_ms", "densities", "quarantined",   "failed",         "stopped",
-    "recovered"};
+    "duration_ms", "densities", "compressors",   "lgreco",         "quarantined",
+    "failed",      "stopped",   "recovered"};
+static const char *const LGRECO_KEYS[] = {"fell_back", "error_budget", "chosen_error",
+                                          "bytes",     "uniform_bytes", "allocation"};
 
 /* The keys of one quarantined entry, all required. */
 static const char *const QUARANTINE_KEYS[] = {"client_id", "reason", "norm"};
@@ -109,8 +113,28 @@ static int check_summary(const strata_round_summary *s, strata_diag *diag)
             return strata_diag_set(diag, STRATA_EINVAL, "quarantined[%zu].norm: %.17g is negative",
                                    i, q->norm);
     }
+    if (s->has_lgreco && !s->has_densities)
+        return strata_diag_set(diag, STRATA_EINVAL, "lgreco: needs the densities");
+    if (s->has_lgreco) {
+        const double x[] = {s->lg_error_budget, s->lg_chosen_error, s->lg_bytes,
+                            s->lg_uniform_bytes};
+        for (size_t i = 0; i < COUNT(x); i++)
+            if (!(x[i] >= 0.0 && isfinite(x[i])))
+                return strata_diag_set(diag, STRATA_EINVAL,
+                                       "lgreco: %s is %g (expected a finite number >= 0)",
+                                       LGRECO_KEYS[i + 1], x[i]);
+    }
     if (!s->has_densities)
         return STRATA_OK;
+    if ((s->has_lgreco && s->num_layers > 0 && s->lg_allocation == NULL))
+        return strata_diag_set(diag, STRATA_EINVAL, "lgreco.allocation: NULL array");
+    for (size_t i = 0; i < s->num_layers; i++) {
+        strata_budget b;
+        strata_diag bd = {{0}};
+        if ((s->compressors != NULL && strata_budget_parse(s->compressors[i], 1, &b, &bd) < 0) ||
+            (s->has_lgreco && strata_budget_parse(s->lg_allocation[i], 1, &b, &bd) < 0))
+            return strata_diag_set(diag, STRATA_EINVAL, "layer %zu: %s", i, bd.msg);
+    }
     if (s->num_layers > 0 && (s->layer_names == NULL || s->densities == NULL))
         return strata_diag_set(diag, STRATA_EINVAL, "densities: NULL arrays for %zu layers",
                                s->num_layers);
@@ -169,8 +193,9 @@ static json_t *quarantined_json(const strata_round_summary *s)
     return a;
 }
 
-/* Builds the densities object; *dup is set when two layers share a name. */
-static json_t *densities_json(const strata_round_summary *s, int *dup)
+/* Builds the densities object (specs NULL) or a per-layer object of
+ * budget specifications; *dup is set when two layers share a name. */
+static json_t *densities_json(const strata_round_summary *s, char *const *specs, int *dup)
 {
     json_t *o = json_object();
     for (size_t i = 0; o != NULL && i < s->num_layers; i++) {
@@ -179,7 +204,8 @@ static json_t *densities_json(const strata_round_summary *s, int *dup)
             json_decref(o);
             return NULL;
         }
-        if (put(o, s->layer_names[i], json_real(s->densities[i])) < 0) {
+        json_t *v = specs != NULL ? json_string(specs[i]) : json_real(s->densities[i]);
+        if (put(o, s->layer_names[i], v) < 0) {
             json_decref(o);
             o = NULL;
         }
@@ -216,7 +242,17 @@ int strata_round_summary_encode(const strata_round_summary *s, char **json_out, 
               put_int(o, "duration_ms", s->duration_ms) < 0;
     int dup = 0;
     if (!bad && s->has_densities)
-        bad = put(o, "densities", densities_json(s, &dup)) < 0;
+        bad = put(o, "densities", densities_json(s, NULL, &dup)) < 0;
+    if (!bad && s->has_densities && s->compressors != NULL)
+        bad = put(o, "compressors", densities_json(s, s->compressors, &dup)) < 0;
+    if (!bad && s->has_lgreco) {
+        json_t *l = json_pack("{s:b,s:f,s:f,s:f,s:f}", "fell_back", s->lg_fell_back,
+                              "error_budget", s->lg_error_budget, "chosen_error",
+                              s->lg_chosen_error, "bytes", s->lg_bytes, "uniform_bytes",
+                              s->lg_uniform_bytes);
+        bad = l == NULL || put(l, "allocation", densities_json(s, s->lg_allocation, &dup)) < 0 ||
+              put(o, "lgreco", l) < 0;
+    }
     if (!bad && s->num_quarantined > 0)
         bad = put(o, "quarantined", quarantined_json(s)) < 0;
     if (!bad && s->failed != STRATA_ROUND_FAILED_NONE)
@@ -345,6 +381,72 @@ static int get_densities(const json_t *o, const limits *lim, strata_round_summar
     return STRATA_OK;
 }
 
+/* A per-layer object of budget specifications ("compressors", the lgreco
+ * allocation) over exactly the layers of "densities", in their order, into
+ * a new array *out. */
+static int get_specs(const json_t *o, const char *where, const strata_round_summary *s,
+                     char ***out, strata_diag *diag)
+{
+    if (!json_is_object(o))
+        return strata_diag_set(diag, STRATA_EPROTO, "summary.%s: expected an object", where);
+    if (!s->has_densities || json_object_size(o) != s->num_layers)
+        return strata_diag_set(diag, STRATA_EPROTO,
+                               "summary.%s: expected the %zu layers of \"densities\"", where,
+                               s->num_layers);
+    *out = calloc(s->num_layers + 1, sizeof(char *));
+    if (*out == NULL)
+        return strata_diag_set(diag, STRATA_ENOMEM, "summary: out of memory");
+    size_t i = 0;
+    const char *key;
+    json_t *v;
+    json_object_foreach((json_t *)o, key, v)
+    {
+        if (strcmp(key, s->layer_names[i]) != 0)
+            return strata_diag_set(diag, STRATA_EPROTO,
+                                   "summary.%s: key %zu is not layer %zu of \"densities\"", where,
+                                   i, i);
+        strata_budget b;
+        strata_diag bd = {{0}};
+        if (!json_is_string(v) || strata_budget_parse(json_string_value(v), 1, &b, &bd) < 0)
+            return strata_diag_set(diag, STRATA_EPROTO, "summary.%s: layer %zu: %s", where, i,
+                                   bd.msg[0] ? bd.msg : "expected a compressor specification");
+        if (strata__json_strdup(json_string_value(v), &(*out)[i]) < 0)
+            return strata_diag_set(diag, STRATA_ENOMEM, "summary: out of memory");
+        i++;
+    }
+    return STRATA_OK;
+}
+
+static int get_lgreco(const json_t *o, strata_round_summary *s, strata_diag *diag)
+{
+    const json_t *c = json_object_get(o, "compressors");
+    int rc;
+    if (c != NULL && (rc = get_specs(c, "compressors", s, &s->compressors, diag)) < 0)
+        return rc;
+    const json_t *l = json_object_get(o, "lgreco");
+    if (l == NULL)
+        return STRATA_OK;
+    if (!json_is_object(l))
+        return strata_diag_set(diag, STRATA_EPROTO, "summary.lgreco: expected an object");
+    s->has_lgreco = 1;
+    const char *where = "summary.lgreco";
+    if ((rc = strata__json_known_keys(l, LGRECO_KEYS, COUNT(LGRECO_KEYS), where, diag)) < 0)
+        return rc;
+    const json_t *fb = json_object_get(l, "fell_back");
+    if (!json_is_boolean(fb))
+        return strata_diag_set(diag, STRATA_EPROTO, "%s.fell_back: expected a boolean", where);
+    s->lg_fell_back = json_is_true(fb);
+    double *x[] = {&s->lg_error_budget, &s->lg_chosen_error, &s->lg_bytes, &s->lg_uniform_bytes};
+    for (size_t i = 0; i < COUNT(x); i++)
+        if ((rc = strata__json_number(l, LGRECO_KEYS[i + 1], 0.0, 0, DBL_MAX, 0, where, x[i],
+                                      diag)) < 0)
+            return rc;
+    const json_t *a = json_object_get(l, "allocation");
+    if (a == NULL)
+        return strata_diag_set(diag, STRATA_EPROTO, "%s.allocation: missing", where);
+    return get_specs(a, "lgreco.allocation", s, &s->lg_allocation, diag);
+}
+
 /* The "quarantined" array: at most participants entries (read before). */
 static int get_quarantined(const json_t *o, strata_round_summary *s, strata_diag *diag)
 {
@@ -444,6 +546,7 @@ static int get_summary(const json_t *o, const limits *lim, void *out, strata_dia
         (rc = get_count(o, "selected", 1, &s->selected, diag)) < 0 ||
         (rc = get_count(o, "participants", 0, &s->participants, diag)) < 0 ||
         (rc = get_stats(o, s, diag)) < 0 || (rc = get_densities(o, lim, s, diag)) < 0 ||
+        (rc = get_lgreco(o, s, diag)) < 0 ||
         (rc = get_quarantined(o, s, diag)) < 0 || (rc = get_failed(o, s, diag)) < 0 ||
         (rc = get_flag(o, "stopped", &s->stopped, diag)) < 0 ||
         (rc = get_flag(o, "recovered", &s->recovered, diag)) < 0)
@@ -478,6 +581,10 @@ void strata_round_summary_cleanup(strata_round_summary *s)
 {
     if (s == NULL)
         return;
+    if (s->compressors != NULL)
+        strata__json_free_names(s->compressors, s->num_layers);
+    if (s->lg_allocation != NULL)
+        strata__json_free_names(s->lg_allocation, s->num_layers);
     strata__json_free_names(s->layer_names, s->num_layers);
     free(s->densities);
     free(s->quarantined);

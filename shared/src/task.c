@@ -20,10 +20,14 @@
 #define MAX_SEED ((int64_t)((UINT64_C(1) << 53) - 1))
 #define MAX_RATE ((double)FLT_MAX) /* lr, weight_decay, prox_mu */
 
-static const char *const TASK_KEYS[] = {
-    "round",  "total_rounds", "model_version", "deadline_unix_ms",
-    "values", "budgets",      "train",         "seed"};
-static const char *const BUDGET_KEYS[] = {"layer", "compressor", "density", "levels", "rank"};
+static const char *const TASK_KEYS[] = {"round",   "total_rounds",     "model_version",
+                                        "deadline_unix_ms", "budgets", "error_candidates",
+                                        "train",   "seed"};
+static const char *const BUDGET_KEYS[] = {"layer",  "compressor", "density",
+                                          "levels", "rank",       "values"};
+/* A candidate is a budget without its layer. */
+#define CAND_KEYS (BUDGET_KEYS + 1)
+#define CAND_NKEYS (COUNT(BUDGET_KEYS) - 1)
 static const char *const TRAIN_KEYS[] = {"epochs",       "batch",   "lr",       "momentum",
                                          "weight_decay", "prox_mu", "max_steps"};
 
@@ -40,31 +44,23 @@ static int in_range(double x, double lo, int lo_open, double hi, int hi_open)
     return (lo_open ? x > lo : x >= lo) && (hi_open ? x < hi : x <= hi);
 }
 
-/* Checks budget i of t against the ranges of strata/task.h. */
-static int check_budget(const strata_task *t, size_t i, strata_diag *diag)
+/* Checks budget b (`where`: "budgets[3]") against the ranges of
+ * strata/task.h. */
+static int check_budget(const strata_budget *b, const char *where, strata_diag *diag)
 {
-    const strata_budget *b = &t->budgets[i];
-    const char *name = t->layer_names[i];
-    char what[48];
-    snprintf(what, sizeof(what), "budgets[%zu].layer", i);
-    int rc = strata__json_check_name(name, name != NULL ? strlen(name) : 0,
-                                     STRATA_TASK_DEFAULT_MAX_NAME_BYTES, STRATA_EINVAL, what, diag);
-    if (rc < 0)
-        return rc;
     if ((unsigned)b->comp >= STRATA_COMP_COUNT)
-        return strata_diag_set(diag, STRATA_EINVAL, "budgets[%zu].compressor: unknown id %d", i,
+        return strata_diag_set(diag, STRATA_EINVAL, "%s.compressor: unknown id %d", where,
                                (int)b->comp);
     if (!in_range(b->density, 0.0, 1, 1.0, 0))
-        return strata_diag_set(diag, STRATA_EINVAL, "budgets[%zu].density: %.17g is not in (0, 1]",
-                               i, b->density);
+        return strata_diag_set(diag, STRATA_EINVAL, "%s.density: %.17g is not in (0, 1]", where,
+                               b->density);
     if (b->levels > (uint32_t)MAX_I32 || b->rank > (uint32_t)MAX_I32)
         return strata_diag_set(diag, STRATA_EINVAL,
-                               "budgets[%zu]: levels %" PRIu32 " or rank %" PRIu32
-                               " above 2^31 - 1",
-                               i, b->levels, b->rank);
+                               "%s: levels %" PRIu32 " or rank %" PRIu32 " above 2^31 - 1", where,
+                               b->levels, b->rank);
     strata_diag inner = {{0}};
     if (strata_budget_check(b, &inner) < 0)
-        return strata_diag_set(diag, STRATA_EINVAL, "budgets[%zu]: %s", i, inner.msg);
+        return strata_diag_set(diag, STRATA_EINVAL, "%s: %s", where, inner.msg);
     return STRATA_OK;
 }
 
@@ -78,14 +74,28 @@ static int check_task(const strata_task *t, strata_diag *diag)
     if (t->deadline_unix_ms < 0)
         return strata_diag_set(diag, STRATA_EINVAL, "deadline_unix_ms: %" PRId64 " is negative",
                                t->deadline_unix_ms);
-    if ((unsigned)t->values_format >= STRATA_VALUES_COUNT)
-        return strata_diag_set(diag, STRATA_EINVAL, "values: unknown format %d",
-                               (int)t->values_format);
     if (t->num_layers > 0 && (t->layer_names == NULL || t->budgets == NULL))
         return strata_diag_set(diag, STRATA_EINVAL, "budgets: NULL arrays for %zu layers",
                                t->num_layers);
+    if (t->num_candidates > STRATA_TASK_MAX_CANDIDATES ||
+        (t->num_candidates > 0 && t->candidates == NULL))
+        return strata_diag_set(diag, STRATA_EINVAL,
+                               "error_candidates: %zu entries (at most %u, and not NULL)",
+                               t->num_candidates, STRATA_TASK_MAX_CANDIDATES);
+    char where[48];
     for (size_t i = 0; i < t->num_layers; i++) {
-        int rc = check_budget(t, i, diag);
+        const char *name = t->layer_names[i];
+        snprintf(where, sizeof(where), "budgets[%zu].layer", i);
+        int rc = strata__json_check_name(name, name != NULL ? strlen(name) : 0,
+                                         STRATA_TASK_DEFAULT_MAX_NAME_BYTES, STRATA_EINVAL, where,
+                                         diag);
+        snprintf(where, sizeof(where), "budgets[%zu]", i);
+        if (rc < 0 || (rc = check_budget(&t->budgets[i], where, diag)) < 0)
+            return rc;
+    }
+    for (size_t i = 0; i < t->num_candidates; i++) {
+        snprintf(where, sizeof(where), "error_candidates[%zu]", i);
+        int rc = check_budget(&t->candidates[i], where, diag);
         if (rc < 0)
             return rc;
     }
@@ -120,14 +130,21 @@ static int check_task(const strata_task *t, strata_diag *diag)
     return STRATA_OK;
 }
 
-static json_t *budgets_json(const strata_task *t)
+/* The budgets (names given) or the candidates (names NULL) as a JSON
+ * array. */
+static json_t *budgets_json(const strata_budget *bs, char *const *names, size_t n)
 {
     json_t *arr = json_array();
-    for (size_t i = 0; arr != NULL && i < t->num_layers; i++) {
-        const strata_budget *b = &t->budgets[i];
-        json_t *o = json_pack("{s:s,s:s,s:f,s:i,s:i}", "layer", t->layer_names[i], "compressor",
-                              strata_comp_name(b->comp), "density", b->density, "levels",
-                              (int)b->levels, "rank", (int)b->rank);
+    for (size_t i = 0; arr != NULL && i < n; i++) {
+        const strata_budget *b = &bs[i];
+        const char *comp = strata_comp_name(b->comp), *vf = strata_values_format_name(b->values);
+        json_t *o = names != NULL
+                        ? json_pack("{s:s,s:s,s:f,s:i,s:i,s:s}", "layer", names[i], "compressor",
+                                    comp, "density", b->density, "levels", (int)b->levels, "rank",
+                                    (int)b->rank, "values", vf)
+                        : json_pack("{s:s,s:f,s:i,s:i,s:s}", "compressor", comp, "density",
+                                    b->density, "levels", (int)b->levels, "rank", (int)b->rank,
+                                    "values", vf);
         if (json_array_append_new(arr, o) < 0) {
             json_decref(arr);
             arr = NULL;
@@ -152,10 +169,11 @@ int strata_task_encode(const strata_task *t, char **json_out, size_t *len_out, s
     const strata_task_train *tr = &t->train;
     /* "o" steals the budgets array, also when json_pack fails. */
     json_t *j = json_pack(
-        "{s:I,s:I,s:I,s:I,s:s,s:o,s:{s:I,s:I,s:f,s:f,s:f,s:f,s:I},s:I}", "round",
+        "{s:I,s:I,s:I,s:I,s:o,s:o,s:{s:I,s:I,s:f,s:f,s:f,s:f,s:I},s:I}", "round",
         (json_int_t)t->round, "total_rounds", (json_int_t)t->total_rounds, "model_version",
-        (json_int_t)t->model_version, "deadline_unix_ms", (json_int_t)t->deadline_unix_ms, "values",
-        strata_values_format_name(t->values_format), "budgets", budgets_json(t), "train", "epochs",
+        (json_int_t)t->model_version, "deadline_unix_ms", (json_int_t)t->deadline_unix_ms,
+        "budgets", budgets_json(t->budgets, t->layer_names, t->num_layers), "error_candidates",
+        budgets_json(t->candidates, NULL, t->num_candidates), "train", "epochs",
         (json_int_t)tr->epochs, "batch", (json_int_t)tr->batch, "lr", tr->lr, "momentum",
         tr->momentum, "weight_decay", tr->weight_decay, "prox_mu", tr->prox_mu, "max_steps",
         (json_int_t)tr->max_steps, "seed", (json_int_t)t->seed);
@@ -169,6 +187,46 @@ int strata_task_encode(const strata_task *t, char **json_out, size_t *len_out, s
 /* ------------------------------------------------------------------------ */
 /* Decoding                                                                 */
 /* ------------------------------------------------------------------------ */
+
+/* Reads the budget fields (all but "layer") of the object v into b; where
+ * is its path for messages ("budgets[3]"). */
+static int get_budget_fields(const json_t *v, const char *where, strata_budget *b,
+                             strata_diag *diag)
+{
+    const json_t *cv = json_object_get(v, "compressor");
+    if (cv == NULL)
+        return strata_diag_set(diag, STRATA_EPROTO, "%s.compressor: missing", where);
+    if (!json_is_string(cv))
+        return strata_diag_set(diag, STRATA_EPROTO, "%s.compressor: expected a string", where);
+    char q[STRATA__JSON_QUOTE_SIZE];
+    if (strata_comp_from_name(json_string_value(cv), &b->comp) < 0) {
+        strata__json_quote(json_string_value(cv), json_string_length(cv), q);
+        return strata_diag_set(diag, STRATA_EPROTO, "%s.compressor: unknown compressor \"%s\"",
+                               where, q);
+    }
+    int64_t levels = 0, rank = 0;
+    int rc;
+    if ((rc = strata__json_number(v, "density", 0.0, 1, 1.0, 0, where, &b->density, diag)) < 0 ||
+        (rc = strata__json_int(v, "levels", 0, MAX_I32, where, &levels, diag)) < 0 ||
+        (rc = strata__json_int(v, "rank", 0, MAX_I32, where, &rank, diag)) < 0)
+        return rc;
+    b->levels = (uint32_t)levels;
+    b->rank = (uint32_t)rank;
+    const json_t *vv = json_object_get(v, "values");
+    if (vv == NULL)
+        return strata_diag_set(diag, STRATA_EPROTO, "%s.values: missing", where);
+    if (!json_is_string(vv))
+        return strata_diag_set(diag, STRATA_EPROTO, "%s.values: expected a string", where);
+    if (strata_values_format_parse(json_string_value(vv), &b->values) < 0) {
+        strata__json_quote(json_string_value(vv), json_string_length(vv), q);
+        return strata_diag_set(diag, STRATA_EPROTO, "%s.values: unknown values format \"%s\"",
+                               where, q);
+    }
+    strata_diag inner = {{0}};
+    if (strata_budget_check(b, &inner) < 0)
+        return strata_diag_set(diag, STRATA_EPROTO, "%s: %s", where, inner.msg);
+    return STRATA_OK;
+}
 
 /* Reads budget i from the array element v into t (whose arrays are
  * allocated). */
@@ -188,30 +246,9 @@ static int get_budget(const json_t *v, size_t i, const limits *lim, strata_task 
     if (lv == NULL)
         return strata_diag_set(diag, STRATA_EPROTO, "%s: missing", what);
     const char *name = NULL;
-    if ((rc = strata__json_name(lv, lim->max_name_bytes, what, &name, diag)) < 0)
+    if ((rc = strata__json_name(lv, lim->max_name_bytes, what, &name, diag)) < 0 ||
+        (rc = get_budget_fields(v, where, &t->budgets[i], diag)) < 0)
         return rc;
-    strata_budget *b = &t->budgets[i];
-    const json_t *cv = json_object_get(v, "compressor");
-    if (cv == NULL)
-        return strata_diag_set(diag, STRATA_EPROTO, "%s.compressor: missing", where);
-    if (!json_is_string(cv))
-        return strata_diag_set(diag, STRATA_EPROTO, "%s.compressor: expected a string", where);
-    if (strata_comp_from_name(json_string_value(cv), &b->comp) < 0) {
-        char q[STRATA__JSON_QUOTE_SIZE];
-        strata__json_quote(json_string_value(cv), json_string_length(cv), q);
-        return strata_diag_set(diag, STRATA_EPROTO, "%s.compressor: unknown compressor \"%s\"",
-                               where, q);
-    }
-    int64_t levels = 0, rank = 0;
-    if ((rc = strata__json_number(v, "density", 0.0, 1, 1.0, 0, where, &b->density, diag)) < 0 ||
-        (rc = strata__json_int(v, "levels", 0, MAX_I32, where, &levels, diag)) < 0 ||
-        (rc = strata__json_int(v, "rank", 0, MAX_I32, where, &rank, diag)) < 0)
-        return rc;
-    b->levels = (uint32_t)levels;
-    b->rank = (uint32_t)rank;
-    strata_diag inner = {{0}};
-    if (strata_budget_check(b, &inner) < 0)
-        return strata_diag_set(diag, STRATA_EPROTO, "%s: %s", where, inner.msg);
     if ((rc = strata__json_strdup(name, &t->layer_names[i])) < 0)
         return strata_diag_set(diag, rc, "task: out of memory");
     return STRATA_OK;
@@ -239,6 +276,37 @@ static int get_budgets(const json_t *root, const limits *lim, strata_task *t, st
     for (size_t i = 0; i < n; i++) {
         int rc = get_budget(json_array_get(arr, i), i, lim, t, diag);
         if (rc < 0)
+            return rc;
+    }
+    return STRATA_OK;
+}
+
+static int get_candidates(const json_t *root, strata_task *t, strata_diag *diag)
+{
+    const json_t *arr = json_object_get(root, "error_candidates");
+    if (arr == NULL)
+        return strata_diag_set(diag, STRATA_EPROTO, "task.error_candidates: missing");
+    if (!json_is_array(arr))
+        return strata_diag_set(diag, STRATA_EPROTO, "task.error_candidates: expected an array");
+    size_t n = json_array_size(arr);
+    if (n > STRATA_TASK_MAX_CANDIDATES)
+        return strata_diag_set(diag, STRATA_ETOOBIG,
+                               "task.error_candidates: %zu entries, above the limit of %u", n,
+                               STRATA_TASK_MAX_CANDIDATES);
+    if (n == 0)
+        return STRATA_OK;
+    t->candidates = calloc(n, sizeof(*t->candidates));
+    if (t->candidates == NULL)
+        return strata_diag_set(diag, STRATA_ENOMEM, "task: out of memory (%zu candidates)", n);
+    t->num_candidates = n;
+    for (size_t i = 0; i < n; i++) {
+        char where[48];
+        snprintf(where, sizeof(where), "error_candidates[%zu]", i);
+        const json_t *v = json_array_get(arr, i);
+        if (!json_is_object(v))
+            return strata_diag_set(diag, STRATA_EPROTO, "%s: expected an object", where);
+        int rc = strata__json_known_keys(v, CAND_KEYS, CAND_NKEYS, where, diag);
+        if (rc < 0 || (rc = get_budget_fields(v, where, &t->candidates[i], diag)) < 0)
             return rc;
     }
     return STRATA_OK;
@@ -287,18 +355,8 @@ static int get_task(const json_t *root, const limits *lim, void *out, strata_dia
     t->total_rounds = (uint32_t)total;
     t->model_version = (uint64_t)version;
     t->deadline_unix_ms = deadline;
-    const json_t *vv = json_object_get(root, "values");
-    if (vv == NULL)
-        return strata_diag_set(diag, STRATA_EPROTO, "task.values: missing");
-    if (!json_is_string(vv))
-        return strata_diag_set(diag, STRATA_EPROTO, "task.values: expected a string");
-    if (strata_values_format_parse(json_string_value(vv), &t->values_format) < 0) {
-        char q[STRATA__JSON_QUOTE_SIZE];
-        strata__json_quote(json_string_value(vv), json_string_length(vv), q);
-        return strata_diag_set(diag, STRATA_EPROTO, "task.values: \"%s\" is not fp32, fp16 or bf16",
-                               q);
-    }
-    if ((rc = get_budgets(root, lim, t, diag)) < 0 || (rc = get_train(root, &t->train, diag)) < 0 ||
+    if ((rc = get_budgets(root, lim, t, diag)) < 0 || (rc = get_candidates(root, t, diag)) < 0 ||
+        (rc = get_train(root, &t->train, diag)) < 0 ||
         (rc = strata__json_int(root, "seed", 0, MAX_SEED, where, &seed, diag)) < 0)
         return rc;
     t->seed = (uint64_t)seed;
@@ -334,5 +392,6 @@ void strata_task_cleanup(strata_task *t)
         return;
     strata__json_free_names(t->layer_names, t->num_layers);
     free(t->budgets);
+    free(t->candidates);
     memset(t, 0, sizeof(*t));
 }

@@ -21,41 +21,6 @@
 
 #define MAX_PAYLOAD_FILE ((size_t)1 << 31)
 
-/* A single compressor for every layer ("sign", "qsgd:8", "powersgd:4", ...)
- * instead of a policy. Sets *found to 1 (and *b) when spec names one, to 0
- * when it does not. Errors: STRATA_EINVAL for a malformed parameter. */
-static int parse_compressor_spec(const char *spec, strata_budget *b, int *found)
-{
-    *found = 0;
-    char name[32];
-    const char *colon = strchr(spec, ':');
-    size_t n = colon ? (size_t)(colon - spec) : strlen(spec);
-    if (n >= sizeof(name))
-        return STRATA_OK;
-    memcpy(name, spec, n);
-    name[n] = '\0';
-    strata_compressor_id id;
-    if (strata_comp_from_name(name, &id) < 0 || id == STRATA_COMP_TOPK || id == STRATA_COMP_RANDK)
-        return STRATA_OK;
-    memset(b, 0, sizeof(*b));
-    b->comp = id;
-    b->density = 1.0;
-    long v = 0;
-    if (id == STRATA_COMP_QSGD || id == STRATA_COMP_POWERSGD) {
-        if (colon == NULL ||
-            strata_parse_long(colon + 1, 1, id == STRATA_COMP_QSGD ? 127 : 65535, &v) != 0)
-            return STRATA_EINVAL;
-        if (id == STRATA_COMP_QSGD)
-            b->levels = (uint32_t)v;
-        else
-            b->rank = (uint32_t)v;
-    } else if (colon != NULL) {
-        return STRATA_EINVAL;
-    }
-    *found = 1;
-    return STRATA_OK;
-}
-
 static size_t *layer_sizes(const strata_tensor_list *t)
 {
     size_t *n = malloc((t->count ? t->count : 1) * sizeof(size_t));
@@ -64,19 +29,22 @@ static size_t *layer_sizes(const strata_tensor_list *t)
     return n;
 }
 
-/* Per-layer budgets from a policy spec or a single-compressor spec. Errors:
- * those of the policy parser and strata_policy_budgets, STRATA_EINVAL for a
- * malformed compressor parameter; diag's message starts with "--policy". */
+/* Per-layer budgets from a policy spec, or from a compressor that is not
+ * top-k or random-k ("sign", "qsgd:8", "powersgd:4", "fp16"), which then
+ * applies to every layer; vf is the values format. Errors: those of the
+ * policy parser, strata_policy_set_values and strata_policy_budgets;
+ * diag's message starts with "--policy" or "--values". */
 static int make_budgets(const char *spec, const strata_tensor_list *t, double d0, uint32_t round,
-                        uint32_t rounds, strata_budget *budgets, strata_diag *diag)
+                        uint32_t rounds, strata_values_format vf, strata_budget *budgets,
+                        strata_diag *diag)
 {
     strata_budget one;
-    int found = 0;
-    if (parse_compressor_spec(spec, &one, &found) < 0)
-        return strata_diag_set(diag, STRATA_EINVAL,
-                               "--policy '%s': expected qsgd:LEVELS (1-127) or powersgd:RANK",
-                               spec);
-    if (found) {
+    if (strata_budget_parse(spec, 0, &one, NULL) == STRATA_OK && one.comp != STRATA_COMP_TOPK &&
+        one.comp != STRATA_COMP_RANDK) {
+        strata_diag bd = {{0}};
+        one.values = vf;
+        if (strata_budget_check(&one, &bd) < 0)
+            return strata_diag_set(diag, STRATA_EINVAL, "--values: %s", bd.msg);
         for (size_t i = 0; i < t->count; i++)
             budgets[i] = one;
         return STRATA_OK;
@@ -85,6 +53,8 @@ static int make_budgets(const char *spec, const strata_tensor_list *t, double d0
     strata_diag d = {{0}};
     int rc = strata_policy_parse(spec, &p, &d);
     size_t *sizes = NULL;
+    if (rc == 0)
+        rc = strata_policy_set_values(p, vf, &d);
     if (rc < 0)
         goto out;
     sizes = layer_sizes(t);
@@ -162,7 +132,8 @@ static int run_compress(const void *opts, const char *arg)
         return tool_usage_error("compress: --in, --out, --policy and --density are required");
     strata_values_format vf = STRATA_VALUES_FP32;
     if (o->values != NULL && strata_values_format_parse(o->values, &vf) < 0)
-        return tool_usage_error("--values: expected fp32, fp16 or bf16, got '%s'", o->values);
+        return tool_usage_error("--values: expected fp32, fp16, bf16, int8 or ternary, got '%s'",
+                                o->values);
     if (o->round >= o->rounds)
         return tool_usage_error("--round %ld is outside a run of %ld rounds (rounds count from 0)",
                                 o->round, o->rounds);
@@ -186,7 +157,7 @@ static int run_compress(const void *opts, const char *arg)
         strata_log_error("out of memory");
         goto out;
     }
-    if ((rc = make_budgets(o->policy, &t, o->density, (uint32_t)o->round, (uint32_t)o->rounds,
+    if ((rc = make_budgets(o->policy, &t, o->density, (uint32_t)o->round, (uint32_t)o->rounds, vf,
                            budgets, &d)) < 0) {
         code = tool_usage_error("%s", strata_diag_msg(&d, rc));
         goto out;
@@ -200,7 +171,7 @@ static int run_compress(const void *opts, const char *arg)
         strata_log_error("residual %s: %s", residual ? residual : "", strata_diag_msg(&d, rc));
         goto out;
     }
-    if ((rc = strata_ef_step(ef, &t, budgets, vf, (uint32_t)o->round, (uint64_t)o->seed, &layers,
+    if ((rc = strata_ef_step(ef, &t, budgets, (uint32_t)o->round, (uint64_t)o->seed, &layers,
                              &d)) < 0) {
         strata_log_error("compression failed: %s", strata_diag_msg(&d, rc));
         goto out;

@@ -313,7 +313,6 @@ out:
 typedef struct task {
     uint32_t round;
     uint64_t model_version;
-    strata_values_format vf;
     strata_budget *budgets; /* nlayers entries */
 } task;
 
@@ -341,7 +340,6 @@ static int parse_task(const bench *b, const sink *s, task *t, char *why, size_t 
     if (rc == 0) {
         t->round = dt.round;
         t->model_version = dt.model_version;
-        t->vf = dt.values_format;
         t->budgets = dt.budgets; /* taken */
         dt.budgets = NULL;
     }
@@ -508,7 +506,7 @@ static int build_update(client *cl, strata_rng *r, const task *t, uint8_t **wire
         return -1;
     }
     for (size_t i = 0; i < b->nlayers; i++)
-        if (synth_layer(cl, r, &b->layers[i], i, &t->budgets[i], t->vf, &layers[i], why, wlen) < 0)
+        if (synth_layer(cl, r, &b->layers[i], i, &t->budgets[i], t->budgets[i].values, &layers[i], why, wlen) < 0)
             goto out;
     /* Compact metadata like the real client's (loss, residual norms). */
     json_t *norms = json_array();

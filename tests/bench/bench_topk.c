@@ -78,7 +78,7 @@ int main(int argc, char **argv)
     for (long i = 0; i < n; i++)
         d[i] = (float)strata_rng_normal(&r);
 
-    strata_budget b = {STRATA_COMP_TOPK, density, 0, 0};
+    strata_budget b = {.comp = STRATA_COMP_TOPK, .density = density};
     size_t k = 0;
     for (long rep = -1; rep < reps; rep++) { /* rep -1 warms up */
         double t0 = now();
@@ -86,8 +86,7 @@ int main(int argc, char **argv)
         double t1 = now();
         strata_clayer *layers = NULL;
         strata_diag diag = {{0}};
-        int rc = strata_ef_step(ef, &layout, &b, STRATA_VALUES_FP32, (uint32_t)(rep + 2), 1,
-                                &layers, &diag);
+        int rc = strata_ef_step(ef, &layout, &b, (uint32_t)(rep + 2), 1, &layers, &diag);
         double t2 = now();
         if (rc < 0) {
             fprintf(stderr, "bench_topk: %s\n", strata_diag_msg(&diag, rc));

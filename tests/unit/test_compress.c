@@ -329,7 +329,7 @@ static void test_topk_threads_and_values(void)
         if (fabsf(a[i]) == 2.0f)
             CU_ASSERT_EQUAL_FATAL(i1[seen++], i);
     int64_t shape[1] = {(int64_t)n};
-    strata_budget b = {STRATA_COMP_TOPK, (double)k / (double)n + 1e-12, 0, 0};
+    strata_budget b = {STRATA_COMP_TOPK, (double)k / (double)n + 1e-12, 0, 0, STRATA_VALUES_FP32};
     strata_clayer c;
     CU_ASSERT_EQUAL_FATAL(
         strata_compress(a, n, 1, shape, &b, STRATA_VALUES_FP32, 0, NULL, &c, NULL), STRATA_OK);
@@ -392,7 +392,7 @@ static void test_dense_and_fallbacks(void)
                  {STRATA_COMP_FP16, STRATA_VALUES_FP32, STRATA_VALUES_FP16},
                  {STRATA_COMP_BF16, STRATA_VALUES_FP16, STRATA_VALUES_BF16}};
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
-        strata_budget b = {cases[i].comp, 0, 0, 0};
+        strata_budget b = {cases[i].comp, 0, 0, 0, STRATA_VALUES_FP32};
         strata_clayer c;
         CU_ASSERT_EQUAL_FATAL(strata_compress(a, N, 2, shape, &b, cases[i].vf, 1, NULL, &c, NULL),
                               STRATA_OK);
@@ -412,7 +412,7 @@ static void test_dense_and_fallbacks(void)
         strata_clayer_cleanup(&c);
     }
     /* PowerSGD on a vector falls back to dense. */
-    strata_budget b = {STRATA_COMP_POWERSGD, 0, 0, 2};
+    strata_budget b = {STRATA_COMP_POWERSGD, 0, 0, 2, STRATA_VALUES_FP32};
     strata_clayer c;
     int64_t vshape[1] = {N};
     CU_ASSERT_EQUAL(strata_compress(a, N, 1, vshape, &b, STRATA_VALUES_FP32, 1, NULL, &c, NULL),
@@ -430,29 +430,29 @@ static void test_compress_args(void)
     strata_clayer c;
     strata_diag d = {{0}};
     static const strata_budget bad[] = {
-        {STRATA_COMP_TOPK, 0.0, 0, 0},     {STRATA_COMP_TOPK, 1.5, 0, 0},
-        {STRATA_COMP_RANDK, NAN, 0, 0},    {STRATA_COMP_QSGD, 0, 0, 0},
-        {STRATA_COMP_QSGD, 0, 128, 0},     {STRATA_COMP_POWERSGD, 0, 0, 0},
-        {(strata_compressor_id)9, 0, 0, 0}};
+        {STRATA_COMP_TOPK, 0.0, 0, 0, STRATA_VALUES_FP32},     {STRATA_COMP_TOPK, 1.5, 0, 0, STRATA_VALUES_FP32},
+        {STRATA_COMP_RANDK, NAN, 0, 0, STRATA_VALUES_FP32},    {STRATA_COMP_QSGD, 0, 0, 0, STRATA_VALUES_FP32},
+        {STRATA_COMP_QSGD, 0, 128, 0, STRATA_VALUES_FP32},     {STRATA_COMP_POWERSGD, 0, 0, 0, STRATA_VALUES_FP32},
+        {(strata_compressor_id)9, 0, 0, 0, STRATA_VALUES_FP32}};
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         CU_ASSERT_EQUAL(strata_compress(a, 12, 2, shape, &bad[i], 0, 0, NULL, &c, &d),
                         STRATA_EINVAL);
         CU_ASSERT(d.msg[0] != '\0');
         d.msg[0] = '\0';
     }
-    strata_budget ok = {STRATA_COMP_TOPK, 0.5, 0, 0};
+    strata_budget ok = {STRATA_COMP_TOPK, 0.5, 0, 0, STRATA_VALUES_FP32};
     CU_ASSERT_EQUAL(strata_compress(a, 12, 2, wrong, &ok, 0, 0, NULL, &c, &d), STRATA_EINVAL);
     CU_ASSERT_EQUAL(strata_compress(a, 12, 2, shape, &ok, (strata_values_format)3, 0, NULL, &c, &d),
                     STRATA_EINVAL);
     /* Non-finite input is refused by every compressor. */
     a[5] = NAN;
     for (int comp = 0; comp < STRATA_COMP_COUNT; comp++) {
-        strata_budget b = {(strata_compressor_id)comp, 0.5, 4, 2};
+        strata_budget b = {(strata_compressor_id)comp, 0.5, 4, 2, STRATA_VALUES_FP32};
         CU_ASSERT_EQUAL(strata_compress(a, 12, 2, shape, &b, 0, 0, NULL, &c, &d), STRATA_EINVAL);
         CU_ASSERT_PTR_NULL(c.values);
     }
     a[5] = INFINITY;
-    strata_budget s = {STRATA_COMP_SIGN, 0, 0, 0};
+    strata_budget s = {STRATA_COMP_SIGN, 0, 0, 0, STRATA_VALUES_FP32};
     CU_ASSERT_EQUAL(strata_compress(a, 12, 2, shape, &s, 0, 0, NULL, &c, &d), STRATA_EINVAL);
 }
 
@@ -499,7 +499,7 @@ static void test_randk(void)
     for (int i = 0; i < N; i++)
         a[i] = (float)i + 0.5f;
     int64_t shape[1] = {N};
-    strata_budget b = {STRATA_COMP_RANDK, 0.2, 0, 0};
+    strata_budget b = {STRATA_COMP_RANDK, 0.2, 0, 0, STRATA_VALUES_FP32};
     strata_clayer c;
     CU_ASSERT_EQUAL_FATAL(
         strata_compress(a, N, 1, shape, &b, STRATA_VALUES_FP32, 9, NULL, &c, NULL), STRATA_OK);
@@ -537,7 +537,7 @@ static void test_qsgd_unbiased(void)
     int64_t shape[1] = {N};
     for (int l = 0; l < 3; l++) {
         double sum[N] = {0}, sum2[N] = {0}, near_sum[N] = {0};
-        strata_budget b = {STRATA_COMP_QSGD, 0, levels[l], 0};
+        strata_budget b = {STRATA_COMP_QSGD, 0, levels[l], 0, STRATA_VALUES_FP32};
         int level_bad = 0;
         for (int t = 0; t < D; t++) {
             strata_clayer c;
@@ -596,7 +596,7 @@ static void test_sign(void)
     for (int i = 0; i < N; i++)
         sum += fabs(a[i]);
     int64_t shape[3] = {7, 11, 13};
-    strata_budget b = {STRATA_COMP_SIGN, 0, 0, 0};
+    strata_budget b = {STRATA_COMP_SIGN, 0, 0, 0, STRATA_VALUES_FP32};
     strata_clayer c;
     CU_ASSERT_EQUAL_FATAL(
         strata_compress(a, N, 3, shape, &b, STRATA_VALUES_FP32, 0, NULL, &c, NULL), STRATA_OK);
@@ -653,7 +653,7 @@ static void test_powersgd_low_rank(void)
     static const uint32_t ranks[6] = {1, 2, 3, 4, 6, 100};
     double err[6];
     for (int ri = 0; ri < 6; ri++) {
-        strata_budget b = {STRATA_COMP_POWERSGD, 0, 0, ranks[ri]};
+        strata_budget b = {STRATA_COMP_POWERSGD, 0, 0, ranks[ri], STRATA_VALUES_FP32};
         float *q = NULL;
         for (int round = 0; round < 6; round++) {
             strata_clayer c;

@@ -47,7 +47,7 @@ static strata_budget *budgets_for(size_t n, strata_compressor_id comp)
 {
     strata_budget *b = calloc(n, sizeof(strata_budget));
     for (size_t i = 0; i < n; i++)
-        b[i] = (strata_budget){comp, 0.05, 8, 2};
+        b[i] = (strata_budget){comp, 0.05, 8, 2, STRATA_VALUES_FP32};
     return b;
 }
 
@@ -108,6 +108,8 @@ static void test_identity_all_compressors(void)
         strata_ef *ef = NULL;
         CU_ASSERT_EQUAL_FATAL(strata_ef_new(&layout, 1.0, 0, &ef), STRATA_OK);
         strata_budget *b = budgets_for(layout.count, cases[c].comp);
+        for (size_t l = 0; l < layout.count; l++)
+            b[l].values = cases[c].vf;
         size_t bad = 0;
         for (uint32_t round = 1; round <= 4; round++) {
             random_fill(&delta, &r, round == 2 ? 1e-3 : 1.0);
@@ -116,7 +118,7 @@ static void test_identity_all_compressors(void)
                                   STRATA_OK);
             strata_clayer *layers = NULL;
             strata_diag d = {{0}};
-            int rc = strata_ef_step(ef, &delta, b, cases[c].vf, round, 99, &layers, &d);
+            int rc = strata_ef_step(ef, &delta, b, round, 99, &layers, &d);
             if (rc != STRATA_OK)
                 fprintf(stderr, "case %zu round %u: %s\n", c, round, d.msg);
             CU_ASSERT_EQUAL_FATAL(rc, STRATA_OK);
@@ -189,7 +191,7 @@ static void test_tracking(void)
     strata_rng_seed(&r, 8, 0);
     for (int i = 0; i < N; i++)
         g[i] = (float)strata_rng_normal(&r);
-    strata_budget b = {STRATA_COMP_TOPK, 0.01, 0, 0};
+    strata_budget b = {STRATA_COMP_TOPK, 0.01, 0, 0, STRATA_VALUES_FP32};
     double dnorm = 0.0, ef_max_early = 0.0, ef_max_late = 0.0, no_200 = 0.0, no_400 = 0.0;
     double inv_err = 0.0;
     for (uint32_t round = 1; round <= ROUNDS; round++) {
@@ -203,7 +205,7 @@ static void test_tracking(void)
         }
         strata_clayer *layers = NULL, plain;
         CU_ASSERT_EQUAL_FATAL(
-            strata_ef_step(ef, &delta, &b, STRATA_VALUES_FP32, round, 1, &layers, NULL), STRATA_OK);
+            strata_ef_step(ef, &delta, &b, round, 1, &layers, NULL), STRATA_OK);
         CU_ASSERT_EQUAL_FATAL(strata_clayer_decode(&layers[0], dec, NULL), STRATA_OK);
         for (int i = 0; i < N; i++) {
             sum_in[i] += d[i];
@@ -263,7 +265,7 @@ static void step_and_check(strata_ef *ef, strata_tensor_list *delta, uint32_t ro
     CU_ASSERT_EQUAL_FATAL(strata_tensor_list_copy(&old, strata_ef_residuals(ef)), STRATA_OK);
     strata_budget *b = budgets_for(delta->count, STRATA_COMP_TOPK);
     strata_clayer *layers = NULL;
-    CU_ASSERT_EQUAL_FATAL(strata_ef_step(ef, delta, b, STRATA_VALUES_FP32, round, 3, &layers, NULL),
+    CU_ASSERT_EQUAL_FATAL(strata_ef_step(ef, delta, b, round, 3, &layers, NULL),
                           STRATA_OK);
     CU_ASSERT_EQUAL(check_identity(&old, delta, strata_ef_residuals(ef), layers, mode, decay), 0);
     /* The check has teeth: the same layers do not fit another decay. */
@@ -303,9 +305,9 @@ static void test_staleness(void)
     strata_budget *b = budgets_for(layout.count, STRATA_COMP_TOPK);
     strata_clayer dummy;
     strata_clayer *layers = &dummy; /* must be reset to NULL */
-    CU_ASSERT_EQUAL(strata_ef_step(ef, &delta, b, 0, 22, 1, &layers, NULL), STRATA_ESTATE);
+    CU_ASSERT_EQUAL(strata_ef_step(ef, &delta, b, 22, 1, &layers, NULL), STRATA_ESTATE);
     CU_ASSERT_PTR_NULL(layers);
-    CU_ASSERT_EQUAL(strata_ef_step(ef, &delta, b, 0, 5, 1, &layers, NULL), STRATA_ESTATE);
+    CU_ASSERT_EQUAL(strata_ef_step(ef, &delta, b, 5, 1, &layers, NULL), STRATA_ESTATE);
     const strata_tensor_list *now = strata_ef_residuals(ef);
     for (size_t t = 0; t < layout.count; t++)
         CU_ASSERT_EQUAL(
@@ -353,7 +355,7 @@ static void test_step_atomic(void)
     b[1].comp = STRATA_COMP_QSGD;
     strata_clayer *layers = NULL;
     random_fill(&delta, &r, 1.0);
-    CU_ASSERT_EQUAL_FATAL(strata_ef_step(ef, &delta, b, 0, 1, 1, &layers, NULL), STRATA_OK);
+    CU_ASSERT_EQUAL_FATAL(strata_ef_step(ef, &delta, b, 1, 1, &layers, NULL), STRATA_OK);
     strata_clayers_free(layers, layout.count);
     strata_tensor_list_copy(&before, strata_ef_residuals(ef));
 
@@ -366,21 +368,22 @@ static void test_step_atomic(void)
         float saved = delta.items[poison[p].tensor].data[poison[p].pos];
         delta.items[poison[p].tensor].data[poison[p].pos] = poison[p].v;
         strata_diag d = {{0}};
-        CU_ASSERT_EQUAL(strata_ef_step(ef, &delta, b, 0, 2, 1, &layers, &d), STRATA_EINVAL);
+        CU_ASSERT_EQUAL(strata_ef_step(ef, &delta, b, 2, 1, &layers, &d), STRATA_EINVAL);
         CU_ASSERT_PTR_NULL(layers);
         CU_ASSERT_PTR_NOT_NULL(strstr(d.msg, layout.items[poison[p].tensor].name));
         delta.items[poison[p].tensor].data[poison[p].pos] = saved;
     }
     strata_diag d = {{0}};
     b[2].density = 0.0;
-    CU_ASSERT_EQUAL(strata_ef_step(ef, &delta, b, 0, 2, 1, &layers, &d), STRATA_EINVAL);
+    CU_ASSERT_EQUAL(strata_ef_step(ef, &delta, b, 2, 1, &layers, &d), STRATA_EINVAL);
     CU_ASSERT_PTR_NOT_NULL(strstr(d.msg, "fc.bias"));
     b[2].density = 0.05;
-    CU_ASSERT_EQUAL(strata_ef_step(ef, &delta, b, (strata_values_format)7, 2, 1, &layers, &d),
-                    STRATA_EINVAL);
+    b[2].values = (strata_values_format)7;
+    CU_ASSERT_EQUAL(strata_ef_step(ef, &delta, b, 2, 1, &layers, &d), STRATA_EINVAL);
+    b[2].values = STRATA_VALUES_FP32;
     strata_tensor_list small;
     make_layout(&small, 0);
-    CU_ASSERT_EQUAL(strata_ef_step(ef, &small, b, 0, 2, 1, &layers, &d), STRATA_EINVAL);
+    CU_ASSERT_EQUAL(strata_ef_step(ef, &small, b, 2, 1, &layers, &d), STRATA_EINVAL);
     strata_tensor_list_cleanup(&small);
 
     const strata_tensor_list *now = strata_ef_residuals(ef);
@@ -392,7 +395,7 @@ static void test_step_atomic(void)
     CU_ASSERT_EQUAL(strata_ef_last_round(ef, &last), STRATA_OK);
     CU_ASSERT_EQUAL(last, 1);
     /* And the same round still works afterwards. */
-    CU_ASSERT_EQUAL(strata_ef_step(ef, &delta, b, 0, 2, 1, &layers, NULL), STRATA_OK);
+    CU_ASSERT_EQUAL(strata_ef_step(ef, &delta, b, 2, 1, &layers, NULL), STRATA_OK);
     strata_clayers_free(layers, layout.count);
     free(b);
     strata_ef_free(ef);
@@ -414,7 +417,7 @@ static void test_norms(void)
     strata_budget *b = budgets_for(layout.count, STRATA_COMP_SIGN);
     strata_clayer *layers = NULL;
     random_fill(&delta, &r, 1.0);
-    CU_ASSERT_EQUAL_FATAL(strata_ef_step(ef, &delta, b, 0, 1, 1, &layers, NULL), STRATA_OK);
+    CU_ASSERT_EQUAL_FATAL(strata_ef_step(ef, &delta, b, 1, 1, &layers, NULL), STRATA_OK);
     double norms[4];
     CU_ASSERT_EQUAL(strata_ef_residual_norms(ef, norms, 4), STRATA_OK);
     CU_ASSERT_EQUAL(strata_ef_residual_norms(ef, norms, 3), STRATA_EINVAL);
@@ -450,10 +453,10 @@ static void test_powersgd_warm_start(void)
     strata_budget *b = budgets_for(layout.count, STRATA_COMP_POWERSGD);
     strata_clayer *l1 = NULL, *l2 = NULL;
     random_fill(&delta, &r, 1.0);
-    CU_ASSERT_EQUAL_FATAL(strata_ef_step(ef, &delta, b, 0, 1, 1, &l1, NULL), STRATA_OK);
+    CU_ASSERT_EQUAL_FATAL(strata_ef_step(ef, &delta, b, 1, 1, &l1, NULL), STRATA_OK);
     strata_tensor_list_copy(&old, strata_ef_residuals(ef));
     random_fill(&delta, &r, 1.0);
-    CU_ASSERT_EQUAL_FATAL(strata_ef_step(ef, &delta, b, 0, 2, 1, &l2, NULL), STRATA_OK);
+    CU_ASSERT_EQUAL_FATAL(strata_ef_step(ef, &delta, b, 2, 1, &l2, NULL), STRATA_OK);
     for (size_t t = 0; t < 2; t++) { /* conv (4-D) and fc (2-D) */
         const strata_tensor *d = &delta.items[t];
         float *a = malloc(d->numel * sizeof(float));
@@ -489,7 +492,7 @@ static void test_threads(void)
     strata_tensor_list_copy(&delta, &layout);
     strata_ef *ef[2] = {NULL, NULL};
     strata_clayer *out[2] = {NULL, NULL};
-    strata_budget b = {STRATA_COMP_TOPK, 0.01, 0, 0};
+    strata_budget b = {STRATA_COMP_TOPK, 0.01, 0, 0, STRATA_VALUES_FP16};
     strata_rng r;
     strata_rng_seed(&r, 16, 0);
     int saved = omp_get_max_threads();
@@ -500,7 +503,7 @@ static void test_threads(void)
                 CU_ASSERT_EQUAL_FATAL(strata_ef_new(&layout, 0.9, 0, &ef[t]), STRATA_OK);
             omp_set_num_threads(t + 1);
             CU_ASSERT_EQUAL_FATAL(
-                strata_ef_step(ef[t], &delta, &b, STRATA_VALUES_FP16, round * 2, 1, &out[t], NULL),
+                strata_ef_step(ef[t], &delta, &b, round * 2, 1, &out[t], NULL),
                 STRATA_OK);
         }
         CU_ASSERT_EQUAL(out[0][0].count, out[1][0].count);
@@ -577,7 +580,7 @@ static void test_save_load(void)
     for (uint32_t round = 1; round <= 3; round++) {
         strata_clayer *layers = NULL;
         random_fill(&delta, &r, 1.0);
-        CU_ASSERT_EQUAL_FATAL(strata_ef_step(ef, &delta, b, 0, round, 1, &layers, NULL), STRATA_OK);
+        CU_ASSERT_EQUAL_FATAL(strata_ef_step(ef, &delta, b, round, 1, &layers, NULL), STRATA_OK);
         strata_clayers_free(layers, layout.count);
     }
     CU_ASSERT_EQUAL_FATAL(strata_ef_save(ef, path, &d), STRATA_OK);
@@ -591,9 +594,9 @@ static void test_save_load(void)
     for (int s = 0; s < 2; s++) {
         strata_clayer *l1 = NULL, *l2 = NULL;
         random_fill(&delta, &r, 1.0);
-        CU_ASSERT_EQUAL_FATAL(strata_ef_step(ef, &delta, b, 0, next_rounds[s], 1, &l1, NULL),
+        CU_ASSERT_EQUAL_FATAL(strata_ef_step(ef, &delta, b, next_rounds[s], 1, &l1, NULL),
                               STRATA_OK);
-        CU_ASSERT_EQUAL_FATAL(strata_ef_step(back, &delta, b, 0, next_rounds[s], 1, &l2, NULL),
+        CU_ASSERT_EQUAL_FATAL(strata_ef_step(back, &delta, b, next_rounds[s], 1, &l2, NULL),
                               STRATA_OK);
         CU_ASSERT(same_residuals(ef, back));
         CU_ASSERT_EQUAL(memcmp(l1[0].values, l2[0].values, l1[0].count * sizeof(float)), 0);

@@ -158,30 +158,34 @@ static void test_names_and_roundtrip(void)
          "{\"type\":\"uniform\",\"dense_below\":1000,\"compressor\":\"topk\"}"},
         {"legacy-layer", "legacy-layer", 1,
          "{\"type\":\"legacy-layer\",\"dense_below\":1000,\"compressor\":\"topk\",\"splits\":"
-         "[10000,100000,1000000],\"layer_weights\":[4.0,2.0,1.0,0.5],\"calibration\":\"round\"}"},
+         "[10000,100000,1000000],\"layer_weights\":[4.0,2.0,1.0,0.5],\"calibration\":\"round\",\"calibration_unit\":\"elements\"}"},
         {"legacy-phase", "legacy-phase", 3,
          "{\"type\":\"legacy-phase\",\"dense_below\":1000,\"compressor\":\"topk\",\"phases\":3,"
-         "\"phase_weights\":[2.0,1.0,0.5],\"calibration\":\"run\"}"},
+         "\"phase_weights\":[2.0,1.0,0.5],\"calibration\":\"run\",\"calibration_unit\":\"elements\"}"},
         {"legacy", "legacy", 3,
          "{\"type\":\"legacy\",\"dense_below\":1000,\"compressor\":\"topk\",\"splits\":[10000,"
          "100000,1000000],\"phases\":3,\"weights\":[[8.0,4.0,2.0,1.0],[4.0,2.0,1.0,0.5],[2.0,1.0,"
-         "0.5,0.25]],\"calibration\":\"run\"}"},
+         "0.5,0.25]],\"calibration\":\"run\",\"calibration_unit\":\"elements\"}"},
         {"lgreco", "lgreco", 1,
          "{\"type\":\"lgreco\",\"dense_below\":1000,\"compressor\":\"topk\",\"candidates\":[0.001,"
-         "0.002,0.005,0.01,0.02,0.05,0.1,0.2,0.5,1.0],\"lgreco_every\":10}"},
+         "0.002,0.005,0.01,0.02,0.05,0.1,0.2,0.5,1.0],\"candidate_values\":[\"fp32\",\"fp16\","
+         "\"int8\",\"ternary\"],\"candidate_compressors\":[\"fp16\"],\"lgreco_every\":10}"},
+        {"legacy-ref", "legacy-ref", 2,
+         "{\"type\":\"legacy-ref\",\"dense_below\":0,\"compressor\":\"topk\"}"},
+        {"qsgd:4", "uniform", 1, "{\"type\":\"uniform\",\"dense_below\":1000,\"compressor\":\"qsgd:4\"}"},
         {"  {\"type\": \"legacy-layer\", \"splits\": [500], \"compressor\": \"randk\"}",
          "legacy-layer", 1,
          "{\"type\":\"legacy-layer\",\"dense_below\":1000,\"compressor\":\"randk\",\"splits\":[500]"
          ","
-         "\"layer_weights\":[1.0,0.5],\"calibration\":\"round\"}"},
+         "\"layer_weights\":[1.0,0.5],\"calibration\":\"round\",\"calibration_unit\":\"elements\"}"},
         {"{\"type\":\"legacy\",\"phases\":2,\"layer_weights\":[1,1,1,3]}", "legacy", 2,
          "{\"type\":\"legacy\",\"dense_below\":1000,\"compressor\":\"topk\",\"splits\":[10000,"
          "100000,1000000],\"phases\":2,\"weights\":[[1.0,1.0,1.0,3.0],[0.5,0.5,0.5,1.5]],"
-         "\"calibration\":\"run\"}"},
+         "\"calibration\":\"run\",\"calibration_unit\":\"elements\"}"},
         {"{\"type\":\"legacy-phase\",\"phase_weights\":[3,2,1,1],\"dense_below\":0}",
          "legacy-phase", 4,
          "{\"type\":\"legacy-phase\",\"dense_below\":0,\"compressor\":\"topk\",\"phases\":4,"
-         "\"phase_weights\":[3.0,2.0,1.0,1.0],\"calibration\":\"run\"}"},
+         "\"phase_weights\":[3.0,2.0,1.0,1.0],\"calibration\":\"run\",\"calibration_unit\":\"elements\"}"},
     };
     for (size_t i = 0; i < N(cases); i++) {
         strata_policy *p = parse_ok(cases[i].spec);
@@ -335,7 +339,8 @@ static void test_call_errors(void)
     CU_ASSERT_EQUAL(strata_policy_set_lgreco_table(p, err, cnn_numel, 1, 0.01, &d), STRATA_EINVAL);
     CU_ASSERT_PTR_NOT_NULL(strstr(d.msg, "legacy"));
     CU_ASSERT_EQUAL(strata_policy_lgreco_every(p), 0);
-    CU_ASSERT_EQUAL(strata_policy_lgreco_candidates(p, 0.01, err), 0);
+    strata_budget cb[STRATA_LGRECO_MAX_TABLE];
+    CU_ASSERT_EQUAL(strata_policy_lgreco_candidates(p, 0.01, cb), 0);
     CU_ASSERT_EQUAL(strata_policy_densities(p, NULL, 0, 0.01, 0, 1, NULL, NULL), STRATA_OK);
     strata_policy_free(p);
     strata_policy_free(NULL);
@@ -602,6 +607,17 @@ static void random_instance(strata_rng *r, size_t L, size_t C, size_t *numel, do
 /* Smallest kept count over all choices whose error is at most budget; 0 when none. Also the
  * error range of all choices. */
 static uint64_t brute(const double *err, const size_t *numel, size_t L, const double *cand,
+                      size_t C, double budget);
+
+/* The cost table of kept elements the programme minimises here. */
+static void kept_cost(const size_t *numel, size_t L, const double *cand, size_t C, double *cost)
+{
+    for (size_t l = 0; l < L; l++)
+        for (size_t c = 0; c < C; c++)
+            cost[l * C + c] = (double)strata_comp_kept(cand[c], numel[l]);
+}
+
+static uint64_t brute(const double *err, const size_t *numel, size_t L, const double *cand,
                       size_t C, double budget)
 {
     size_t combos = 1;
@@ -650,7 +666,9 @@ static void test_lgreco_bruteforce(void)
         uint64_t bf = brute(err, numel, L, cand, C, budget);
         uint64_t bf_tight = brute(err, numel, L, cand, C, budget * (1.0 - (double)L / Q));
         strata_diag d = {{0}};
-        int rc = strata_lgreco_solve(err, numel, L, cand, C, budget, choice, &d);
+        double cost[16];
+        kept_cost(numel, L, cand, C, cost);
+        int rc = strata_lgreco_solve(err, cost, L, C, budget, choice, &d);
         instances++;
         if (bf == 0) { /* infeasible: the programme must say so */
             CU_ASSERT_EQUAL(rc, STRATA_EINVAL);
@@ -692,82 +710,110 @@ static void test_lgreco_bruteforce(void)
     const double cand[] = {0.01, 0.1};
     const double err[] = {1.5, 1.0, 9.0, 1.0};
     size_t choice[2];
-    CU_ASSERT_EQUAL(strata_lgreco_solve(err, numel, 2, cand, 2, 2.6, choice, NULL), STRATA_OK);
+    double cost[4];
+    kept_cost(numel, 2, cand, 2, cost);
+    CU_ASSERT_EQUAL(strata_lgreco_solve(err, cost, 2, 2, 2.6, choice, NULL), STRATA_OK);
     CU_ASSERT(choice[0] == 0 && choice[1] == 1);
-    CU_ASSERT_EQUAL(strata_lgreco_solve(err, numel, 2, cand, 2, 1.9, choice, NULL), STRATA_EINVAL);
-    double ue;
-    CU_ASSERT_EQUAL(strata_lgreco_uniform_error(err, 2, cand, 2, 0.1, &ue, NULL), STRATA_OK);
-    CU_ASSERT_EQUAL(ue, 2.0);
-    CU_ASSERT_EQUAL(strata_lgreco_uniform_error(err, 2, cand, 2, 0.05, &ue, NULL), STRATA_EINVAL);
+    CU_ASSERT_EQUAL(strata_lgreco_solve(err, cost, 2, 2, 1.9, choice, NULL), STRATA_EINVAL);
     /* bad arguments */
-    const double bad_cand[] = {0.1, 0.01};
     const double bad_err[] = {1.0, NAN, 1.0, 1.0};
-    CU_ASSERT_EQUAL(strata_lgreco_solve(err, numel, 2, bad_cand, 2, 3.0, choice, NULL),
-                    STRATA_EINVAL);
-    CU_ASSERT_EQUAL(strata_lgreco_solve(bad_err, numel, 2, cand, 2, 3.0, choice, NULL),
-                    STRATA_EINVAL);
-    CU_ASSERT_EQUAL(strata_lgreco_solve(err, numel, 2, cand, 2, -1.0, choice, NULL), STRATA_EINVAL);
+    const double bad_cost[] = {1.0, 1.0, -1.0, 1.0};
+    CU_ASSERT_EQUAL(strata_lgreco_solve(bad_err, cost, 2, 2, 3.0, choice, NULL), STRATA_EINVAL);
+    CU_ASSERT_EQUAL(strata_lgreco_solve(err, bad_cost, 2, 2, 3.0, choice, NULL), STRATA_EINVAL);
+    CU_ASSERT_EQUAL(strata_lgreco_solve(err, cost, 2, 2, -1.0, choice, NULL), STRATA_EINVAL);
+    CU_ASSERT_EQUAL(strata_lgreco_solve(err, cost, 2, 0, 3.0, choice, NULL), STRATA_EINVAL);
     /* a zero budget is met only by zero-error choices */
     const double zerr[] = {1.0, 0.0, 2.0, 0.0};
-    CU_ASSERT_EQUAL(strata_lgreco_solve(zerr, numel, 2, cand, 2, 0.0, choice, NULL), STRATA_OK);
+    CU_ASSERT_EQUAL(strata_lgreco_solve(zerr, cost, 2, 2, 0.0, choice, NULL), STRATA_OK);
     CU_ASSERT(choice[0] == 1 && choice[1] == 1);
 }
 
-/* Synthetic top-k error curve of a layer: err(d) = s * (1 - d)^a, the shape
- * of a heavy-tailed update (a large: most energy in few elements). */
-static void lgreco_table(const size_t *numel, size_t L, const double *cand, size_t C, double *err)
+/* Synthetic error of candidate b on layer l: the top-k curve s (1 - d)^a
+ * of a heavy-tailed update, plus a quantisation error that grows as the
+ * value format narrows; dense candidates lose only their rounding. */
+static double synth_error(size_t l, size_t numel, const strata_budget *b)
 {
-    for (size_t l = 0; l < L; l++) {
-        double s = (double)numel[l] * (1.0 + (double)(l % 3)), a = 2.0 + 20.0 * (double)(l % 4);
+    double s = (double)numel * (1.0 + (double)(l % 3)), a = 2.0 + 20.0 * (double)(l % 4);
+    static const double q[] = {0.0, 1e-4, 1e-3, 2e-2, 0.2}; /* fp32 ... ternary */
+    double d = b->comp == STRATA_COMP_TOPK ? b->density : 1.0;
+    double kept_energy = s * (1.0 - pow(1.0 - d, a));
+    return s * pow(1.0 - d, a) + q[b->values] * kept_energy;
+}
+
+static void lgreco_table(const size_t *numel, size_t L, const strata_budget *cand, size_t C,
+                         double *err)
+{
+    for (size_t l = 0; l < L; l++)
         for (size_t c = 0; c < C; c++)
-            err[l * C + c] = s * pow(1.0 - cand[c], a);
-    }
+            err[l * C + c] = synth_error(l, numel[l], &cand[c]);
+}
+
+static int same(const strata_budget *a, const strata_budget *b)
+{
+    return a->comp == b->comp && a->density == b->density && a->values == b->values &&
+           a->levels == b->levels && a->rank == b->rank;
 }
 
 /* lgreco on ResNet-18 with the synthetic table at target d0: within the
- * uniform error, no more elements than uniform, candidates only. */
+ * uniform error, no more bytes than uniform, candidates only. */
 static void check_lgreco_resnet(double d0)
 {
     const size_t L = N(resnet18);
-    double cand[STRATA_LGRECO_MAX_CAND + 1];
     strata_policy *p = parse_ok("lgreco");
     CU_ASSERT_PTR_NOT_NULL_FATAL(p);
-    double d[N(resnet18)], err[N(resnet18) * (STRATA_LGRECO_MAX_CAND + 1)];
+    static strata_budget cand[STRATA_LGRECO_MAX_TABLE];
+    static double err[N(resnet18) * STRATA_LGRECO_MAX_TABLE];
+    strata_budget b[N(resnet18)], uni[N(resnet18)];
     /* before any table: uniform */
-    CU_ASSERT_EQUAL_FATAL(strata_policy_densities(p, resnet18, L, d0, 0, 50, d, NULL), STRATA_OK);
+    CU_ASSERT_EQUAL_FATAL(strata_policy_budgets(p, resnet18, L, d0, 0, 50, uni, NULL), STRATA_OK);
     for (size_t l = 0; l < L; l++)
-        CU_ASSERT_EQUAL(d[l], resnet18[l] < 1000 ? 1.0 : d0);
+        CU_ASSERT_EQUAL(uni[l].comp, resnet18[l] < 1000 ? STRATA_COMP_NONE : STRATA_COMP_TOPK);
 
-    size_t C = strata_policy_lgreco_candidates(p, d0, cand), c0 = 0;
-    while (cand[c0] != d0)
-        c0++;
+    size_t C = strata_policy_lgreco_candidates(p, d0, cand);
+    CU_ASSERT_FATAL(C > 0 && C <= STRATA_LGRECO_MAX_TABLE);
     lgreco_table(resnet18, L, cand, C, err);
     strata_diag dg = {{0}};
     CU_ASSERT_EQUAL_FATAL(strata_policy_set_lgreco_table(p, err, resnet18, L, d0, &dg), STRATA_OK);
-    CU_ASSERT_EQUAL_FATAL(strata_policy_densities(p, resnet18, L, d0, 10, 50, d, NULL), STRATA_OK);
-    double e = 0.0, eu = 0.0;
-    int differs = 0;
+    CU_ASSERT_EQUAL_FATAL(strata_policy_budgets(p, resnet18, L, d0, 10, 50, b, NULL), STRATA_OK);
+    double e = 0.0, eu = 0.0, bytes = 0.0, ubytes = 0.0;
+    int differs = 0, quantised = 0;
     for (size_t l = 0; l < L; l++) {
-        if (resnet18[l] < 1000) {
-            CU_ASSERT_EQUAL(d[l], 1.0);
-            continue;
-        }
-        size_t c = 0;
-        while (c < C && cand[c] != d[l])
+        size_t c = 0, cu = 0;
+        while (c < C && !same(&cand[c], &b[l]))
             c++;
-        CU_ASSERT_FATAL(c < C); /* one of the candidates */
+        while (cu < C && !same(&cand[cu], &uni[l]))
+            cu++;
+        CU_ASSERT_FATAL(c < C && cu < C); /* both are candidates */
         e += err[l * C + c];
-        eu += err[l * C + c0];
-        differs |= c != c0;
+        eu += err[l * C + cu];
+        bytes += strata_budget_bytes(&b[l], resnet18[l]);
+        ubytes += strata_budget_bytes(&uni[l], resnet18[l]);
+        differs |= c != cu;
+        quantised |= b[l].values != STRATA_VALUES_FP32;
     }
-    size_t k = strata_policy_kept(resnet18, d, L), ku = uniform_kept(resnet18, L, d0);
-    printf("\n  lgreco resnet18 d0=%g: kept %zu vs uniform %zu (%.3f), error %.4g vs %.4g", d0, k,
-           ku, (double)k / (double)ku, e, eu);
-    CU_ASSERT(e <= eu);
-    CU_ASSERT(k <= ku);
-    CU_ASSERT(differs); /* the synthetic layers differ enough to matter */
+    strata_lgreco_report rep = strata_policy_lgreco_report(p);
+    printf("\n  lgreco resnet18 d0=%g: %.0f bytes vs uniform %.0f (%.3f), error %.4g vs %.4g", d0,
+           bytes, ubytes, bytes / ubytes, e, eu);
+    CU_ASSERT(rep.solved && !rep.fell_back);
+    CU_ASSERT(fabs(rep.bytes - bytes) <= 1e-6 * bytes);
+    CU_ASSERT(fabs(rep.error_budget - eu) <= 1e-9 * eu);
+    CU_ASSERT(e <= eu * (1.0 + 1e-12));
+    CU_ASSERT(bytes < ubytes);
+    CU_ASSERT(differs);   /* the synthetic layers differ enough to matter */
+    CU_ASSERT(quantised); /* narrower value formats pay on this table */
+
+    /* restoring the allocation gives the same budgets */
+    strata_policy *p2 = parse_ok("lgreco");
+    strata_budget b2[N(resnet18)];
+    CU_ASSERT_EQUAL_FATAL(strata_policy_restore_lgreco(p2, b, resnet18, L, d0, &rep, NULL),
+                          STRATA_OK);
+    CU_ASSERT_EQUAL_FATAL(strata_policy_budgets(p2, resnet18, L, d0, 3, 50, b2, NULL), STRATA_OK);
+    for (size_t l = 0; l < L; l++)
+        CU_ASSERT(same(&b[l], &b2[l]));
+    strata_policy_free(p2);
 
     /* other layers or another density: the table does not apply */
+    double d[N(resnet18)];
     CU_ASSERT_EQUAL(strata_policy_densities(p, cnn_numel, N(cnn), d0, 0, 50, d, &dg),
                     STRATA_ESTATE);
     CU_ASSERT_PTR_NOT_NULL(strstr(dg.msg, "lgreco"));
@@ -780,18 +826,22 @@ static void test_lgreco_policy(void)
     strata_policy *p = parse_ok("lgreco");
     CU_ASSERT_PTR_NOT_NULL_FATAL(p);
     CU_ASSERT_EQUAL(strata_policy_lgreco_every(p), 10);
-    double cand[STRATA_LGRECO_MAX_CAND + 1];
-    CU_ASSERT_EQUAL(strata_policy_lgreco_candidates(p, 0.01, cand), 10); /* already a candidate */
-    CU_ASSERT_EQUAL(strata_policy_lgreco_candidates(p, 0.03, cand), 11); /* inserted */
-    CU_ASSERT(cand[4] == 0.02 && cand[5] == 0.03 && cand[6] == 0.05);
+    static strata_budget cand[STRATA_LGRECO_MAX_TABLE];
+    /* 10 densities x 4 formats, dense fp16, dense fp32 */
+    CU_ASSERT_EQUAL(strata_policy_lgreco_candidates(p, 0.01, cand), 42);
+    CU_ASSERT_EQUAL(strata_policy_lgreco_candidates(p, 0.03, cand), 46); /* d0 inserted */
+    CU_ASSERT(cand[20].density == 0.03 && cand[20].comp == STRATA_COMP_TOPK &&
+              cand[20].values == STRATA_VALUES_FP32);
+    CU_ASSERT(cand[44].comp == STRATA_COMP_FP16 && cand[45].comp == STRATA_COMP_NONE);
     CU_ASSERT_EQUAL(strata_policy_lgreco_candidates(p, 0.0, cand), 0);
+    CU_ASSERT_EQUAL(strata_policy_lgreco_report(p).solved, 0);
 
     check_lgreco_resnet(0.01);
     check_lgreco_resnet(0.03);
     printf("\n");
     /* a bad table is rejected and leaves the allocation alone */
-    double err[N(cnn) * 11];
     size_t C = strata_policy_lgreco_candidates(p, 0.01, cand);
+    double err[N(cnn) * 42];
     lgreco_table(cnn_numel, N(cnn), cand, C, err);
     err[CNN_F1W * C + 2] = -1.0;
     strata_diag dg = {{0}};
@@ -802,20 +852,16 @@ static void test_lgreco_policy(void)
     CU_ASSERT_EQUAL(strata_policy_densities(p, resnet18, N(resnet18), 0.03, 0, 50, d, NULL),
                     STRATA_OK); /* still uniform */
     CU_ASSERT_EQUAL(d[N(resnet18) - 2], 0.03);
-    /* rows of dense layers are ignored, whatever they hold */
-    err[CNN_F1W * C + 2] = 1.0;
-    err[CNN_F2B * C + 1] = NAN;
+    err[CNN_F1W * C + 2] = NAN;
     CU_ASSERT_EQUAL(strata_policy_set_lgreco_table(p, err, cnn_numel, N(cnn), 0.01, NULL),
-                    STRATA_OK);
-    /* uniform errors everywhere: uniform is already optimal-or-equal */
+                    STRATA_EINVAL);
+    /* equal errors everywhere: the cheapest candidates win, never above uniform's bytes */
     for (size_t i = 0; i < N(cnn) * C; i++)
         err[i] = 1.0;
     CU_ASSERT_EQUAL(strata_policy_set_lgreco_table(p, err, cnn_numel, N(cnn), 0.01, NULL),
                     STRATA_OK);
-    double dc[N(cnn)];
-    CU_ASSERT_EQUAL(strata_policy_densities(p, cnn_numel, N(cnn), 0.01, 0, 50, dc, NULL),
-                    STRATA_OK);
-    CU_ASSERT(strata_policy_kept(cnn_numel, dc, N(cnn)) <= uniform_kept(cnn_numel, N(cnn), 0.01));
+    strata_lgreco_report rep = strata_policy_lgreco_report(p);
+    CU_ASSERT(rep.bytes <= rep.uniform_bytes);
     strata_policy_free(p);
 }
 

@@ -14,13 +14,12 @@ static char *NAMES[] = {"fc1.weight", "fc1.bias"};
 
 static strata_task sample_task(strata_budget *b)
 {
-    b[0] = (strata_budget){.comp = STRATA_COMP_TOPK, .density = 0.25};
-    b[1] = (strata_budget){.comp = STRATA_COMP_NONE, .density = 1.0};
+    b[0] = (strata_budget){.comp = STRATA_COMP_TOPK, .density = 0.25, .values = STRATA_VALUES_FP16};
+    b[1] = (strata_budget){.comp = STRATA_COMP_NONE, .density = 1.0, .values = STRATA_VALUES_FP16};
     strata_task t = {.round = 3,
                      .total_rounds = 30,
                      .model_version = 3,
                      .deadline_unix_ms = 1764672000000LL,
-                     .values_format = STRATA_VALUES_FP16,
                      .num_layers = 2,
                      .layer_names = NAMES,
                      .budgets = b,
@@ -37,9 +36,9 @@ static strata_task sample_task(strata_budget *b)
 
 static const char BASE[] =
     "{\"round\":3,\"total_rounds\":30,\"model_version\":3,\"deadline_unix_ms\":1764672000000,"
-    "\"values\":\"fp16\",\"budgets\":[{\"layer\":\"fc1.weight\",\"compressor\":\"topk\","
-    "\"density\":0.25,\"levels\":0,\"rank\":0},{\"layer\":\"fc1.bias\",\"compressor\":\"none\","
-    "\"density\":1.0,\"levels\":0,\"rank\":0}],\"train\":{\"epochs\":2,\"batch\":32,\"lr\":0.5,"
+    "\"budgets\":[{\"layer\":\"fc1.weight\",\"compressor\":\"topk\","
+    "\"density\":0.25,\"levels\":0,\"rank\":0,\"values\":\"fp16\"},{\"layer\":\"fc1.bias\",\"compressor\":\"none\","
+    "\"density\":1.0,\"levels\":0,\"rank\":0,\"values\":\"fp16\"}],\"error_candidates\":[],\"train\":{\"epochs\":2,\"batch\":32,\"lr\":0.5,"
     "\"momentum\":0.5,\"weight_decay\":0.0,\"prox_mu\":0.0,\"max_steps\":0},\"seed\":123456}";
 
 static void assert_same_task(const strata_task *a, const strata_task *b)
@@ -48,7 +47,13 @@ static void assert_same_task(const strata_task *a, const strata_task *b)
     CU_ASSERT_EQUAL(a->total_rounds, b->total_rounds);
     CU_ASSERT_EQUAL(a->model_version, b->model_version);
     CU_ASSERT_EQUAL(a->deadline_unix_ms, b->deadline_unix_ms);
-    CU_ASSERT_EQUAL(a->values_format, b->values_format);
+    CU_ASSERT_EQUAL_FATAL(a->num_candidates, b->num_candidates);
+    for (size_t i = 0; i < a->num_candidates; i++) {
+        CU_ASSERT_EQUAL(a->candidates[i].comp, b->candidates[i].comp);
+        CU_ASSERT_EQUAL(a->candidates[i].density, b->candidates[i].density);
+        CU_ASSERT_EQUAL(a->candidates[i].levels, b->candidates[i].levels);
+        CU_ASSERT_EQUAL(a->candidates[i].values, b->candidates[i].values);
+    }
     CU_ASSERT_EQUAL_FATAL(a->num_layers, b->num_layers);
     for (size_t i = 0; i < a->num_layers; i++) {
         CU_ASSERT_STRING_EQUAL(a->layer_names[i], b->layer_names[i]);
@@ -56,6 +61,7 @@ static void assert_same_task(const strata_task *a, const strata_task *b)
         CU_ASSERT_EQUAL(a->budgets[i].density, b->budgets[i].density);
         CU_ASSERT_EQUAL(a->budgets[i].levels, b->budgets[i].levels);
         CU_ASSERT_EQUAL(a->budgets[i].rank, b->budgets[i].rank);
+        CU_ASSERT_EQUAL(a->budgets[i].values, b->budgets[i].values);
     }
     CU_ASSERT_EQUAL(a->train.epochs, b->train.epochs);
     CU_ASSERT_EQUAL(a->train.batch, b->train.batch);
@@ -84,18 +90,22 @@ static void test_exact_text(void)
  * before the codec existed: the same keys, order and number spelling. */
 static void test_matches_legacy_format(void)
 {
-    strata_budget b[3] = {{.comp = STRATA_COMP_TOPK, .density = 0.0089},
-                          {.comp = STRATA_COMP_QSGD, .density = 1.0, .levels = 15},
-                          {.comp = STRATA_COMP_POWERSGD, .density = 0.3, .rank = 4}};
+    strata_budget b[3] = {
+        {.comp = STRATA_COMP_TOPK, .density = 0.0089, .values = STRATA_VALUES_BF16},
+        {.comp = STRATA_COMP_QSGD, .density = 1.0, .levels = 15},
+        {.comp = STRATA_COMP_POWERSGD, .density = 0.3, .rank = 4, .values = STRATA_VALUES_BF16}};
+    strata_budget cand[2] = {{.comp = STRATA_COMP_TOPK, .density = 0.001},
+                             {.comp = STRATA_COMP_QSGD, .density = 1.0, .levels = 4}};
     char *names[3] = {"conv1.weight", "fc1.weight", "fc2.weight"};
     strata_task t = {.round = 17,
                      .total_rounds = 100,
                      .model_version = 16,
                      .deadline_unix_ms = 1700000000123LL,
-                     .values_format = STRATA_VALUES_BF16,
                      .num_layers = 3,
                      .layer_names = names,
                      .budgets = b,
+                     .num_candidates = 2,
+                     .candidates = cand,
                      .train = {.epochs = 1,
                                .batch = 64,
                                .lr = 0.05,
@@ -107,15 +117,23 @@ static void test_matches_legacy_format(void)
     json_t *arr = json_array();
     for (size_t i = 0; i < 3; i++)
         json_array_append_new(arr,
-                              json_pack("{s:s,s:s,s:f,s:i,s:i}", "layer", names[i], "compressor",
-                                        strata_comp_name(b[i].comp), "density", b[i].density,
-                                        "levels", (int)b[i].levels, "rank", (int)b[i].rank));
+                              json_pack("{s:s,s:s,s:f,s:i,s:i,s:s}", "layer", names[i],
+                                        "compressor", strata_comp_name(b[i].comp), "density",
+                                        b[i].density, "levels", (int)b[i].levels, "rank",
+                                        (int)b[i].rank, "values",
+                                        strata_values_format_name(b[i].values)));
+    json_t *carr = json_array();
+    for (size_t i = 0; i < 2; i++)
+        json_array_append_new(carr, json_pack("{s:s,s:f,s:i,s:i,s:s}", "compressor",
+                                              strata_comp_name(cand[i].comp), "density",
+                                              cand[i].density, "levels", (int)cand[i].levels,
+                                              "rank", (int)cand[i].rank, "values", "fp32"));
     const strata_task_train *tr = &t.train;
     json_t *legacy =
-        json_pack("{s:I,s:I,s:I,s:I,s:s,s:o,s:{s:I,s:I,s:f,s:f,s:f,s:f,s:I},s:I}", "round",
+        json_pack("{s:I,s:I,s:I,s:I,s:o,s:o,s:{s:I,s:I,s:f,s:f,s:f,s:f,s:I},s:I}", "round",
                   (json_int_t)t.round, "total_rounds", (json_int_t)t.total_rounds, "model_version",
                   (json_int_t)t.model_version, "deadline_unix_ms", (json_int_t)t.deadline_unix_ms,
-                  "values", "bf16", "budgets", arr, "train", "epochs", (json_int_t)tr->epochs,
+                  "budgets", arr, "error_candidates", carr, "train", "epochs", (json_int_t)tr->epochs,
                   "batch", (json_int_t)tr->batch, "lr", tr->lr, "momentum", tr->momentum,
                   "weight_decay", tr->weight_decay, "prox_mu", tr->prox_mu, "max_steps",
                   (json_int_t)tr->max_steps, "seed", (json_int_t)t.seed);
@@ -154,7 +172,6 @@ static void test_round_trip_every_field(void)
                      .total_rounds = UINT32_MAX,
                      .model_version = INT64_MAX,
                      .deadline_unix_ms = INT64_MAX,
-                     .values_format = STRATA_VALUES_FP32,
                      .num_layers = 1,
                      .layer_names = one,
                      .budgets = &eb,
@@ -204,6 +221,8 @@ static char *mutate(const char *from, const char *to)
     for (size_t i = 0; at == NULL && i + nf <= sizeof(BASE) - 1; i++)
         if (memcmp(BASE + i, from, nf) == 0)
             at = BASE + i;
+    if (at == NULL)
+        fprintf(stderr, "pattern not in BASE: %s\n", from);
     CU_ASSERT_PTR_NOT_NULL_FATAL(at);
     size_t pre = (size_t)(at - BASE), nt = strlen(to);
     char *s = malloc(sizeof(BASE) - nf + nt);
@@ -225,10 +244,23 @@ static void test_refusals(void)
         {"\"round\":3", "\"round\":3.0", STRATA_EPROTO, "task.round: expected an integer"},
         {"\"model_version\":3", "\"model_version\":\"3\"", STRATA_EPROTO,
          "task.model_version: expected an integer"},
-        {"\"values\":\"fp16\"", "\"values\":1", STRATA_EPROTO, "task.values: expected a string"},
+        {"\"values\":\"fp16\"", "\"values\":1", STRATA_EPROTO,
+         "budgets[0].values: expected a string"},
+        {"\"error_candidates\":[]", "\"error_candidates\":{}", STRATA_EPROTO,
+         "task.error_candidates: expected an array"},
+        {"\"error_candidates\":[]", "\"error_candidates\":[{\"compressor\":\"sign\"}]",
+         STRATA_EPROTO, "error_candidates[0].density: missing"},
+        {"\"error_candidates\":[]",
+         "\"error_candidates\":[{\"layer\":\"x\",\"compressor\":\"sign\",\"density\":1,"
+         "\"levels\":0,\"rank\":0,\"values\":\"fp32\"}]",
+         STRATA_EPROTO, "error_candidates[0]: unknown key \"layer\""},
+        {"\"error_candidates\":[]",
+         "\"error_candidates\":[{\"compressor\":\"sign\",\"density\":1,\"levels\":0,"
+         "\"rank\":0,\"values\":\"fp16\"}]",
+         STRATA_EPROTO, "error_candidates[0]: sign does not take values fp16"},
         {"\"budgets\":[{\"layer\":\"fc1.weight\",\"compressor\":\"topk\",\"density\":0.25,"
-         "\"levels\":0,\"rank\":0},{\"layer\":\"fc1.bias\",\"compressor\":\"none\","
-         "\"density\":1.0,\"levels\":0,\"rank\":0}]",
+         "\"levels\":0,\"rank\":0,\"values\":\"fp16\"},{\"layer\":\"fc1.bias\",\"compressor\":\"none\","
+         "\"density\":1.0,\"levels\":0,\"rank\":0,\"values\":\"fp16\"}]",
          "\"budgets\":{}", STRATA_EPROTO, "task.budgets: expected an array"},
         {"\"budgets\":[{\"layer\":\"fc1.weight\"", "\"budgets\":[7,{\"layer\":\"fc1.weight\"",
          STRATA_EPROTO, "budgets[0]: expected an object"},
@@ -251,8 +283,8 @@ static void test_refusals(void)
         {"\"deadline_unix_ms\":1764672000000", "\"deadline_unix_ms\":-5", STRATA_EPROTO,
          "task.deadline_unix_ms"},
         {"\"values\":\"fp16\"", "\"values\":\"fp64\"", STRATA_EPROTO,
-         "task.values: \"fp64\" is not fp32, fp16 or bf16"},
-        {"\"values\":\"fp16\"", "\"values\":\"FP16\"", STRATA_EPROTO, "task.values"},
+         "budgets[0].values: unknown values format \"fp64\""},
+        {"\"values\":\"fp16\"", "\"values\":\"FP16\"", STRATA_EPROTO, "budgets[0].values"},
         {"\"density\":0.25", "\"density\":0", STRATA_EPROTO,
          "budgets[0].density: 0 is not in (0, 1]"},
         {"\"density\":0.25", "\"density\":-0.25", STRATA_EPROTO, "budgets[0].density"},
@@ -267,7 +299,8 @@ static void test_refusals(void)
         {"\"layer\":\"fc1.weight\"", "\"layer\":\"fc\\u0001\"", STRATA_EPROTO,
          "budgets[0].layer: control character 0x01"},
         {"\"levels\":0,", "\"levels\":-1,", STRATA_EPROTO, "budgets[0].levels"},
-        {"\"rank\":0}]", "\"rank\":2147483648}]", STRATA_EPROTO, "budgets[1].rank"},
+        {"\"rank\":0,\"values\":\"fp16\"}]", "\"rank\":2147483648,\"values\":\"fp16\"}]",
+         STRATA_EPROTO, "budgets[1].rank"},
         {"\"epochs\":2", "\"epochs\":0", STRATA_EPROTO, "train.epochs: 0 is not in [1, "},
         {"\"batch\":32", "\"batch\":-32", STRATA_EPROTO, "train.batch"},
         {"\"lr\":0.5", "\"lr\":-0.5", STRATA_EPROTO, "train.lr"},
@@ -280,13 +313,14 @@ static void test_refusals(void)
         /* missing, unknown and duplicate keys */
         {",\"seed\":123456", "", STRATA_EPROTO, "task.seed: missing"},
         {"\"round\":3,", "", STRATA_EPROTO, "task.round: missing"},
-        {"\"values\":\"fp16\",", "", STRATA_EPROTO, "task.values: missing"},
+        {",\"values\":\"fp16\"}", "}", STRATA_EPROTO, "budgets[0].values: missing"},
+        {"\"error_candidates\":[],", "", STRATA_EPROTO, "task.error_candidates: missing"},
         {",\"train\":{\"epochs\":2,\"batch\":32,\"lr\":0.5,\"momentum\":0.5,\"weight_decay\":0.0,"
          "\"prox_mu\":0.0,\"max_steps\":0}",
          "", STRATA_EPROTO, "task.train: missing"},
         {"\"budgets\":[{\"layer\":\"fc1.weight\",\"compressor\":\"topk\",\"density\":0.25,"
-         "\"levels\":0,\"rank\":0},{\"layer\":\"fc1.bias\",\"compressor\":\"none\","
-         "\"density\":1.0,\"levels\":0,\"rank\":0}],",
+         "\"levels\":0,\"rank\":0,\"values\":\"fp16\"},{\"layer\":\"fc1.bias\",\"compressor\":\"none\","
+         "\"density\":1.0,\"levels\":0,\"rank\":0,\"values\":\"fp16\"}],",
          "", STRATA_EPROTO, "task.budgets: missing"},
         {"\"layer\":\"fc1.weight\",", "", STRATA_EPROTO, "budgets[0].layer: missing"},
         {"\"compressor\":\"none\",", "", STRATA_EPROTO, "budgets[1].compressor: missing"},
@@ -296,7 +330,7 @@ static void test_refusals(void)
          "task: unknown key \"extra\""},
         {"\"seed\":123456", "\"seed\":123456,\"bad\\u0001key\":1", STRATA_EPROTO,
          "task: unknown key \"bad?key\""},
-        {"\"rank\":0}]", "\"rank\":0,\"bits\":8}]", STRATA_EPROTO,
+        {"\"values\":\"fp16\"}]", "\"values\":\"fp16\",\"bits\":8}]", STRATA_EPROTO,
          "budgets[1]: unknown key \"bits\""},
         {"\"max_steps\":0", "\"max_steps\":0,\"nesterov\":true", STRATA_EPROTO,
          "train: unknown key \"nesterov\""},
@@ -396,7 +430,7 @@ static void test_encode_refusals(void)
         const char *msg;
     } cases[] = {
         {0, "total_rounds"},
-        {1, "values"},
+        {1, "budgets[0]: unknown values format"},
         {2, "budgets[0].density"},
         {3, "budgets[1].compressor"},
         {4, "budgets[0]: qsgd levels"},
@@ -420,7 +454,7 @@ static void test_encode_refusals(void)
             t.total_rounds = 0;
             break;
         case 1:
-            t.values_format = (strata_values_format)3;
+            bb[0].values = (strata_values_format)9;
             break;
         case 2:
             bb[0].density = NAN;

@@ -65,12 +65,16 @@ typedef struct strata_clayer {
     uint64_t seed;             /* RANDK */
 } strata_clayer;
 
-/* Per-layer compression budget, decided by a policy (strata/policy.h). */
+/* Per-layer compression budget, decided by a policy (strata/policy.h):
+ * the compressor, its parameter and the format its float values travel in.
+ * values applies to NONE, TOPK, RANDK and POWERSGD (the formats beyond BF16
+ * to TOPK and RANDK only); for FP16, BF16, QSGD and SIGN it is FP32. */
 typedef struct strata_budget {
     strata_compressor_id comp;
-    double density;  /* TOPK/RANDK: fraction kept, (0, 1] */
-    uint32_t levels; /* QSGD */
-    uint32_t rank;   /* POWERSGD */
+    double density;              /* TOPK/RANDK: fraction kept, (0, 1] */
+    uint32_t levels;             /* QSGD */
+    uint32_t rank;               /* POWERSGD */
+    strata_values_format values; /* see above */
 } strata_budget;
 
 /* Returns the compressor's name ("topk"), or "?" for an unknown id. */
@@ -86,6 +90,32 @@ const char *strata_values_format_name(strata_values_format f);
  * sensitive) into *out. *out is set to STRATA_VALUES_FP32 on entry. Returns
  * STRATA_EINVAL for NULL arguments or any other string. Thread-safe. */
 int strata_values_format_parse(const char *name, strata_values_format *out);
+
+/* Parses a compressor specification, the one text form of a budget on
+ * every interface (--policy, the policy JSON, lgreco candidates):
+ *   none | fp16 | bf16 | sign | qsgd:LEVELS | powersgd:RANK |
+ *   topk[:DENSITY] | randk[:DENSITY]
+ * each optionally followed by :VALUES (a strata_values_format_name) where
+ * the compressor takes a values format (see strata_budget); "topk:0.01:int8",
+ * "qsgd:4", "powersgd:2:fp16". With need_density the density of topk/randk
+ * is required; otherwise it may be left out (density 1, set by a policy).
+ * *out is zeroed on entry. Errors: STRATA_EINVAL (diag names the spec and
+ * the expected forms) for anything else, including a budget that fails
+ * strata_budget_check. Thread-safe. */
+int strata_budget_parse(const char *spec, int need_density, strata_budget *out,
+                        strata_diag *diag);
+
+/* Writes the specification of b (the inverse of strata_budget_parse; the
+ * density only when with_density, in the shortest of 6 or 17 significant
+ * digits that reads back exactly; ":fp32" left out) into buf (size bytes,
+ * truncated if needed; 64 always suffice) and returns buf. */
+char *strata_budget_format(const strata_budget *b, int with_density, char *buf, size_t size);
+
+/* The estimated payload bytes of one layer of numel elements compressed
+ * with b (layer header included): what the lgreco policy and byte
+ * calibration compare candidates by. Top-k positions are counted at the
+ * entropy of the kept set, values at their format's width. */
+double strata_budget_bytes(const strata_budget *b, uint64_t numel);
 
 /* Parses a compressor name; returns STRATA_EINVAL for an unknown one. */
 int strata_comp_from_name(const char *name, strata_compressor_id *out);
@@ -115,7 +145,8 @@ float strata_bf16_to_f32(uint16_t h);
 uint64_t strata_comp_kept(double density, uint64_t numel);
 
 /* Checks a budget: comp known; TOPK/RANDK density in (0, 1]; QSGD levels in
- * [1, 127]; POWERSGD rank >= 1. Returns STRATA_EINVAL (with diag) otherwise. */
+ * [1, 127]; POWERSGD rank >= 1; values a known format that the compressor
+ * takes (see strata_budget). Returns STRATA_EINVAL (with diag) otherwise. */
 int strata_budget_check(const strata_budget *b, strata_diag *diag);
 
 /* The matrix view PowerSGD uses for a tensor: rows = shape[0], cols = numel /

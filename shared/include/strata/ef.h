@@ -55,8 +55,8 @@ int strata_ef_configure(strata_ef *ef, double beta, uint32_t max_staleness, int 
 
 /* One error-feedback round (see the file comment). delta (borrowed) must
  * have exactly the layout of the residuals; budgets (borrowed) holds one
- * budget per tensor; vf is the values format of the kept float values; round
- * must be above the round of the previous step; seed drives the random
+ * budget per tensor (its values format says how the kept float values
+ * travel); round must be above the round of the previous step; seed drives the random
  * compressors (each layer derives its own seed from it and the layer
  * position; RANDK layers carry that seed). On success *out_layers is a new
  * array of delta->count compressed layers, layer_index set to the tensor
@@ -68,8 +68,21 @@ int strata_ef_configure(strata_ef *ef, double beta, uint32_t max_staleness, int 
  * above STRATA_CLAYER_MAX_NUMEL), STRATA_ENOMEM. diag (may be NULL) names
  * the tensor at fault. */
 int strata_ef_step(strata_ef *ef, const strata_tensor_list *delta, const strata_budget *budgets,
-                   strata_values_format vf, uint32_t round, uint64_t seed,
-                   strata_clayer **out_layers, strata_diag *diag);
+                   uint32_t round, uint64_t seed, strata_clayer **out_layers, strata_diag *diag);
+
+/* The error table of the lgreco policy (docs/algorithm.md): for every
+ * tensor l and each of the ncand candidate budgets (borrowed, each passing
+ * strata_budget_check), the squared L2 error ||a_l - decode(C_c(a_l))||^2
+ * (in double) that compressing with candidate c would leave, where a_l is
+ * the error-compensated update strata_ef_step(ef, delta, ..., round, seed)
+ * would compress (residual with its staleness decay, plus delta). Written
+ * row-major to err[l * ncand + c] (delta->count * ncand entries). Nothing
+ * of ef's residuals, round or warm starts changes. Errors: STRATA_EINVAL
+ * (NULL argument, layout mismatch, bad candidate, NaN or infinity in a),
+ * STRATA_ESTATE (round not after the previous step's), STRATA_ENOMEM. */
+int strata_ef_error_table(strata_ef *ef, const strata_tensor_list *delta, uint32_t round,
+                          uint64_t seed, const strata_budget *cand, size_t ncand, double *err,
+                          strata_diag *diag);
 
 /* The residuals (borrowed; valid until the next step, load or free). */
 const strata_tensor_list *strata_ef_residuals(const strata_ef *ef);

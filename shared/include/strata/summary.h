@@ -12,7 +12,16 @@
  *   has_stats    "accuracy", "loss" (numbers, or null when not known),
  *                "uplink_bytes", "downlink_bytes", "dense_uplink_bytes",
  *                "duration_ms"
- *   has_densities "densities": {"<layer>": density, ...} in layer order
+ *   has_densities "densities": {"<layer>": density, ...} in layer order,
+ *                then, when compressors is set, "compressors":
+ *                {"<layer>": "topk:0.01:int8", ...} (the budgets of the
+ *                round as strata_budget_format writes them, same layers)
+ *   has_lgreco   "lgreco": {"fell_back": false, "error_budget": x,
+ *                "chosen_error": y, "bytes": b, "uniform_bytes": u,
+ *                "allocation": {"<layer>": "topk:0.002", ...}}: the lgreco
+ *                policy solved its table at this round's close; the
+ *                allocation (same layers as "densities") is what the next
+ *                rounds use (strata/policy.h, strata_lgreco_report)
  *   num_quarantined > 0
  *                "quarantined": [{"client_id": 7, "reason": "norm",
  *                "norm": 1.5e31}, ...]: the accepted updates the round's
@@ -133,6 +142,12 @@ typedef struct strata_round_summary {
     size_t num_layers;  /* entries of layer_names and densities */
     char **layer_names; /* NUL-terminated, distinct */
     double *densities;  /* each in (0, 1] */
+    char **compressors; /* NULL, or num_layers budget specifications */
+
+    int has_lgreco; /* needs has_densities; the fields below */
+    int lg_fell_back;
+    double lg_error_budget, lg_chosen_error, lg_bytes, lg_uniform_bytes; /* finite, >= 0 */
+    char **lg_allocation; /* num_layers budget specifications */
 
     size_t num_quarantined;               /* entries of quarantined; 0: no key */
     strata_round_quarantine *quarantined; /* ascending client_id */

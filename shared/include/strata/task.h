@@ -5,9 +5,11 @@
  *
  * The JSON is one compact object with its keys in this order:
  *   {"round":3,"total_rounds":30,"model_version":3,
- *    "deadline_unix_ms":1764672000000,"values":"fp32",
+ *    "deadline_unix_ms":1764672000000,
  *    "budgets":[{"layer":"fc1.weight","compressor":"topk","density":0.0089,
- *                "levels":0,"rank":0},...],
+ *                "levels":0,"rank":0,"values":"fp32"},...],
+ *    "error_candidates":[{"compressor":"topk","density":0.001,"levels":0,
+ *                         "rank":0,"values":"int8"},...],
  *    "train":{"epochs":1,"batch":32,"lr":0.05,"momentum":0.0,
  *             "weight_decay":0.0,"prox_mu":0.0,"max_steps":0},
  *    "seed":123456}
@@ -19,16 +21,22 @@
  *   total_rounds     [1, 2^32 - 1]
  *   model_version    [0, 2^63 - 1]
  *   deadline_unix_ms [0, 2^63 - 1]
- *   values           "fp32", "fp16" or "bf16" (strata_values_format_name)
  *   budgets          at most max_layers entries, one per model tensor in
  *                    model order; each with
  *     layer          1 to max_name_bytes bytes of UTF-8, no control
  *                    characters
  *     compressor     a name of strata_comp_name ("none", "topk", ...)
  *     density        (0, 1]
- *     levels, rank   [0, 2^31 - 1], and the budget passes
- *                    strata_budget_check (QSGD levels in [1, 127], POWERSGD
- *                    rank >= 1)
+ *     levels, rank   [0, 2^31 - 1]
+ *     values         a name of strata_values_format_name ("fp32", "int8",
+ *                    ...); the budget passes strata_budget_check (QSGD
+ *                    levels in [1, 127], POWERSGD rank >= 1, a values
+ *                    format the compressor takes)
+ *   error_candidates at most STRATA_TASK_MAX_CANDIDATES budgets without
+ *                    "layer" (same keys and ranges otherwise): the lgreco
+ *                    policy's candidates, for which the client reports an
+ *                    error table in its payload metadata (schemas/payload.md);
+ *                    empty when the round asks for none
  *   train.epochs     [1, 2^31 - 1]
  *   train.batch      [1, 2^31 - 1]
  *   train.lr, weight_decay, prox_mu   [0, FLT_MAX] (clients train in float)
@@ -60,6 +68,8 @@
 #define STRATA_TASK_DEFAULT_MAX_LAYERS 65536u
 #define STRATA_TASK_DEFAULT_MAX_NAME_BYTES 127u /* strata/tensor.h: STRATA_MAX_NAME - 1 */
 
+/* Most error-table candidates a task may carry. */
+#define STRATA_TASK_MAX_CANDIDATES 255u
 /* Deepest nesting of a valid task (object, budgets array, budget object);
  * anything deeper is refused before jansson parses it. */
 #define STRATA_TASK_MAX_DEPTH 3
@@ -85,10 +95,11 @@ typedef struct strata_task {
     uint32_t total_rounds;
     uint64_t model_version;
     int64_t deadline_unix_ms;
-    strata_values_format values_format; /* "values" */
     size_t num_layers;
     char **layer_names;     /* num_layers NUL-terminated names */
     strata_budget *budgets; /* num_layers budgets */
+    size_t num_candidates;
+    strata_budget *candidates; /* num_candidates error-table candidates (NULL when 0) */
     strata_task_train train;
     uint64_t seed; /* drives the client's random compressors and shuffling */
 } strata_task;

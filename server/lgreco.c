@@ -1,0 +1,204 @@
+/* The coordinator's side of the lgreco loop (see lgreco.h). */
+#include "lgreco.h"
+
+#include "strata/log.h"
+
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+int srv__lgreco_candidates(const srv_engine *e, uint32_t r, strata_budget **out, size_t *n)
+{
+    *out = NULL;
+    *n = 0;
+    uint32_t every = e->policy != NULL ? strata_policy_lgreco_every(e->policy) : 0;
+    if (every == 0 || r % every != 0 || r + 1 >= (uint32_t)e->cfg->rounds)
+        return 0; /* the last round's table would serve no round */
+    strata_budget *c = malloc(STRATA_LGRECO_MAX_TABLE * sizeof(*c));
+    if (c == NULL)
+        return STRATA_ENOMEM;
+    *n = strata_policy_lgreco_candidates(e->policy, e->cfg->density, c);
+    if (*n == 0) {
+        free(c);
+        return 0;
+    }
+    *out = c;
+    return 0;
+}
+
+int srv__lgreco_table(const srv_engine *e, size_t ncands, const char *meta, double *table,
+                      char *msg, size_t mlen)
+{
+    json_t *root = meta != NULL ? json_loads(meta, JSON_REJECT_DUPLICATES, NULL) : NULL;
+    const json_t *t = root != NULL ? json_object_get(root, "error_table") : NULL;
+    int rc = STRATA_EPROTO;
+    if (ncands == 0) {
+        if (t == NULL)
+            rc = 0;
+        else
+            snprintf(msg, mlen, "metadata.error_table: this round's task asks for no error table");
+        goto out;
+    }
+    if (t == NULL) {
+        snprintf(msg, mlen,
+                 "metadata.error_table: missing (the task asks for %zu candidates per layer)",
+                 ncands);
+        goto out;
+    }
+    if (!json_is_array(t) || json_array_size(t) != e->nlayers) {
+        snprintf(msg, mlen, "metadata.error_table: expected an array of %zu rows (one per layer)",
+                 e->nlayers);
+        goto out;
+    }
+    for (size_t l = 0; l < e->nlayers; l++) {
+        const json_t *row = json_array_get(t, l);
+        if (!json_is_array(row) || json_array_size(row) != ncands) {
+            snprintf(msg, mlen,
+                     "metadata.error_table[%zu]: expected an array of %zu numbers (one per "
+                     "candidate)",
+                     l, ncands);
+            goto out;
+        }
+        for (size_t c = 0; c < ncands; c++) {
+            const json_t *v = json_array_get(row, c);
+            double x = json_is_number(v) ? json_number_value(v) : -1.0;
+            if (!(x >= 0.0 && isfinite(x))) {
+                snprintf(msg, mlen,
+                         "metadata.error_table[%zu][%zu]: expected a finite number >= 0", l, c);
+                goto out;
+            }
+            if (table != NULL)
+                table[l * ncands + c] = x;
+        }
+    }
+    rc = 0;
+out:
+    json_decref(root);
+    return rc;
+}
+
+int srv__lgreco_solve(srv_engine *e, uint32_t r, const uint64_t *ids, const double *w,
+                      const int *kept, size_t n, strata_diag *d)
+{
+    size_t nc = e->ncands, cells = e->nlayers * nc;
+    double *sum = calloc(cells + 1, sizeof(double)), *one = calloc(cells + 1, sizeof(double));
+    double wsum = 0.0;
+    int rc = 0;
+    if (sum == NULL || one == NULL) {
+        rc = strata_diag_set(d, STRATA_ENOMEM, "out of memory (the error tables)");
+        goto out;
+    }
+    for (size_t i = 0; i < n && rc == 0; i++) {
+        if (!kept[i])
+            continue;
+        uint8_t *buf = NULL;
+        size_t len = 0;
+        strata_payload *p = NULL;
+        char msg[256] = "";
+        rc = strata_store_update_read(e->wstore, r, ids[i], &buf, &len, d);
+        if (rc == 0 && (rc = strata_payload_decode(buf, len, &e->limits, &p, d)) == 0 &&
+            srv__lgreco_table(e, nc, p->metadata_json, one, msg, sizeof(msg)) < 0)
+            rc = strata_diag_set(d, STRATA_EPROTO, "client %llu: %s", (unsigned long long)ids[i],
+                                 msg);
+        if (rc == 0) {
+            for (size_t k = 0; k < cells; k++)
+                sum[k] += w[i] * one[k];
+            wsum += w[i];
+        }
+        strata_payload_free(p);
+        free(buf);
+    }
+    if (rc < 0 || wsum <= 0.0)
+        goto out;
+    for (size_t k = 0; k < cells; k++)
+        sum[k] /= wsum;
+    strata_diag pd = {{0}};
+    rc = strata_policy_set_lgreco_table(e->policy, sum, e->numel, e->nlayers, e->cfg->density, &pd);
+    if (rc < 0) {
+        rc = strata_diag_set(d, rc, "lgreco: %s", strata_diag_msg(&pd, rc));
+        goto out;
+    }
+    e->lg_solved = 1;
+    strata_lgreco_report rep = strata_policy_lgreco_report(e->policy);
+    strata_log_info("round %u: lgreco solved: estimated %.0f bytes per update (uniform %.0f), "
+                    "error %.4g within %.4g%s",
+                    r, rep.bytes, rep.uniform_bytes, rep.chosen_error, rep.error_budget,
+                    rep.fell_back ? " (uniform kept: nothing cheaper fits)" : "");
+out:
+    free(sum);
+    free(one);
+    return rc;
+}
+
+void srv__lgreco_summary(const srv_engine *e, strata_round_summary *s, char (*specs)[64],
+                         char **ptrs)
+{
+    if (!e->lg_solved || e->policy == NULL)
+        return;
+    strata_budget *b = calloc(e->nlayers + 1, sizeof(*b));
+    uint32_t next = e->next_round + 1 < (uint32_t)e->cfg->rounds ? e->next_round + 1
+                                                                  : e->next_round;
+    if (b == NULL || strata_policy_budgets(e->policy, e->numel, e->nlayers, e->cfg->density, next,
+                                           (uint32_t)e->cfg->rounds, b, NULL) < 0) {
+        free(b);
+        return;
+    }
+    for (size_t l = 0; l < e->nlayers; l++)
+        ptrs[l] = strata_budget_format(&b[l], 1, specs[l], 64);
+    free(b);
+    strata_lgreco_report rep = strata_policy_lgreco_report(e->policy);
+    s->has_lgreco = 1;
+    s->lg_fell_back = rep.fell_back;
+    s->lg_error_budget = rep.error_budget;
+    s->lg_chosen_error = rep.chosen_error;
+    s->lg_bytes = rep.bytes;
+    s->lg_uniform_bytes = rep.uniform_bytes;
+    s->lg_allocation = ptrs;
+}
+
+int srv__lgreco_restore(srv_engine *e, strata_diag *d)
+{
+    if (e->policy == NULL || strata_policy_lgreco_every(e->policy) == 0)
+        return 0;
+    int rc = 0;
+    for (uint32_t r = e->next_round; r-- > 0 && rc == 0;) {
+        strata_store_round rd;
+        memset(&rd, 0, sizeof(rd));
+        int found = 0;
+        if ((rc = strata_store_round_get(e->store, r, &rd, &found, d)) < 0)
+            break;
+        strata_round_summary s;
+        int has = 0;
+        if (found && rd.summary_json != NULL &&
+            strata_round_summary_decode(rd.summary_json, strlen(rd.summary_json), NULL, &s, NULL) ==
+                0) {
+            has = s.has_lgreco && s.num_layers == e->nlayers;
+            strata_budget *b = has ? calloc(e->nlayers + 1, sizeof(*b)) : NULL;
+            for (size_t l = 0; b != NULL && l < e->nlayers; l++)
+                strata_budget_parse(s.lg_allocation[l], 1, &b[l], NULL);
+            if (b != NULL) {
+                strata_lgreco_report rep = {.solved = 1,
+                                            .fell_back = s.lg_fell_back,
+                                            .error_budget = s.lg_error_budget,
+                                            .chosen_error = s.lg_chosen_error,
+                                            .bytes = s.lg_bytes,
+                                            .uniform_bytes = s.lg_uniform_bytes};
+                strata_diag pd = {{0}};
+                if (strata_policy_restore_lgreco(e->policy, b, e->numel, e->nlayers,
+                                                 e->cfg->density, &rep, &pd) == 0)
+                    strata_log_info("lgreco: the allocation solved at round %u is back in use", r);
+                else
+                    strata_log_warn("lgreco: the allocation of round %u cannot be restored: %s",
+                                    r, pd.msg);
+            }
+            free(b);
+            strata_round_summary_cleanup(&s);
+        }
+        strata_store_round_cleanup(&rd);
+        if (has)
+            break;
+    }
+    return rc;
+}
