@@ -356,8 +356,7 @@ int strata_client_round_run(const strata_client_round_ctx *c, const strata_task 
         }
         if ((rc = strata_ef_error_table(ef, &delta, t->round, seed, t->candidates,
                                         t->num_candidates, table, &d)) < 0) {
-            strata_log_error("round %u: error table failed: %s", t->round,
-                             strata_diag_msg(&d, rc));
+            strata_log_error("round %u: error table failed: %s", t->round, strata_diag_msg(&d, rc));
             goto out;
         }
     }

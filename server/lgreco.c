@@ -65,8 +65,8 @@ int srv__lgreco_table(const srv_engine *e, size_t ncands, const char *meta, doub
             const json_t *v = json_array_get(row, c);
             double x = json_is_number(v) ? json_number_value(v) : -1.0;
             if (!(x >= 0.0 && isfinite(x))) {
-                snprintf(msg, mlen,
-                         "metadata.error_table[%zu][%zu]: expected a finite number >= 0", l, c);
+                snprintf(msg, mlen, "metadata.error_table[%zu][%zu]: expected a finite number >= 0",
+                         l, c);
                 goto out;
             }
             if (table != NULL)
@@ -138,8 +138,8 @@ void srv__lgreco_summary(const srv_engine *e, strata_round_summary *s, char (*sp
     if (!e->lg_solved || e->policy == NULL)
         return;
     strata_budget *b = calloc(e->nlayers + 1, sizeof(*b));
-    uint32_t next = e->next_round + 1 < (uint32_t)e->cfg->rounds ? e->next_round + 1
-                                                                  : e->next_round;
+    uint32_t next =
+        e->next_round + 1 < (uint32_t)e->cfg->rounds ? e->next_round + 1 : e->next_round;
     if (b == NULL || strata_policy_budgets(e->policy, e->numel, e->nlayers, e->cfg->density, next,
                                            (uint32_t)e->cfg->rounds, b, NULL) < 0) {
         free(b);
@@ -190,8 +190,8 @@ int srv__lgreco_restore(srv_engine *e, strata_diag *d)
                                                  e->cfg->density, &rep, &pd) == 0)
                     strata_log_info("lgreco: the allocation solved at round %u is back in use", r);
                 else
-                    strata_log_warn("lgreco: the allocation of round %u cannot be restored: %s",
-                                    r, pd.msg);
+                    strata_log_warn("lgreco: the allocation of round %u cannot be restored: %s", r,
+                                    pd.msg);
             }
             free(b);
             strata_round_summary_cleanup(&s);

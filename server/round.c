@@ -424,8 +424,8 @@ static int open_round(srv_engine *e, strata_diag *d)
     size_t ncands = 0;
     if (e->policy == NULL) {
         for (size_t i = 0; i < e->nlayers; i++)
-            b[i] = (strata_budget){.comp = STRATA_COMP_NONE, .density = 1.0,
-                                   .values = c->values_format};
+            b[i] = (strata_budget){
+                .comp = STRATA_COMP_NONE, .density = 1.0, .values = c->values_format};
     } else if ((rc = strata_policy_budgets(e->policy, e->numel, e->nlayers, c->density, r,
                                            (uint32_t)c->rounds, b, d)) < 0) {
         goto fail;

@@ -44,8 +44,9 @@ int strata_budget_parse(const char *spec, int need_density, strata_budget *out, 
     char buf[SPEC_MAX];
     size_t len = strlen(spec);
     if (len == 0 || len >= sizeof(buf))
-        return strata_diag_set(diag, STRATA_EINVAL, "compressor '%.*s': expected 1 to %d characters",
-                               SPEC_MAX, spec, SPEC_MAX - 1);
+        return strata_diag_set(diag, STRATA_EINVAL,
+                               "compressor '%.*s': expected 1 to %d characters", SPEC_MAX, spec,
+                               SPEC_MAX - 1);
     memcpy(buf, spec, len + 1);
     char *part[4] = {buf, NULL, NULL, NULL};
     size_t np = 1;

@@ -183,8 +183,7 @@ static int step_layer(const strata_ef *ef, size_t l, const strata_tensor *d, con
 }
 
 int strata_ef_step(strata_ef *ef, const strata_tensor_list *delta, const strata_budget *budgets,
-                   uint32_t round, uint64_t seed,
-                   strata_clayer **out_layers, strata_diag *diag)
+                   uint32_t round, uint64_t seed, strata_clayer **out_layers, strata_diag *diag)
 {
     if (out_layers != NULL)
         *out_layers = NULL;
@@ -215,8 +214,7 @@ int strata_ef_step(strata_ef *ef, const strata_tensor_list *delta, const strata_
     }
     for (size_t l = 0; l < count; l++) {
         rc = step_layer(ef, l, &delta->items[l], &budgets[l], budgets[l].values, mode, decay,
-                        layer_seed(seed, l),
-                        &layers[l], &q_new[l], diag);
+                        layer_seed(seed, l), &layers[l], &q_new[l], diag);
         if (rc < 0) {
             if (rc == STRATA_ENOMEM)
                 strata_diag_set(diag, rc, "tensor %s: out of memory", delta->items[l].name);
@@ -254,23 +252,22 @@ out:
 /* Squared errors of the ncand candidates on the n floats of a, one tensor
  * of the layout (ndim, shape), to err[0..ncand). dec is scratch (n). */
 static int table_layer(const strata_ef *ef, size_t l, const float *a, size_t n, int ndim,
-                       const int64_t *shape, uint64_t seed, const strata_budget *cand,
-                       size_t ncand, float *dec, double *err, strata_diag *diag)
+                       const int64_t *shape, uint64_t seed, const strata_budget *cand, size_t ncand,
+                       float *dec, double *err, strata_diag *diag)
 {
     for (size_t c = 0; c < ncand; c++) {
         const float *q_warm = NULL;
         const ef_q *wq = &ef->q[l];
         if (cand[c].comp == STRATA_COMP_POWERSGD && wq->q != NULL) {
             uint32_t rows, cols, rank;
-            if (strata_powersgd_dims(ndim, shape, cand[c].rank, &rows, &cols, &rank) ==
-                    STRATA_OK &&
+            if (strata_powersgd_dims(ndim, shape, cand[c].rank, &rows, &cols, &rank) == STRATA_OK &&
                 cols == wq->cols && rank == wq->rank)
                 q_warm = wq->q;
         }
         strata_clayer cl;
         strata_diag cd = {{0}};
-        int rc = strata_compress(a, n, ndim, shape, &cand[c], cand[c].values, seed, q_warm, &cl,
-                                 &cd);
+        int rc =
+            strata_compress(a, n, ndim, shape, &cand[c], cand[c].values, seed, q_warm, &cl, &cd);
         if (rc == STRATA_OK)
             rc = strata_clayer_decode(&cl, dec, &cd);
         strata_clayer_cleanup(&cl);

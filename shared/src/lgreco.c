@@ -46,9 +46,9 @@ size_t strata_policy_lgreco_candidates(const strata_policy *p, double d0, strata
     size_t n = 0;
     for (size_t d = 0; d < nd; d++)
         for (size_t v = 0; v < nv; v++)
-            add_candidate(out, &n, (strata_budget){.comp = p->base.comp,
-                                                   .density = dens[d],
-                                                   .values = vals[v]});
+            add_candidate(
+                out, &n,
+                (strata_budget){.comp = p->base.comp, .density = dens[d], .values = vals[v]});
     for (size_t e = 0; e < p->nextra; e++)
         add_candidate(out, &n, p->extra[e]);
     add_candidate(out, &n, strata__policy_dense_budget(p));
@@ -279,7 +279,8 @@ int strata_policy_restore_lgreco(strata_policy *p, const strata_budget *alloc, c
                                  strata_diag *diag)
 {
     if (p == NULL || p->type != STRATA__POL_LGRECO)
-        return strata_diag_set(diag, STRATA_EINVAL, "lgreco allocation given to a policy of type %s",
+        return strata_diag_set(diag, STRATA_EINVAL,
+                               "lgreco allocation given to a policy of type %s",
                                p == NULL ? "(null)" : strata_policy_name(p));
     if (!(d0 > 0.0 && d0 <= 1.0))
         return strata_diag_set(diag, STRATA_EINVAL, "density: %g is not in (0, 1]", d0);

@@ -30,8 +30,8 @@ typedef strata__cal_mode cal_mode;
 #define CAL_RUN STRATA__CAL_RUN
 #define CAL_NONE STRATA__CAL_NONE
 
-static const char *const type_names[] = {"uniform",    "legacy-layer", "legacy-phase", "legacy",
-                                         "legacy-ref", "lgreco"};
+static const char *const type_names[] = {"uniform", "legacy-layer", "legacy-phase",
+                                         "legacy",  "legacy-ref",   "lgreco"};
 static const char *const cal_names[] = {"round", "run", "none"};
 
 /* ---- defaults ---- */
@@ -64,10 +64,10 @@ static void set_defaults(strata_policy *p, pol_type type)
     p->absolute = type == POL_LEGACY_REF;
     /* Per-round calibration would cancel phase weights, so policies with
      * phases calibrate over the run; uniform and lgreco need none. */
-    p->cal = type == POL_LAYER ? CAL_ROUND
-                               : (type == POL_UNIFORM || type == POL_LGRECO || type == POL_LEGACY_REF
-                                      ? CAL_NONE
-                                      : CAL_RUN);
+    p->cal = type == POL_LAYER
+                 ? CAL_ROUND
+                 : (type == POL_UNIFORM || type == POL_LGRECO || type == POL_LEGACY_REF ? CAL_NONE
+                                                                                        : CAL_RUN);
     p->nsplits = 0;
     p->nphases = 1;
     if (type == POL_LAYER || type == POL_LEGACY) {
@@ -137,11 +137,19 @@ enum {
 static const struct {
     const char *name;
     unsigned bit;
-} known_keys[] = {{"type", K_TYPE},        {"dense_below", K_DENSE}, {"compressor", K_COMP},
-                  {"splits", K_SPLITS},    {"layer_weights", K_LW},  {"phases", K_PHASES},
-                  {"phase_weights", K_PW}, {"weights", K_W},         {"calibration", K_CAL},
-                  {"candidates", K_CAND},  {"lgreco_every", K_EVERY},
-                  {"calibration_unit", K_CALU}, {"candidate_values", K_CVALS},
+} known_keys[] = {{"type", K_TYPE},
+                  {"dense_below", K_DENSE},
+                  {"compressor", K_COMP},
+                  {"splits", K_SPLITS},
+                  {"layer_weights", K_LW},
+                  {"phases", K_PHASES},
+                  {"phase_weights", K_PW},
+                  {"weights", K_W},
+                  {"calibration", K_CAL},
+                  {"candidates", K_CAND},
+                  {"lgreco_every", K_EVERY},
+                  {"calibration_unit", K_CALU},
+                  {"candidate_values", K_CVALS},
                   {"candidate_compressors", K_CCOMP}};
 
 static unsigned allowed_keys(pol_type t)
@@ -320,8 +328,8 @@ static int parse_extra(strata_policy *p, json_t *v, strata_diag *diag)
         const char *spec = json_string_value(json_array_get(v, i));
         strata_diag inner = {{0}};
         if (spec == NULL)
-            return strata_diag_set(diag, STRATA_EINVAL, "candidate_compressors[%zu]: expected a string",
-                                   i);
+            return strata_diag_set(diag, STRATA_EINVAL,
+                                   "candidate_compressors[%zu]: expected a string", i);
         if (strata_budget_parse(spec, 1, &p->extra[i], &inner) < 0)
             return strata_diag_set(diag, STRATA_EINVAL, "candidate_compressors[%zu]: %s", i,
                                    inner.msg);
@@ -783,10 +791,9 @@ static double phase_kept(const strata_policy *p, const size_t *numel, size_t nla
 {
     double total = 0.0;
     for (size_t l = 0; l < nlayers; l++)
-        total += layer_volume(p, numel[l],
-                              is_dense(p, numel[l])
-                                  ? 1.0
-                                  : scaled(alpha, p->w[ph][group_of(p, numel[l])]));
+        total += layer_volume(
+            p, numel[l],
+            is_dense(p, numel[l]) ? 1.0 : scaled(alpha, p->w[ph][group_of(p, numel[l])]));
     return total;
 }
 
@@ -926,4 +933,3 @@ int strata_policy_budgets(const strata_policy *p, const size_t *numel, size_t nl
     free(d);
     return rc;
 }
-

@@ -25,7 +25,7 @@ static const char *const KEYS[] = {
     "accuracy",    "loss",      "uplink_bytes",  "downlink_bytes", "dense_uplink_bytes",
     "duration_ms", "densities", "compressors",   "lgreco",         "quarantined",
     "failed",      "stopped",   "recovered"};
-static const char *const LGRECO_KEYS[] = {"fell_back", "error_budget", "chosen_error",
+static const char *const LGRECO_KEYS[] = {"fell_back", "error_budget",  "chosen_error",
                                           "bytes",     "uniform_bytes", "allocation"};
 
 /* The keys of one quarantined entry, all required. */
@@ -246,10 +246,9 @@ int strata_round_summary_encode(const strata_round_summary *s, char **json_out, 
     if (!bad && s->has_densities && s->compressors != NULL)
         bad = put(o, "compressors", densities_json(s, s->compressors, &dup)) < 0;
     if (!bad && s->has_lgreco) {
-        json_t *l = json_pack("{s:b,s:f,s:f,s:f,s:f}", "fell_back", s->lg_fell_back,
-                              "error_budget", s->lg_error_budget, "chosen_error",
-                              s->lg_chosen_error, "bytes", s->lg_bytes, "uniform_bytes",
-                              s->lg_uniform_bytes);
+        json_t *l = json_pack("{s:b,s:f,s:f,s:f,s:f}", "fell_back", s->lg_fell_back, "error_budget",
+                              s->lg_error_budget, "chosen_error", s->lg_chosen_error, "bytes",
+                              s->lg_bytes, "uniform_bytes", s->lg_uniform_bytes);
         bad = l == NULL || put(l, "allocation", densities_json(s, s->lg_allocation, &dup)) < 0 ||
               put(o, "lgreco", l) < 0;
     }
@@ -384,8 +383,8 @@ static int get_densities(const json_t *o, const limits *lim, strata_round_summar
 /* A per-layer object of budget specifications ("compressors", the lgreco
  * allocation) over exactly the layers of "densities", in their order, into
  * a new array *out. */
-static int get_specs(const json_t *o, const char *where, const strata_round_summary *s,
-                     char ***out, strata_diag *diag)
+static int get_specs(const json_t *o, const char *where, const strata_round_summary *s, char ***out,
+                     strata_diag *diag)
 {
     if (!json_is_object(o))
         return strata_diag_set(diag, STRATA_EPROTO, "summary.%s: expected an object", where);
@@ -546,9 +545,8 @@ static int get_summary(const json_t *o, const limits *lim, void *out, strata_dia
         (rc = get_count(o, "selected", 1, &s->selected, diag)) < 0 ||
         (rc = get_count(o, "participants", 0, &s->participants, diag)) < 0 ||
         (rc = get_stats(o, s, diag)) < 0 || (rc = get_densities(o, lim, s, diag)) < 0 ||
-        (rc = get_lgreco(o, s, diag)) < 0 ||
-        (rc = get_quarantined(o, s, diag)) < 0 || (rc = get_failed(o, s, diag)) < 0 ||
-        (rc = get_flag(o, "stopped", &s->stopped, diag)) < 0 ||
+        (rc = get_lgreco(o, s, diag)) < 0 || (rc = get_quarantined(o, s, diag)) < 0 ||
+        (rc = get_failed(o, s, diag)) < 0 || (rc = get_flag(o, "stopped", &s->stopped, diag)) < 0 ||
         (rc = get_flag(o, "recovered", &s->recovered, diag)) < 0)
         return rc;
     return STRATA_OK;

@@ -20,9 +20,9 @@
 #define MAX_SEED ((int64_t)((UINT64_C(1) << 53) - 1))
 #define MAX_RATE ((double)FLT_MAX) /* lr, weight_decay, prox_mu */
 
-static const char *const TASK_KEYS[] = {"round",   "total_rounds",     "model_version",
-                                        "deadline_unix_ms", "budgets", "error_candidates",
-                                        "train",   "seed"};
+static const char *const TASK_KEYS[] = {
+    "round",   "total_rounds",     "model_version", "deadline_unix_ms",
+    "budgets", "error_candidates", "train",         "seed"};
 static const char *const BUDGET_KEYS[] = {"layer",  "compressor", "density",
                                           "levels", "rank",       "values"};
 /* A candidate is a budget without its layer. */
@@ -86,9 +86,9 @@ static int check_task(const strata_task *t, strata_diag *diag)
     for (size_t i = 0; i < t->num_layers; i++) {
         const char *name = t->layer_names[i];
         snprintf(where, sizeof(where), "budgets[%zu].layer", i);
-        int rc = strata__json_check_name(name, name != NULL ? strlen(name) : 0,
-                                         STRATA_TASK_DEFAULT_MAX_NAME_BYTES, STRATA_EINVAL, where,
-                                         diag);
+        int rc =
+            strata__json_check_name(name, name != NULL ? strlen(name) : 0,
+                                    STRATA_TASK_DEFAULT_MAX_NAME_BYTES, STRATA_EINVAL, where, diag);
         snprintf(where, sizeof(where), "budgets[%zu]", i);
         if (rc < 0 || (rc = check_budget(&t->budgets[i], where, diag)) < 0)
             return rc;
@@ -138,13 +138,12 @@ static json_t *budgets_json(const strata_budget *bs, char *const *names, size_t 
     for (size_t i = 0; arr != NULL && i < n; i++) {
         const strata_budget *b = &bs[i];
         const char *comp = strata_comp_name(b->comp), *vf = strata_values_format_name(b->values);
-        json_t *o = names != NULL
-                        ? json_pack("{s:s,s:s,s:f,s:i,s:i,s:s}", "layer", names[i], "compressor",
-                                    comp, "density", b->density, "levels", (int)b->levels, "rank",
-                                    (int)b->rank, "values", vf)
-                        : json_pack("{s:s,s:f,s:i,s:i,s:s}", "compressor", comp, "density",
-                                    b->density, "levels", (int)b->levels, "rank", (int)b->rank,
-                                    "values", vf);
+        json_t *o = names != NULL ? json_pack("{s:s,s:s,s:f,s:i,s:i,s:s}", "layer", names[i],
+                                              "compressor", comp, "density", b->density, "levels",
+                                              (int)b->levels, "rank", (int)b->rank, "values", vf)
+                                  : json_pack("{s:s,s:f,s:i,s:i,s:s}", "compressor", comp,
+                                              "density", b->density, "levels", (int)b->levels,
+                                              "rank", (int)b->rank, "values", vf);
         if (json_array_append_new(arr, o) < 0) {
             json_decref(arr);
             arr = NULL;

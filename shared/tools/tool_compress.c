@@ -29,26 +29,15 @@ static size_t *layer_sizes(const strata_tensor_list *t)
     return n;
 }
 
-/* Per-layer budgets from a policy spec, or from a compressor that is not
- * top-k or random-k ("sign", "qsgd:8", "powersgd:4", "fp16"), which then
- * applies to every layer; vf is the values format. Errors: those of the
- * policy parser, strata_policy_set_values and strata_policy_budgets;
- * diag's message starts with "--policy" or "--values". */
+/* Per-layer budgets from a policy spec (a policy name, JSON, @file or a
+ * compressor: the uniform policy with it, exactly as the coordinator
+ * computes them); vf is the values format. Errors: those of the policy
+ * parser, strata_policy_set_values and strata_policy_budgets; diag's message
+ * starts with "--policy". */
 static int make_budgets(const char *spec, const strata_tensor_list *t, double d0, uint32_t round,
                         uint32_t rounds, strata_values_format vf, strata_budget *budgets,
                         strata_diag *diag)
 {
-    strata_budget one;
-    if (strata_budget_parse(spec, 0, &one, NULL) == STRATA_OK && one.comp != STRATA_COMP_TOPK &&
-        one.comp != STRATA_COMP_RANDK) {
-        strata_diag bd = {{0}};
-        one.values = vf;
-        if (strata_budget_check(&one, &bd) < 0)
-            return strata_diag_set(diag, STRATA_EINVAL, "--values: %s", bd.msg);
-        for (size_t i = 0; i < t->count; i++)
-            budgets[i] = one;
-        return STRATA_OK;
-    }
     strata_policy *p = NULL;
     strata_diag d = {{0}};
     int rc = strata_policy_parse(spec, &p, &d);
@@ -93,13 +82,15 @@ static const strata_opt COMPRESS_OPTS[] = {
      "the model or delta to compress (safetensors);\nrequired"},
     {"policy", STRATA_OPT_STRING, OFF(policy), 0, 0, "SPEC",
      "a budget policy (uniform, legacy-layer,\nlegacy-phase, legacy, lgreco, JSON text or\n"
-     "@file.json), or one compressor for every layer:\n"
-     "none, fp16, bf16, sign, qsgd:LEVELS, powersgd:RANK;\nrequired"},
+     "@file.json), or a compressor (the uniform policy\n"
+     "with it): topk, randk, none, fp16, bf16, sign,\n"
+     "qsgd:LEVELS, powersgd:RANK; required"},
     {"density", STRATA_OPT_DOUBLE, OFF(density), 1e-12, 1, "D",
      "target mean density, in (0, 1]; required"},
     {"out", STRATA_OPT_STRING, OFF(out), 0, 0, "P.bin", "the payload file to write; required"},
     {"values", STRATA_OPT_STRING, OFF(values), 0, 0, "F",
-     "format of kept values: fp32 (default), fp16 or bf16"},
+     "format of kept values: fp32 (default), fp16, bf16,\nint8 or ternary (the last two: topk and "
+     "randk)"},
     {"residual", STRATA_OPT_STRING, OFF(residual), 0, 0, "FILE",
      "error-feedback state (safetensors): read when the\nfile exists, written back after"},
     {"round", STRATA_OPT_INTEGER, OFF(round), 0, (double)(UINT32_MAX - 1), "R",
@@ -171,8 +162,8 @@ static int run_compress(const void *opts, const char *arg)
         strata_log_error("residual %s: %s", residual ? residual : "", strata_diag_msg(&d, rc));
         goto out;
     }
-    if ((rc = strata_ef_step(ef, &t, budgets, (uint32_t)o->round, (uint64_t)o->seed, &layers,
-                             &d)) < 0) {
+    if ((rc = strata_ef_step(ef, &t, budgets, (uint32_t)o->round, (uint64_t)o->seed, &layers, &d)) <
+        0) {
         strata_log_error("compression failed: %s", strata_diag_msg(&d, rc));
         goto out;
     }
@@ -250,7 +241,8 @@ const tool_command TOOL_COMPRESS = {
     .name = "compress",
     .help = "compress tensors into a payload with a budget policy and error feedback",
     .synopsis = "--in MODEL_OR_DELTA.safetensors --policy SPEC --density D --out P.bin "
-                "[--values fp32|fp16|bf16] [--residual R.safetensors] [--round R] [--rounds T] "
+                "[--values fp32|fp16|bf16|int8|ternary] [--residual R.safetensors] [--round R] "
+                "[--rounds T] "
                 "[--seed S] [--level L] [--client-id C] [--model-version V] [--samples N]",
     .opts = COMPRESS_OPTS,
     .nopts = TOOL_COUNT(COMPRESS_OPTS),

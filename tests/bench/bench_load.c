@@ -506,7 +506,8 @@ static int build_update(client *cl, strata_rng *r, const task *t, uint8_t **wire
         return -1;
     }
     for (size_t i = 0; i < b->nlayers; i++)
-        if (synth_layer(cl, r, &b->layers[i], i, &t->budgets[i], t->budgets[i].values, &layers[i], why, wlen) < 0)
+        if (synth_layer(cl, r, &b->layers[i], i, &t->budgets[i], t->budgets[i].values, &layers[i],
+                        why, wlen) < 0)
             goto out;
     /* Compact metadata like the real client's (loss, residual norms). */
     json_t *norms = json_array();

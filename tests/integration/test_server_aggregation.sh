@@ -47,11 +47,12 @@ SAMPLES=(100 300 1600 700 40)
 # trimmed-mean|median (fedavg), trim=F (server default 0.1), clip=C (0 = off),
 # attacker=I (none): client I uploads its delta scaled by 1000, screen=F
 # (server default 10): --screen-factor, quarantine=1: the attacker's update
-# must be quarantined and the result is checked without it.
+# must be quarantined and the result is checked without it, values=F
+# (fp32): the values format (--values of the server and strata-tool).
 run_case() {
     local name=$1 policy=$2 density=$3 opt=$4 lr=$5
     shift 5
-    local n=3 agg=fedavg trim=0.1 clip=0 attacker=-1 screen="" quarantine=0 kv
+    local n=3 agg=fedavg trim=0.1 clip=0 attacker=-1 screen="" quarantine=0 values=fp32 kv
     for kv in "$@"; do
         case $kv in
         clients=*) n=${kv#*=} ;;
@@ -61,6 +62,7 @@ run_case() {
         attacker=*) attacker=${kv#*=} ;;
         screen=*) screen=${kv#*=} ;;
         quarantine=*) quarantine=${kv#*=} ;;
+        values=*) values=${kv#*=} ;;
         *) fail "run_case: unknown option $kv" ;;
         esac
     done
@@ -72,6 +74,7 @@ run_case() {
     "$SERVER" --state-dir "$dir/state" --model mlp --data "$DATA" --port 0 --rounds 1 \
         --min-clients "$n" --clients-per-round "$n" --policy "$policy" --density "$density" \
         --server-opt "$opt" --server-lr "$lr" --round-deadline 60 --enrolment-secret agg-s3cret \
+        --values "$values" \
         "${extra[@]}" >"$dir/server.out" 2>"$dir/server.err" &
     SPID=$!
     for _ in $(seq 1 200); do
@@ -97,11 +100,18 @@ run_case() {
         round=$(json_field "$task" round)
         mv=$(json_field "$task" model_version)
         [ "$round" = 0 ] && [ "$mv" = 0 ] || fail "$name: task $task"
+        # The compressed layers use the policy's compressor (topk for
+        # uniform) in the values format asked for.
+        local comp=${policy%%:*}
+        [ "$comp" = uniform ] && comp=topk
         if [ "$policy" = none ]; then
             echo "$task" | grep -q '"compressor":"topk"' && fail "$name: sparse budgets: $task"
         else
-            echo "$task" | grep -q '"compressor":"topk"' || fail "$name: no topk budget: $task"
+            echo "$task" | grep -q "\"compressor\":\"$comp\"" || fail "$name: no $comp budget: $task"
         fi
+        case $comp in topk | randk | none | powersgd)
+            echo "$task" | grep -q "\"values\":\"$values\"" || fail "$name: no $values values: $task" ;;
+        esac
         if [ "$i" = 0 ]; then
             "${C[@]}" -f -H "Authorization: Bearer ${tokens[i]}" -o "$dir/w0.safetensors" \
                 "$url/v1/models/0" || fail "$name: model 0"
@@ -119,6 +129,7 @@ run_case() {
             "$TOOL" compress --in "$dir/delta$i.$k.safetensors" --policy "$policy" \
                 --density "$density" --round 0 --rounds 1 --out "$dir/$k$i.bin" \
                 --client-id "${ids[i]}" --model-version "$mv" --samples "${SAMPLES[i]}" \
+                --values "$values" \
                 >/dev/null || fail "$name: compress $i"
         done
         payloads[i]="$dir/up$i.bin"
@@ -173,7 +184,7 @@ run_case() {
     sparse=$(json_field "$out" sparse_layers)
     if [ "$policy" = none ]; then
         [ "$sparse" = 0 ] || fail "$name: dense run with sparse layers: $out"
-    else
+    elif [ "$policy" = uniform ]; then
         [ "$sparse" -gt 0 ] || fail "$name: sparse run without top-k layers: $out"
     fi
 }
@@ -183,6 +194,19 @@ run_case sparse-plain uniform 0.05 plain 1
 run_case sparse-fedavgm uniform 0.05 fedavgm 0.5
 run_case dense-fedadam none 1 fedadam 0.1
 run_case sparse-fedyogi uniform 0.05 fedyogi 0.1
+# Every compressor and values format (issue: budgets that adapt).
+run_case topk-fp16 uniform 0.05 plain 1 values=fp16
+run_case topk-bf16 uniform 0.05 plain 1 values=bf16
+run_case topk-int8 uniform 0.05 plain 1 values=int8
+run_case topk-ternary uniform 0.05 plain 1 values=ternary
+run_case randk-fp32 randk 0.05 plain 1
+run_case randk-int8 randk 0.05 plain 1 values=int8
+run_case qsgd qsgd:4 1 plain 1
+run_case sign sign 1 plain 1
+run_case powersgd powersgd:2 1 plain 1
+run_case powersgd-fp16 powersgd:2 1 plain 1 values=fp16
+run_case dense-fp16 fp16 1 plain 1
+run_case dense-bf16 bf16 1 plain 1
 # Robust aggregation (--aggregator, --trim-fraction, --clip-norm): unweighted
 # coordinate-wise rules, clipping before the rule.
 run_case dense-median none 1 plain 1 agg=median

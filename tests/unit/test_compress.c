@@ -429,11 +429,13 @@ static void test_compress_args(void)
     int64_t shape[2] = {3, 4}, wrong[2] = {3, 5};
     strata_clayer c;
     strata_diag d = {{0}};
-    static const strata_budget bad[] = {
-        {STRATA_COMP_TOPK, 0.0, 0, 0, STRATA_VALUES_FP32},     {STRATA_COMP_TOPK, 1.5, 0, 0, STRATA_VALUES_FP32},
-        {STRATA_COMP_RANDK, NAN, 0, 0, STRATA_VALUES_FP32},    {STRATA_COMP_QSGD, 0, 0, 0, STRATA_VALUES_FP32},
-        {STRATA_COMP_QSGD, 0, 128, 0, STRATA_VALUES_FP32},     {STRATA_COMP_POWERSGD, 0, 0, 0, STRATA_VALUES_FP32},
-        {(strata_compressor_id)9, 0, 0, 0, STRATA_VALUES_FP32}};
+    static const strata_budget bad[] = {{STRATA_COMP_TOPK, 0.0, 0, 0, STRATA_VALUES_FP32},
+                                        {STRATA_COMP_TOPK, 1.5, 0, 0, STRATA_VALUES_FP32},
+                                        {STRATA_COMP_RANDK, NAN, 0, 0, STRATA_VALUES_FP32},
+                                        {STRATA_COMP_QSGD, 0, 0, 0, STRATA_VALUES_FP32},
+                                        {STRATA_COMP_QSGD, 0, 128, 0, STRATA_VALUES_FP32},
+                                        {STRATA_COMP_POWERSGD, 0, 0, 0, STRATA_VALUES_FP32},
+                                        {(strata_compressor_id)9, 0, 0, 0, STRATA_VALUES_FP32}};
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         CU_ASSERT_EQUAL(strata_compress(a, 12, 2, shape, &bad[i], 0, 0, NULL, &c, &d),
                         STRATA_EINVAL);

@@ -204,8 +204,7 @@ static void test_tracking(void)
             dnorm = sqrt(dnorm);
         }
         strata_clayer *layers = NULL, plain;
-        CU_ASSERT_EQUAL_FATAL(
-            strata_ef_step(ef, &delta, &b, round, 1, &layers, NULL), STRATA_OK);
+        CU_ASSERT_EQUAL_FATAL(strata_ef_step(ef, &delta, &b, round, 1, &layers, NULL), STRATA_OK);
         CU_ASSERT_EQUAL_FATAL(strata_clayer_decode(&layers[0], dec, NULL), STRATA_OK);
         for (int i = 0; i < N; i++) {
             sum_in[i] += d[i];
@@ -265,8 +264,7 @@ static void step_and_check(strata_ef *ef, strata_tensor_list *delta, uint32_t ro
     CU_ASSERT_EQUAL_FATAL(strata_tensor_list_copy(&old, strata_ef_residuals(ef)), STRATA_OK);
     strata_budget *b = budgets_for(delta->count, STRATA_COMP_TOPK);
     strata_clayer *layers = NULL;
-    CU_ASSERT_EQUAL_FATAL(strata_ef_step(ef, delta, b, round, 3, &layers, NULL),
-                          STRATA_OK);
+    CU_ASSERT_EQUAL_FATAL(strata_ef_step(ef, delta, b, round, 3, &layers, NULL), STRATA_OK);
     CU_ASSERT_EQUAL(check_identity(&old, delta, strata_ef_residuals(ef), layers, mode, decay), 0);
     /* The check has teeth: the same layers do not fit another decay. */
     if (mode != 0)
@@ -502,9 +500,8 @@ static void test_threads(void)
             if (round == 1)
                 CU_ASSERT_EQUAL_FATAL(strata_ef_new(&layout, 0.9, 0, &ef[t]), STRATA_OK);
             omp_set_num_threads(t + 1);
-            CU_ASSERT_EQUAL_FATAL(
-                strata_ef_step(ef[t], &delta, &b, round * 2, 1, &out[t], NULL),
-                STRATA_OK);
+            CU_ASSERT_EQUAL_FATAL(strata_ef_step(ef[t], &delta, &b, round * 2, 1, &out[t], NULL),
+                                  STRATA_OK);
         }
         CU_ASSERT_EQUAL(out[0][0].count, out[1][0].count);
         CU_ASSERT_EQUAL(

@@ -158,10 +158,12 @@ static void test_names_and_roundtrip(void)
          "{\"type\":\"uniform\",\"dense_below\":1000,\"compressor\":\"topk\"}"},
         {"legacy-layer", "legacy-layer", 1,
          "{\"type\":\"legacy-layer\",\"dense_below\":1000,\"compressor\":\"topk\",\"splits\":"
-         "[10000,100000,1000000],\"layer_weights\":[4.0,2.0,1.0,0.5],\"calibration\":\"round\",\"calibration_unit\":\"elements\"}"},
+         "[10000,100000,1000000],\"layer_weights\":[4.0,2.0,1.0,0.5],\"calibration\":\"round\","
+         "\"calibration_unit\":\"elements\"}"},
         {"legacy-phase", "legacy-phase", 3,
          "{\"type\":\"legacy-phase\",\"dense_below\":1000,\"compressor\":\"topk\",\"phases\":3,"
-         "\"phase_weights\":[2.0,1.0,0.5],\"calibration\":\"run\",\"calibration_unit\":\"elements\"}"},
+         "\"phase_weights\":[2.0,1.0,0.5],\"calibration\":\"run\",\"calibration_unit\":"
+         "\"elements\"}"},
         {"legacy", "legacy", 3,
          "{\"type\":\"legacy\",\"dense_below\":1000,\"compressor\":\"topk\",\"splits\":[10000,"
          "100000,1000000],\"phases\":3,\"weights\":[[8.0,4.0,2.0,1.0],[4.0,2.0,1.0,0.5],[2.0,1.0,"
@@ -172,12 +174,14 @@ static void test_names_and_roundtrip(void)
          "\"int8\",\"ternary\"],\"candidate_compressors\":[\"fp16\"],\"lgreco_every\":10}"},
         {"legacy-ref", "legacy-ref", 2,
          "{\"type\":\"legacy-ref\",\"dense_below\":0,\"compressor\":\"topk\"}"},
-        {"qsgd:4", "uniform", 1, "{\"type\":\"uniform\",\"dense_below\":1000,\"compressor\":\"qsgd:4\"}"},
+        {"qsgd:4", "uniform", 1,
+         "{\"type\":\"uniform\",\"dense_below\":1000,\"compressor\":\"qsgd:4\"}"},
         {"  {\"type\": \"legacy-layer\", \"splits\": [500], \"compressor\": \"randk\"}",
          "legacy-layer", 1,
          "{\"type\":\"legacy-layer\",\"dense_below\":1000,\"compressor\":\"randk\",\"splits\":[500]"
          ","
-         "\"layer_weights\":[1.0,0.5],\"calibration\":\"round\",\"calibration_unit\":\"elements\"}"},
+         "\"layer_weights\":[1.0,0.5],\"calibration\":\"round\",\"calibration_unit\":"
+         "\"elements\"}"},
         {"{\"type\":\"legacy\",\"phases\":2,\"layer_weights\":[1,1,1,3]}", "legacy", 2,
          "{\"type\":\"legacy\",\"dense_below\":1000,\"compressor\":\"topk\",\"splits\":[10000,"
          "100000,1000000],\"phases\":2,\"weights\":[[1.0,1.0,1.0,3.0],[0.5,0.5,0.5,1.5]],"
@@ -185,7 +189,8 @@ static void test_names_and_roundtrip(void)
         {"{\"type\":\"legacy-phase\",\"phase_weights\":[3,2,1,1],\"dense_below\":0}",
          "legacy-phase", 4,
          "{\"type\":\"legacy-phase\",\"dense_below\":0,\"compressor\":\"topk\",\"phases\":4,"
-         "\"phase_weights\":[3.0,2.0,1.0,1.0],\"calibration\":\"run\",\"calibration_unit\":\"elements\"}"},
+         "\"phase_weights\":[3.0,2.0,1.0,1.0],\"calibration\":\"run\",\"calibration_unit\":"
+         "\"elements\"}"},
     };
     for (size_t i = 0; i < N(cases); i++) {
         strata_policy *p = parse_ok(cases[i].spec);

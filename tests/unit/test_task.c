@@ -37,8 +37,10 @@ static strata_task sample_task(strata_budget *b)
 static const char BASE[] =
     "{\"round\":3,\"total_rounds\":30,\"model_version\":3,\"deadline_unix_ms\":1764672000000,"
     "\"budgets\":[{\"layer\":\"fc1.weight\",\"compressor\":\"topk\","
-    "\"density\":0.25,\"levels\":0,\"rank\":0,\"values\":\"fp16\"},{\"layer\":\"fc1.bias\",\"compressor\":\"none\","
-    "\"density\":1.0,\"levels\":0,\"rank\":0,\"values\":\"fp16\"}],\"error_candidates\":[],\"train\":{\"epochs\":2,\"batch\":32,\"lr\":0.5,"
+    "\"density\":0.25,\"levels\":0,\"rank\":0,\"values\":\"fp16\"},{\"layer\":\"fc1.bias\","
+    "\"compressor\":\"none\","
+    "\"density\":1.0,\"levels\":0,\"rank\":0,\"values\":\"fp16\"}],\"error_candidates\":[],"
+    "\"train\":{\"epochs\":2,\"batch\":32,\"lr\":0.5,"
     "\"momentum\":0.5,\"weight_decay\":0.0,\"prox_mu\":0.0,\"max_steps\":0},\"seed\":123456}";
 
 static void assert_same_task(const strata_task *a, const strata_task *b)
@@ -116,12 +118,11 @@ static void test_matches_legacy_format(void)
                      .seed = (1ULL << 53) - 1};
     json_t *arr = json_array();
     for (size_t i = 0; i < 3; i++)
-        json_array_append_new(arr,
-                              json_pack("{s:s,s:s,s:f,s:i,s:i,s:s}", "layer", names[i],
-                                        "compressor", strata_comp_name(b[i].comp), "density",
-                                        b[i].density, "levels", (int)b[i].levels, "rank",
-                                        (int)b[i].rank, "values",
-                                        strata_values_format_name(b[i].values)));
+        json_array_append_new(arr, json_pack("{s:s,s:s,s:f,s:i,s:i,s:s}", "layer", names[i],
+                                             "compressor", strata_comp_name(b[i].comp), "density",
+                                             b[i].density, "levels", (int)b[i].levels, "rank",
+                                             (int)b[i].rank, "values",
+                                             strata_values_format_name(b[i].values)));
     json_t *carr = json_array();
     for (size_t i = 0; i < 2; i++)
         json_array_append_new(carr, json_pack("{s:s,s:f,s:i,s:i,s:s}", "compressor",
@@ -133,10 +134,10 @@ static void test_matches_legacy_format(void)
         json_pack("{s:I,s:I,s:I,s:I,s:o,s:o,s:{s:I,s:I,s:f,s:f,s:f,s:f,s:I},s:I}", "round",
                   (json_int_t)t.round, "total_rounds", (json_int_t)t.total_rounds, "model_version",
                   (json_int_t)t.model_version, "deadline_unix_ms", (json_int_t)t.deadline_unix_ms,
-                  "budgets", arr, "error_candidates", carr, "train", "epochs", (json_int_t)tr->epochs,
-                  "batch", (json_int_t)tr->batch, "lr", tr->lr, "momentum", tr->momentum,
-                  "weight_decay", tr->weight_decay, "prox_mu", tr->prox_mu, "max_steps",
-                  (json_int_t)tr->max_steps, "seed", (json_int_t)t.seed);
+                  "budgets", arr, "error_candidates", carr, "train", "epochs",
+                  (json_int_t)tr->epochs, "batch", (json_int_t)tr->batch, "lr", tr->lr, "momentum",
+                  tr->momentum, "weight_decay", tr->weight_decay, "prox_mu", tr->prox_mu,
+                  "max_steps", (json_int_t)tr->max_steps, "seed", (json_int_t)t.seed);
     char *want = json_dumps(legacy, JSON_COMPACT | JSON_PRESERVE_ORDER);
     json_decref(legacy);
     char *json = NULL;
@@ -259,7 +260,8 @@ static void test_refusals(void)
          "\"rank\":0,\"values\":\"fp16\"}]",
          STRATA_EPROTO, "error_candidates[0]: sign does not take values fp16"},
         {"\"budgets\":[{\"layer\":\"fc1.weight\",\"compressor\":\"topk\",\"density\":0.25,"
-         "\"levels\":0,\"rank\":0,\"values\":\"fp16\"},{\"layer\":\"fc1.bias\",\"compressor\":\"none\","
+         "\"levels\":0,\"rank\":0,\"values\":\"fp16\"},{\"layer\":\"fc1.bias\",\"compressor\":"
+         "\"none\","
          "\"density\":1.0,\"levels\":0,\"rank\":0,\"values\":\"fp16\"}]",
          "\"budgets\":{}", STRATA_EPROTO, "task.budgets: expected an array"},
         {"\"budgets\":[{\"layer\":\"fc1.weight\"", "\"budgets\":[7,{\"layer\":\"fc1.weight\"",
@@ -319,7 +321,8 @@ static void test_refusals(void)
          "\"prox_mu\":0.0,\"max_steps\":0}",
          "", STRATA_EPROTO, "task.train: missing"},
         {"\"budgets\":[{\"layer\":\"fc1.weight\",\"compressor\":\"topk\",\"density\":0.25,"
-         "\"levels\":0,\"rank\":0,\"values\":\"fp16\"},{\"layer\":\"fc1.bias\",\"compressor\":\"none\","
+         "\"levels\":0,\"rank\":0,\"values\":\"fp16\"},{\"layer\":\"fc1.bias\",\"compressor\":"
+         "\"none\","
          "\"density\":1.0,\"levels\":0,\"rank\":0,\"values\":\"fp16\"}],",
          "", STRATA_EPROTO, "task.budgets: missing"},
         {"\"layer\":\"fc1.weight\",", "", STRATA_EPROTO, "budgets[0].layer: missing"},

@@ -102,8 +102,7 @@ int strata_values_format_parse(const char *name, strata_values_format *out);
  * *out is zeroed on entry. Errors: STRATA_EINVAL (diag names the spec and
  * the expected forms) for anything else, including a budget that fails
  * strata_budget_check. Thread-safe. */
-int strata_budget_parse(const char *spec, int need_density, strata_budget *out,
-                        strata_diag *diag);
+int strata_budget_parse(const char *spec, int need_density, strata_budget *out, strata_diag *diag);
 
 /* Writes the specification of b (the inverse of strata_budget_parse; the
  * density only when with_density, in the shortest of 6 or 17 significant
