@@ -22,6 +22,10 @@
  *   --huge-samples        the header's sample_count becomes 2^63 (beyond any
  *                         weight the coordinator takes; strata-tool cannot
  *                         write it)
+ *   --metadata JSON       the metadata becomes the JSON object text JSON (a
+ *                         valid payload whose metadata the coordinator may
+ *                         refuse, e.g. a malformed lgreco error table);
+ *                         decoded and encoded again by the library
  *
  * Exits 0 on success, 1 when the input has no layer the mode applies to or
  * is not a well-formed payload, 2 on a usage error. */
@@ -283,15 +287,52 @@ bad:
     return die(1, "malformed payload body");
 }
 
+/* --metadata: the payload at in with its metadata replaced by meta, through
+ * the library's codec. */
+static int set_metadata(const char *in, const char *outp, const char *meta)
+{
+    uint8_t *frame = NULL, *enc = NULL;
+    size_t flen = 0, elen = 0;
+    strata_payload *p = NULL;
+    strata_diag d = {{0}};
+    int code = 1;
+    if (read_all(in, &frame, &flen) != 0) {
+        code = die(1, "cannot read %s", in);
+        goto out;
+    }
+    if (strata_payload_decode(frame, flen, NULL, &p, &d) < 0) {
+        code = die(1, "%s: %s", in, d.msg);
+        goto out;
+    }
+    free(p->metadata_json);
+    p->metadata_json = strdup(meta);
+    if (p->metadata_json == NULL || strata_payload_encode(p, 1, &enc, &elen, &d) < 0) {
+        code = die(1, "encode: %s", d.msg);
+        goto out;
+    }
+    FILE *f = fopen(outp, "wb");
+    if (f == NULL || fwrite(enc, 1, elen, f) != elen || fclose(f) != 0) {
+        code = die(1, "cannot write %s", outp);
+        goto out;
+    }
+    code = 0;
+out:
+    strata_payload_free(p);
+    free(frame);
+    free(enc);
+    return code;
+}
+
 int main(int argc, char **argv)
 {
     static const struct option opts[] = {
         {"in", required_argument, NULL, 'i'},     {"out", required_argument, NULL, 'o'},
         {"nan", no_argument, NULL, 'n'},          {"index-out-of-range", no_argument, NULL, 'r'},
         {"unsorted", no_argument, NULL, 'u'},     {"bad-crc", no_argument, NULL, 'c'},
-        {"huge-samples", no_argument, NULL, 's'}, {NULL, 0, NULL, 0},
+        {"huge-samples", no_argument, NULL, 's'}, {"metadata", required_argument, NULL, 'm'},
+        {NULL, 0, NULL, 0},
     };
-    const char *in = NULL, *outp = NULL;
+    const char *in = NULL, *outp = NULL, *meta = NULL;
     forge_mode mode = M_NONE;
     int c, modes = 0;
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
@@ -314,13 +355,20 @@ int main(int argc, char **argv)
                               : M_HUGE_SAMPLES;
             modes++;
             break;
+        case 'm':
+            meta = optarg;
+            modes++;
+            break;
         default:
             return 2;
         }
     }
+    if (meta != NULL && in != NULL && outp != NULL && modes == 1 && optind == argc)
+        return set_metadata(in, outp, meta);
     if (in == NULL || outp == NULL || modes != 1 || optind != argc)
         return die(2, "usage: payload_forge --in P.bin --out Q.bin "
-                      "--nan|--index-out-of-range|--unsorted|--bad-crc|--huge-samples");
+                      "--nan|--index-out-of-range|--unsorted|--bad-crc|--huge-samples|"
+                      "--metadata JSON");
     uint8_t *frame = NULL, *body = NULL, *forged = NULL, *z = NULL;
     size_t flen = 0, flen2 = 0;
     int code = 1;
