@@ -54,6 +54,29 @@ out:
     return rc;
 }
 
+/* The lgreco solves of the run: per solve, the error budget, the chosen
+ * error, the estimated bytes per update against uniform's, and the
+ * allocation the next rounds used. */
+static void report_lgreco(FILE *fm, const strata_round_summary *list, size_t nr)
+{
+    int any = 0;
+    for (size_t i = 0; i < nr; i++) {
+        const strata_round_summary *s = &list[i];
+        if (!s->has_lgreco)
+            continue;
+        if (!any)
+            fprintf(fm, "\nlgreco solves (error of the chosen allocation within uniform's; "
+                        "estimated payload bytes per update):\n\n| round | error | error budget "
+                        "| bytes | uniform bytes | allocation |\n|---|---|---|---|---|---|\n");
+        any = 1;
+        fprintf(fm, "| %u | %.4g | %.4g | %.0f | %.0f | ", s->round, s->lg_chosen_error,
+                s->lg_error_budget, s->lg_bytes, s->lg_uniform_bytes);
+        for (size_t k = 0; k < s->num_layers; k++)
+            fprintf(fm, "%s%s %s", k ? "," : "", s->layer_names[k], s->lg_allocation[k]);
+        fprintf(fm, "%s |\n", s->lg_fell_back ? " (uniform kept)" : "");
+    }
+}
+
 int sim_report_write(const char *state_dir, const char *out_dir, const sim_run_info *o, int json)
 {
     strata_round_summary *list = NULL;
@@ -109,11 +132,14 @@ int sim_report_write(const char *state_dir, const char *out_dir, const sim_run_i
         last = s;
     }
     if (fm != NULL && last != NULL && last->has_densities) {
-        fprintf(fm, "\nPer-layer densities of the last round (every round's are in "
-                    "report.csv):\n\n| tensor | density |\n|---|---|\n");
+        fprintf(fm, "\nPer-layer budgets of the last round (every round's densities are in "
+                    "report.csv):\n\n| tensor | density | compressor |\n|---|---|---|\n");
         for (size_t k = 0; k < last->num_layers; k++)
-            fprintf(fm, "| %s | %.6f |\n", last->layer_names[k], last->densities[k]);
+            fprintf(fm, "| %s | %.6f | %s |\n", last->layer_names[k], last->densities[k],
+                    last->compressors != NULL ? last->compressors[k] : "");
     }
+    if (fm != NULL)
+        report_lgreco(fm, list, nr);
     if (fm != NULL)
         fprintf(fm,
                 "\nTotal: uplink %.0f bytes (dense updates would be %.0f, %.1fx more), "

@@ -326,10 +326,14 @@ out:
 int main(int argc, char **argv)
 {
     static const struct option opts[] = {
-        {"in", required_argument, NULL, 'i'},     {"out", required_argument, NULL, 'o'},
-        {"nan", no_argument, NULL, 'n'},          {"index-out-of-range", no_argument, NULL, 'r'},
-        {"unsorted", no_argument, NULL, 'u'},     {"bad-crc", no_argument, NULL, 'c'},
-        {"huge-samples", no_argument, NULL, 's'}, {"metadata", required_argument, NULL, 'm'},
+        {"in", required_argument, NULL, 'i'},
+        {"out", required_argument, NULL, 'o'},
+        {"nan", no_argument, NULL, 'n'},
+        {"index-out-of-range", no_argument, NULL, 'r'},
+        {"unsorted", no_argument, NULL, 'u'},
+        {"bad-crc", no_argument, NULL, 'c'},
+        {"huge-samples", no_argument, NULL, 's'},
+        {"metadata", required_argument, NULL, 'm'},
         {NULL, 0, NULL, 0},
     };
     const char *in = NULL, *outp = NULL, *meta = NULL;

@@ -588,6 +588,110 @@ static void test_calibration(void)
     strata_policy_free(p);
 }
 
+/* legacy-ref, compressor policies, values formats, byte calibration and
+ * the compressor specifications. */
+static void test_presets_and_compressors(void)
+{
+    /* legacy-ref: 1% everywhere in the first half, then 1% / 0.1% split at
+     * 10,000 elements; d0 is ignored, every layer is compressed */
+    strata_policy *p = parse_ok("legacy-ref");
+    CU_ASSERT_PTR_NOT_NULL_FATAL(p);
+    double d[N(cnn)];
+    for (uint32_t r = 0; r < 10; r++) {
+        CU_ASSERT_EQUAL_FATAL(strata_policy_densities(p, cnn_numel, N(cnn), 0.3, r, 10, d, NULL),
+                              STRATA_OK);
+        for (size_t l = 0; l < N(cnn); l++)
+            CU_ASSERT_EQUAL(d[l], r < 5 || cnn_numel[l] < 10000 ? 0.01 : 0.001);
+    }
+    strata_policy_free(p);
+
+    /* a compressor as the policy: uniform with it; small layers dense */
+    p = parse_ok("qsgd:4");
+    CU_ASSERT_PTR_NOT_NULL_FATAL(p);
+    strata_budget b[N(cnn)];
+    CU_ASSERT_EQUAL_FATAL(strata_policy_budgets(p, cnn_numel, N(cnn), 0.01, 0, 5, b, NULL),
+                          STRATA_OK);
+    for (size_t l = 0; l < N(cnn); l++) {
+        CU_ASSERT_EQUAL(b[l].comp, cnn_numel[l] < 1000 ? STRATA_COMP_NONE : STRATA_COMP_QSGD);
+        CU_ASSERT_EQUAL(b[l].levels, cnn_numel[l] < 1000 ? 0u : 4u);
+    }
+    strata_diag dg = {{0}};
+    CU_ASSERT_EQUAL(strata_policy_set_values(p, STRATA_VALUES_FP16, &dg), STRATA_EINVAL);
+    CU_ASSERT_PTR_NOT_NULL(strstr(dg.msg, "qsgd"));
+    strata_policy_free(p);
+    p = parse_ok("powersgd:2");
+    CU_ASSERT_PTR_NOT_NULL_FATAL(p);
+    CU_ASSERT_EQUAL(strata_policy_set_values(p, STRATA_VALUES_BF16, NULL), STRATA_OK);
+    CU_ASSERT_EQUAL_FATAL(strata_policy_budgets(p, cnn_numel, N(cnn), 0.01, 0, 5, b, NULL),
+                          STRATA_OK);
+    CU_ASSERT(b[CNN_F1W].comp == STRATA_COMP_POWERSGD && b[CNN_F1W].rank == 2 &&
+              b[CNN_F1W].values == STRATA_VALUES_BF16);
+    strata_policy_free(p);
+    /* values reach every budget; dense layers keep a dense format */
+    p = parse_ok("uniform");
+    CU_ASSERT_EQUAL(strata_policy_set_values(p, STRATA_VALUES_FP16, NULL), STRATA_OK);
+    CU_ASSERT_EQUAL_FATAL(strata_policy_budgets(p, cnn_numel, N(cnn), 0.01, 0, 5, b, NULL),
+                          STRATA_OK);
+    for (size_t l = 0; l < N(cnn); l++)
+        CU_ASSERT_EQUAL(b[l].values, STRATA_VALUES_FP16);
+    strata_policy_free(p);
+    /* policies that set densities need a sparsifier */
+    strata_policy *bad = NULL;
+    CU_ASSERT_EQUAL(strata_policy_parse("{\"type\":\"legacy\",\"compressor\":\"sign\"}", &bad, &dg),
+                    STRATA_EINVAL);
+    CU_ASSERT_PTR_NOT_NULL(strstr(dg.msg, "compressor"));
+    CU_ASSERT_EQUAL(strata_policy_parse(
+                        "{\"type\":\"lgreco\",\"candidate_compressors\":[\"qsgd\"]}", &bad, &dg),
+                    STRATA_EINVAL);
+    CU_ASSERT_PTR_NOT_NULL(strstr(dg.msg, "candidate_compressors[0]"));
+    CU_ASSERT_EQUAL(
+        strata_policy_parse("{\"type\":\"legacy\",\"calibration_unit\":\"kb\"}", &bad, &dg),
+        STRATA_EINVAL);
+    CU_ASSERT_PTR_NOT_NULL(strstr(dg.msg, "calibration_unit"));
+    CU_ASSERT_PTR_NULL(bad);
+
+    /* byte calibration: a round of legacy-layer spends uniform's estimated
+     * bytes (within one step), not uniform's elements */
+    p = parse_ok("{\"type\":\"legacy-layer\",\"calibration_unit\":\"bytes\"}");
+    CU_ASSERT_PTR_NOT_NULL_FATAL(p);
+    strata_budget ub[N(resnet18)], lb[N(resnet18)];
+    strata_policy *u = parse_ok("uniform");
+    CU_ASSERT_EQUAL_FATAL(strata_policy_budgets(p, resnet18, N(resnet18), 0.01, 0, 5, lb, NULL),
+                          STRATA_OK);
+    CU_ASSERT_EQUAL_FATAL(strata_policy_budgets(u, resnet18, N(resnet18), 0.01, 0, 5, ub, NULL),
+                          STRATA_OK);
+    double bl = 0.0, bu = 0.0, step = 0.0;
+    for (size_t l = 0; l < N(resnet18); l++) {
+        bl += strata_budget_bytes(&lb[l], resnet18[l]);
+        bu += strata_budget_bytes(&ub[l], resnet18[l]);
+        step = fmax(step, 8.0); /* one kept element: value and position */
+    }
+    printf("\n  legacy-layer, byte calibration: %.0f bytes vs uniform %.0f", bl, bu);
+    CU_ASSERT(fabs(bl - bu) <= 0.001 * bu + step);
+    strata_policy_free(p);
+    strata_policy_free(u);
+
+    /* compressor specifications round-trip */
+    static const char *const specs[] = {"topk:0.01",    "topk:0.0123456789:int8",
+                                        "randk:1:bf16", "qsgd:4",
+                                        "sign",         "powersgd:2:fp16",
+                                        "fp16",         "bf16",
+                                        "none",         "none:fp16"};
+    for (size_t i = 0; i < N(specs); i++) {
+        strata_budget x;
+        char buf[64];
+        CU_ASSERT_EQUAL_FATAL(strata_budget_parse(specs[i], 1, &x, &dg), STRATA_OK);
+        CU_ASSERT_STRING_EQUAL(strata_budget_format(&x, 1, buf, sizeof(buf)), specs[i]);
+    }
+    static const char *const bad_specs[] = {
+        "topk",      "topk:0",     "topk:1.5", "qsgd", "qsgd:200",        "sign:fp16",
+        "fp16:int8", "powersgd:0", "qsgd:4:x", "nope", "topk:0.1:int8:x", ""};
+    for (size_t i = 0; i < N(bad_specs); i++) {
+        strata_budget x;
+        CU_ASSERT_EQUAL(strata_budget_parse(bad_specs[i], 1, &x, &dg), STRATA_EINVAL);
+    }
+}
+
 /* ---- 4. lgreco ---- */
 
 static void random_instance(strata_rng *r, size_t L, size_t C, size_t *numel, double *cand,
@@ -872,16 +976,18 @@ static void test_lgreco_policy(void)
 
 int main(void)
 {
-    CU_TestInfo tests[] = {{"names, defaults, JSON round trip", test_names_and_roundtrip},
-                           {"config errors name the key", test_config_errors},
-                           {"call errors", test_call_errors},
-                           {"kept rule and budgets", test_kept_and_budgets},
-                           {"legacy-layer favours small groups", test_legacy_layer},
-                           {"legacy-phase splits rounds into equal phases", test_legacy_phase},
-                           {"calibration keeps uniform's volume", test_calibration},
-                           {"lgreco programme vs brute force", test_lgreco_bruteforce},
-                           {"lgreco policy", test_lgreco_policy},
-                           CU_TEST_INFO_NULL};
+    CU_TestInfo tests[] = {
+        {"names, defaults, JSON round trip", test_names_and_roundtrip},
+        {"config errors name the key", test_config_errors},
+        {"call errors", test_call_errors},
+        {"kept rule and budgets", test_kept_and_budgets},
+        {"legacy-layer favours small groups", test_legacy_layer},
+        {"legacy-phase splits rounds into equal phases", test_legacy_phase},
+        {"calibration keeps uniform's volume", test_calibration},
+        {"legacy-ref, compressors, values, byte calibration", test_presets_and_compressors},
+        {"lgreco programme vs brute force", test_lgreco_bruteforce},
+        {"lgreco policy", test_lgreco_policy},
+        CU_TEST_INFO_NULL};
     CU_SuiteInfo suites[] = {{"policy", suite_init, NULL, NULL, NULL, tests}, CU_SUITE_INFO_NULL};
     return strata_test_run(suites);
 }
