@@ -45,7 +45,7 @@ const char srv_config_usage[] =
     "  --policy SPEC             budget policy: uniform, legacy-layer, legacy-phase, legacy,\n"
     "                            lgreco, JSON, @file.json, or none (dense) (uniform)\n"
     "  --density D               target mean density, (0, 1] (0.01)\n"
-    "  --values fp32|fp16|bf16   values format of uploads (fp32)\n"
+    "  --values fp32|fp16|bf16|int8|ternary  values format of uploads (fp32)\n"
     "  --local-epochs N          client epochs per round (1)\n"
     "  --batch N                 client batch size (32)\n"
     "  --lr X                    client learning rate (0.05)\n"
@@ -114,7 +114,7 @@ static const strata_opt OPTS[] = {
     {"straggler_rounds", STRATA_OPT_INTEGER, OFF(straggler_rounds), 0, 1000000, "N", NULL},
     {"policy", STRATA_OPT_STRING, OFF(policy), 0, 0, "SPEC", NULL},
     {"density", STRATA_OPT_DOUBLE, OFF(density), 1e-12, 1, "D", NULL},
-    {"values", STRATA_OPT_STRING, OFF(values), 0, 0, "fp32|fp16|bf16", NULL},
+    {"values", STRATA_OPT_STRING, OFF(values), 0, 0, "fp32|fp16|bf16|int8|ternary", NULL},
     {"local_epochs", STRATA_OPT_INTEGER, OFF(local_epochs), 1, 1000, "N", NULL},
     {"batch", STRATA_OPT_INTEGER, OFF(batch), 1, 1 << 20, "N", NULL},
     {"lr", STRATA_OPT_DOUBLE, OFF(lr), 0, 1e6, "X", NULL},
@@ -245,7 +245,8 @@ static int check(srv_config *cfg, strata_diag *d)
         return strata_diag_set(d, STRATA_EINVAL,
                                "clients_per_round: give either clients_per_round or fraction");
     if (strata_values_format_parse(cfg->values, &cfg->values_format) < 0)
-        return strata_diag_set(d, STRATA_EINVAL, "values: expected fp32, fp16 or bf16, got '%s'",
+        return strata_diag_set(d, STRATA_EINVAL,
+                               "values: expected fp32, fp16, bf16, int8 or ternary, got '%s'",
                                cfg->values);
     if (strata_log_parse_format(cfg->log_format, &cfg->log_format_value, NULL) < 0)
         return strata_diag_set(d, STRATA_EINVAL, "log_format: expected text or json, got '%s'",

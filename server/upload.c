@@ -95,7 +95,8 @@ static int validate_task(const srv_engine *e, const strata_payload *p, char *msg
         }
         int uses_vf = l->comp == STRATA_COMP_NONE || l->comp == STRATA_COMP_TOPK ||
                       l->comp == STRATA_COMP_RANDK || l->comp == STRATA_COMP_POWERSGD;
-        if (uses_vf && l->values_format != e->cfg->values_format) {
+        if (uses_vf &&
+            l->values_format != strata_values_format_for(l->comp, e->cfg->values_format)) {
             snprintf(msg, mlen, "layer %zu (%s): values %s, the task says %s", i, nm,
                      strata_values_format_name(l->values_format),
                      strata_values_format_name(e->cfg->values_format));

@@ -57,7 +57,7 @@ static const strata_opt OPTS[] = {
     {"policy", STRATA_OPT_STRING, OFF(policy), 0, 0, "SPEC",
      "the coordinator's budget policy (uniform); none: dense FedAvg"},
     {"density", STRATA_OPT_STRING, OFF(density), 0, 0, "D", "target mean density (0.01)"},
-    {"values", STRATA_OPT_STRING, OFF(values), 0, 0, "fp32|fp16|bf16",
+    {"values", STRATA_OPT_STRING, OFF(values), 0, 0, "fp32|fp16|bf16|int8|ternary",
      "values format of uploads (fp32)"},
     {"local_epochs", STRATA_OPT_INTEGER, OFF(local_epochs), 1, 1000, "E",
      "client epochs per round (1)"},

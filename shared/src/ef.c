@@ -110,7 +110,7 @@ static int step_layer(const strata_ef *ef, size_t l, const strata_tensor *d, con
     c->numel = n;
     if (b->comp == STRATA_COMP_TOPK) {
         strata__topk_in in = {mode, d->data, e->data, decay, nx};
-        rc = strata__clayer_topk(&in, n, b->density, vf, c);
+        rc = strata__clayer_topk(&in, n, b->density, vf, seed, c);
         if (rc == STRATA_EINVAL)
             return strata_diag_set(diag, rc, "tensor %s: the update has a NaN or infinite value",
                                    d->name);
@@ -131,6 +131,7 @@ static int step_layer(const strata_ef *ef, size_t l, const strata_tensor *d, con
             nx[i] = src[i] + 0.0f;
         break;
     }
+    vf = strata_values_format_for(b->comp, vf);
     const ef_q *wq = &ef->q[l];
     const float *q_warm = NULL;
     if (b->comp == STRATA_COMP_POWERSGD && wq->q != NULL) {
@@ -174,7 +175,7 @@ int strata_ef_step(strata_ef *ef, const strata_tensor_list *delta, const strata_
     if (!strata_tensor_list_same_layout(delta, &ef->res))
         return strata_diag_set(diag, STRATA_EINVAL,
                                "ef step: the update's tensors do not match the residuals");
-    if ((unsigned)vf > STRATA_VALUES_BF16)
+    if ((unsigned)vf >= STRATA_VALUES_COUNT)
         return strata_diag_set(diag, STRATA_EINVAL, "ef step: unknown values format %d", (int)vf);
     for (size_t l = 0; l < delta->count; l++) {
         strata_diag bd = {{0}};

@@ -295,8 +295,8 @@ static int get_task(const json_t *root, const limits *lim, void *out, strata_dia
     if (strata_values_format_parse(json_string_value(vv), &t->values_format) < 0) {
         char q[STRATA__JSON_QUOTE_SIZE];
         strata__json_quote(json_string_value(vv), json_string_length(vv), q);
-        return strata_diag_set(diag, STRATA_EPROTO, "task.values: \"%s\" is not fp32, fp16 or bf16",
-                               q);
+        return strata_diag_set(diag, STRATA_EPROTO,
+                               "task.values: \"%s\" is not fp32, fp16, bf16, int8 or ternary", q);
     }
     if ((rc = get_budgets(root, lim, t, diag)) < 0 || (rc = get_train(root, &t->train, diag)) < 0 ||
         (rc = strata__json_int(root, "seed", 0, MAX_SEED, where, &seed, diag)) < 0)

@@ -129,7 +129,7 @@ static const strata_opt COMPRESS_OPTS[] = {
      "target mean density, in (0, 1]; required"},
     {"out", STRATA_OPT_STRING, OFF(out), 0, 0, "P.bin", "the payload file to write; required"},
     {"values", STRATA_OPT_STRING, OFF(values), 0, 0, "F",
-     "format of kept values: fp32 (default), fp16 or bf16"},
+     "format of kept values: fp32 (default), fp16, bf16, int8 or ternary"},
     {"residual", STRATA_OPT_STRING, OFF(residual), 0, 0, "FILE",
      "error-feedback state (safetensors): read when the\nfile exists, written back after"},
     {"round", STRATA_OPT_INTEGER, OFF(round), 0, (double)(UINT32_MAX - 1), "R",
@@ -162,7 +162,8 @@ static int run_compress(const void *opts, const char *arg)
         return tool_usage_error("compress: --in, --out, --policy and --density are required");
     strata_values_format vf = STRATA_VALUES_FP32;
     if (o->values != NULL && strata_values_format_parse(o->values, &vf) < 0)
-        return tool_usage_error("--values: expected fp32, fp16 or bf16, got '%s'", o->values);
+        return tool_usage_error("--values: expected fp32, fp16, bf16, int8 or ternary, got '%s'",
+                                o->values);
     if (o->round >= o->rounds)
         return tool_usage_error("--round %ld is outside a run of %ld rounds (rounds count from 0)",
                                 o->round, o->rounds);
@@ -279,7 +280,8 @@ const tool_command TOOL_COMPRESS = {
     .name = "compress",
     .help = "compress tensors into a payload with a budget policy and error feedback",
     .synopsis = "--in MODEL_OR_DELTA.safetensors --policy SPEC --density D --out P.bin "
-                "[--values fp32|fp16|bf16] [--residual R.safetensors] [--round R] [--rounds T] "
+                "[--values fp32|fp16|bf16|int8|ternary] [--residual R.safetensors] [--round R] "
+                "[--rounds T] "
                 "[--seed S] [--level L] [--client-id C] [--model-version V] [--samples N]",
     .opts = COMPRESS_OPTS,
     .nopts = TOOL_COUNT(COMPRESS_OPTS),
@@ -415,11 +417,17 @@ static json_t *json_u64(uint64_t v)
 }
 
 /* Bytes of a compressed layer's arrays in memory (4-byte indices, 4- or
- * 2-byte values, 1-byte levels, packed sign bits), before varint coding,
- * byte shuffling and zstd. */
+ * 2-byte values, 1-byte int8 or qsgd levels, packed sign bits for ternary
+ * and sign), before the wire coding and zstd. */
 static size_t layer_array_bytes(const strata_clayer *c)
 {
     size_t vb = c->values_format == STRATA_VALUES_FP32 ? 4 : 2;
+    if (c->values_format == STRATA_VALUES_INT8)
+        vb = 1;
+    if (c->values_format == STRATA_VALUES_TERNARY && c->comp == STRATA_COMP_TOPK)
+        return (size_t)c->count * 4 + ((size_t)c->count + 7) / 8 + 4;
+    if (c->values_format == STRATA_VALUES_TERNARY)
+        return ((size_t)c->count + 7) / 8 + 12;
     switch (c->comp) {
     case STRATA_COMP_TOPK:
         return (size_t)c->count * (4 + vb);

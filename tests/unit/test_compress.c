@@ -121,16 +121,17 @@ static void test_names(void)
     strata_clayer_cleanup(NULL);
     strata_clayers_free(NULL, 3);
 
-    static const char *formats[] = {"fp32", "fp16", "bf16"};
+    static const char *formats[] = {"fp32", "fp16", "bf16", "int8", "ternary"};
     for (int i = 0; i < STRATA_VALUES_COUNT; i++) {
         strata_values_format f = STRATA_VALUES_BF16;
         CU_ASSERT_STRING_EQUAL(strata_values_format_name((strata_values_format)i), formats[i]);
         CU_ASSERT_EQUAL(strata_values_format_parse(formats[i], &f), STRATA_OK);
         CU_ASSERT_EQUAL((int)f, i);
     }
-    CU_ASSERT_STRING_EQUAL(strata_values_format_name((strata_values_format)3), "?");
+    CU_ASSERT_STRING_EQUAL(strata_values_format_name((strata_values_format)5), "?");
     CU_ASSERT_STRING_EQUAL(strata_values_format_name((strata_values_format)-1), "?");
-    static const char *bad[] = {"FP16", "fp", "fp160", "", "float32", " fp32", "?"};
+    static const char *bad[] = {"FP16",  "fp", "fp160", "",     "float32",
+                                " fp32", "?",  "INT8",  "int4", "tern"};
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         strata_values_format f = STRATA_VALUES_BF16;
         CU_ASSERT_EQUAL(strata_values_format_parse(bad[i], &f), STRATA_EINVAL);
@@ -442,7 +443,7 @@ static void test_compress_args(void)
     }
     strata_budget ok = {STRATA_COMP_TOPK, 0.5, 0, 0};
     CU_ASSERT_EQUAL(strata_compress(a, 12, 2, wrong, &ok, 0, 0, NULL, &c, &d), STRATA_EINVAL);
-    CU_ASSERT_EQUAL(strata_compress(a, 12, 2, shape, &ok, (strata_values_format)3, 0, NULL, &c, &d),
+    CU_ASSERT_EQUAL(strata_compress(a, 12, 2, shape, &ok, (strata_values_format)5, 0, NULL, &c, &d),
                     STRATA_EINVAL);
     /* Non-finite input is refused by every compressor. */
     a[5] = NAN;

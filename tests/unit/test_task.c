@@ -251,7 +251,7 @@ static void test_refusals(void)
         {"\"deadline_unix_ms\":1764672000000", "\"deadline_unix_ms\":-5", STRATA_EPROTO,
          "task.deadline_unix_ms"},
         {"\"values\":\"fp16\"", "\"values\":\"fp64\"", STRATA_EPROTO,
-         "task.values: \"fp64\" is not fp32, fp16 or bf16"},
+         "task.values: \"fp64\" is not fp32, fp16, bf16, int8 or ternary"},
         {"\"values\":\"fp16\"", "\"values\":\"FP16\"", STRATA_EPROTO, "task.values"},
         {"\"density\":0.25", "\"density\":0", STRATA_EPROTO,
          "budgets[0].density: 0 is not in (0, 1]"},
@@ -420,7 +420,7 @@ static void test_encode_refusals(void)
             t.total_rounds = 0;
             break;
         case 1:
-            t.values_format = (strata_values_format)3;
+            t.values_format = (strata_values_format)STRATA_VALUES_COUNT;
             break;
         case 2:
             bb[0].density = NAN;
