@@ -1094,6 +1094,210 @@ static void test_qsgd_huge_values_finite(void)
     CU_ASSERT(dense[0] == 3.4e38f && dense[1] == -3.4e38f);
 }
 
+/* ---- quantised kept values ---- */
+
+static uint32_t fbits_c(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u;
+}
+
+/* int8 stochastic rounding is unbiased: over 4000 seeds, the mean decoded
+ * value of each kept element is within 3 standard errors of the input, and
+ * the scale is max |kept| / 127 rounded up to 8 significant bits. */
+static void test_int8_unbiased(void)
+{
+    enum { N = 16, DRAWS = 4000 };
+    float a[N];
+    strata_rng r;
+    strata_rng_seed(&r, 21, 0);
+    for (int i = 0; i < N; i++)
+        a[i] = (float)strata_rng_normal(&r);
+    a[3] = 0.0f;
+    int64_t shape[1] = {N};
+    double sum[N] = {0}, sq[N] = {0};
+    float mx = 0.0f;
+    for (int i = 0; i < N; i++)
+        mx = fmaxf(mx, fabsf(a[i]));
+    for (int d = 0; d < DRAWS; d++) {
+        strata_budget b = {d % 2 ? STRATA_COMP_TOPK : STRATA_COMP_RANDK, 1.0, 0, 0};
+        strata_clayer c;
+        float dense[N];
+        CU_ASSERT_EQUAL_FATAL(
+            strata_compress(a, N, 1, shape, &b, STRATA_VALUES_INT8, (uint64_t)d, NULL, &c, NULL),
+            STRATA_OK);
+        CU_ASSERT_EQUAL(c.values_format, STRATA_VALUES_INT8);
+        CU_ASSERT_EQUAL(fbits_c(c.scale) & 0xffffu, 0);
+        CU_ASSERT(c.scale >= mx / 127.0f && c.scale <= mx / 127.0f * (1.0f + 1.0f / 128));
+        CU_ASSERT_EQUAL_FATAL(strata_clayer_decode(&c, dense, NULL), STRATA_OK);
+        for (int i = 0; i < N; i++) {
+            CU_ASSERT(abs(c.qlevels[i]) <= 127);
+            sum[i] += dense[i];
+            sq[i] += (double)dense[i] * dense[i];
+        }
+        strata_clayer_cleanup(&c);
+    }
+    double worst = 0.0;
+    for (int i = 0; i < N; i++) {
+        double mean = sum[i] / DRAWS, var = sq[i] / DRAWS - mean * mean;
+        double se = sqrt(var > 0 ? var / DRAWS : 0) + 1e-12;
+        double z = fabs(mean - (double)a[i]) / se;
+        worst = z > worst ? z : worst;
+        CU_ASSERT(fabs(mean - (double)a[i]) <= 3.0 * se + 1e-7);
+    }
+    printf("\n    int8: largest |mean - a| / standard error over %d draws: %.2f ", DRAWS, worst);
+    /* The same seed gives the same levels. */
+    strata_budget b = {STRATA_COMP_TOPK, 0.5, 0, 0};
+    strata_clayer c1, c2;
+    CU_ASSERT_EQUAL(strata_compress(a, N, 1, shape, &b, STRATA_VALUES_INT8, 5, NULL, &c1, NULL),
+                    STRATA_OK);
+    CU_ASSERT_EQUAL(strata_compress(a, N, 1, shape, &b, STRATA_VALUES_INT8, 5, NULL, &c2, NULL),
+                    STRATA_OK);
+    CU_ASSERT(c1.count == c2.count && memcmp(c1.qlevels, c2.qlevels, (size_t)c1.count) == 0);
+    strata_clayer_cleanup(&c1);
+    strata_clayer_cleanup(&c2);
+}
+
+/* Ternary: every kept value is +-mu, mu = mean |kept| truncated to 8
+ * significant bits, capped at twice the smallest non-zero kept magnitude. */
+static void test_ternary(void)
+{
+    enum { N = 1000 };
+    float a[N];
+    strata_rng r;
+    strata_rng_seed(&r, 22, 0);
+    for (int i = 0; i < N; i++)
+        a[i] = (float)strata_rng_normal(&r);
+    int64_t shape[1] = {N};
+    for (int capped = 0; capped < 2; capped++) {
+        if (capped)
+            a[17] = 1e6f; /* an outlier lifts the mean above twice the threshold */
+        strata_budget b = {STRATA_COMP_TOPK, 0.05, 0, 0};
+        strata_clayer c;
+        CU_ASSERT_EQUAL_FATAL(
+            strata_compress(a, N, 1, shape, &b, STRATA_VALUES_TERNARY, 1, NULL, &c, NULL),
+            STRATA_OK);
+        double mean = 0.0;
+        float mn = INFINITY;
+        for (size_t j = 0; j < c.count; j++) {
+            float m = fabsf(a[c.indices[j]]);
+            mean += m;
+            mn = fminf(mn, m);
+        }
+        mean /= (double)c.count;
+        double want = capped ? 2.0 * mn : mean;
+        CU_ASSERT(capped ? mean > 2.0 * mn : mean <= 2.0 * mn);
+        CU_ASSERT_EQUAL(fbits_c(c.scale) & 0xffffu, 0);
+        CU_ASSERT(c.scale <= want && c.scale >= want * (1.0 - 1.0 / 128));
+        for (size_t j = 0; j < c.count; j++)
+            CU_ASSERT_EQUAL(fbits_c(c.values[j]),
+                            fbits_c(a[c.indices[j]] < 0.0f ? -c.scale : c.scale));
+        strata_clayer_cleanup(&c);
+    }
+}
+
+/* int8 and ternary apply to topk and randk only; decoding refuses
+ * hand-built quantised layers that are not what a compressor produces. */
+static void test_quantised_refusals(void)
+{
+    float a[12] = {1, -2, 3, -4, 5, -6, 7, -8, 9, -10, 11, -12};
+    int64_t shape[2] = {3, 4};
+    for (int comp = 0; comp < STRATA_COMP_COUNT; comp++) {
+        if (comp == STRATA_COMP_TOPK || comp == STRATA_COMP_RANDK)
+            continue;
+        strata_budget b = {(strata_compressor_id)comp, 0.5, 4, 1};
+        strata_clayer c;
+        strata_diag d = {{0}};
+        CU_ASSERT_EQUAL(
+            strata_compress(a, 12, 2, shape, &b, STRATA_VALUES_TERNARY, 1, NULL, &c, &d),
+            STRATA_EINVAL);
+        CU_ASSERT_PTR_NOT_NULL(strstr(d.msg, "applies only to topk and randk"));
+        CU_ASSERT_EQUAL(strata_values_format_for((strata_compressor_id)comp, STRATA_VALUES_INT8),
+                        STRATA_VALUES_FP32);
+    }
+    CU_ASSERT_EQUAL(strata_values_format_for(STRATA_COMP_RANDK, STRATA_VALUES_INT8),
+                    STRATA_VALUES_INT8);
+    CU_ASSERT_EQUAL(strata_values_format_for(STRATA_COMP_NONE, STRATA_VALUES_FP16),
+                    STRATA_VALUES_FP16);
+
+    uint32_t idx[2] = {1, 5};
+    float v[2] = {0.5f, -1.0f};
+    int8_t q[2] = {1, -2};
+    strata_clayer base = {.comp = STRATA_COMP_TOPK,
+                          .values_format = STRATA_VALUES_INT8,
+                          .numel = 8,
+                          .count = 2,
+                          .indices = idx,
+                          .values = v,
+                          .qlevels = q,
+                          .scale = 0.5f};
+    float dense[8];
+    CU_ASSERT_EQUAL(strata_clayer_decode(&base, dense, NULL), STRATA_OK);
+    CU_ASSERT(dense[1] == 0.5f && dense[5] == -1.0f && dense[0] == 0.0f);
+    static const struct {
+        const char *what;
+        int field;
+        const char *msg;
+    } cases[] = {{"scale not bf16", 0, "not a bfloat16 value"},
+                 {"scale NaN", 1, "scale"},
+                 {"level beyond 127", 2, "beyond +-127"},
+                 {"value not scale * q", 3, "is not the quantised value"},
+                 {"levels missing", 4, "levels array missing"},
+                 {"int8 on qsgd", 5, "values format int8 with compressor qsgd"},
+                 {"ternary value not +-mu", 6, "is not the quantised value"},
+                 {"scale overflows with 127", 7, "times 127 overflows"},
+                 {"level under zero scale", 8, "zero scale"}};
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        strata_clayer c = base;
+        int8_t qq[2] = {1, -2};
+        float vv[2] = {0.5f, -1.0f};
+        c.qlevels = qq;
+        c.values = vv;
+        switch (cases[i].field) {
+        case 0:
+            c.scale = 0.3f;
+            break;
+        case 1:
+            c.scale = NAN;
+            break;
+        case 2:
+            qq[0] = -128;
+            break;
+        case 3:
+            vv[0] = 0.25f;
+            break;
+        case 4:
+            c.qlevels = NULL;
+            break;
+        case 5:
+            c.comp = STRATA_COMP_QSGD;
+            break;
+        case 6:
+            c.values_format = STRATA_VALUES_TERNARY;
+            vv[1] = -0.75f;
+            break;
+        case 7: {
+            uint32_t u = 0x7CC10000u; /* 8.0e36, a bfloat16 value */
+            memcpy(&c.scale, &u, 4);
+        } break;
+        case 8:
+            c.scale = 0.0f;
+            vv[0] = vv[1] = 0.0f;
+            break;
+        }
+        strata_diag d = {{0}};
+        for (int k = 0; k < 8; k++)
+            dense[k] = 7.0f;
+        int rc = strata_clayer_decode(&c, dense, &d);
+        int ok = rc == STRATA_EPROTO && strstr(d.msg, cases[i].msg) != NULL;
+        CU_ASSERT(ok);
+        if (!ok)
+            fprintf(stderr, "\n  case '%s': rc %d, diag: %s\n", cases[i].what, rc, d.msg);
+        CU_ASSERT(dense[0] == 7.0f); /* untouched */
+    }
+}
+
 int main(void)
 {
     CU_TestInfo basic[] = {
@@ -1120,6 +1324,9 @@ int main(void)
         {"qsgd near FLT_MAX decodes finite", test_qsgd_huge_values_finite},
         {"randk positions follow schemas/payload.md", test_randk_matches_spec},
         {"powersgd low rank + noise", test_powersgd_low_rank},
+        {"int8: unbiased stochastic rounding, bfloat16 scale", test_int8_unbiased},
+        {"ternary: +-mu, mean |kept| with its cap", test_ternary},
+        {"int8/ternary: other compressors and bad layers refused", test_quantised_refusals},
         CU_TEST_INFO_NULL,
     };
     CU_TestInfo decode[] = {
