@@ -191,6 +191,30 @@ static void make_layer(const layer_spec *s, uint32_t index, uint64_t seed, strat
         for (uint64_t i = 0; i < nv; i++)
             c->values[i] = make_value(s, i, &rng);
     }
+    /* Quantised kept values: a bfloat16 scale (levels: 1 for scale 0), int8
+     * levels (extremes first) or ternary signs. */
+    if (STRATA_VALUES_QUANTISED(s->fmt)) {
+        c->scale = s->levels == 1 ? 0.0f : round_bf16((float)fabs(strata_rng_normal(&rng)) + 0.01f);
+        if (s->fmt == STRATA_VALUES_INT8) {
+            c->qlevels = malloc((size_t)nv + 1);
+            CU_ASSERT_PTR_NOT_NULL_FATAL(c->qlevels);
+        }
+        for (uint64_t i = 0; i < nv; i++) {
+            if (s->fmt == STRATA_VALUES_INT8) {
+                static const int8_t ext[] = {127, -127, 0, 1, -1};
+                int q = s->rows > 0       ? (int)s->rows - 1 /* all equal */
+                        : i < sizeof(ext) ? ext[i]
+                                          : (int)strata_rng_below(&rng, 255) - 127;
+                if (c->scale == 0.0f)
+                    q = 0;
+                c->qlevels[i] = (int8_t)q;
+                c->values[i] = c->scale * (float)q;
+            } else {
+                int neg = c->scale > 0.0f && (strata_rng_u64(&rng) & 1);
+                c->values[i] = neg ? -c->scale : c->scale;
+            }
+        }
+    }
 }
 
 static void release_layer(strata_clayer *c)
@@ -218,6 +242,9 @@ static int layers_equal(const strata_clayer *a, const strata_clayer *b)
         memcmp(a->indices, b->indices, (size_t)a->count * sizeof(uint32_t)) != 0)
         return 0;
     if (a->comp == STRATA_COMP_QSGD && memcmp(a->qlevels, b->qlevels, (size_t)a->numel) != 0)
+        return 0;
+    if (a->values_format == STRATA_VALUES_INT8 && a->count > 0 &&
+        memcmp(a->qlevels, b->qlevels, (size_t)a->count) != 0)
         return 0;
     if (a->comp == STRATA_COMP_SIGN &&
         memcmp(a->signbits, b->signbits, (size_t)(a->numel + 7) / 8) != 0)
@@ -396,6 +423,16 @@ static const layer_spec ROUND_TRIP[] = {
     {"powersgd r=4 fp16", STRATA_COMP_POWERSGD, STRATA_VALUES_FP16, 600, 200, 0, 20, 30, 4},
     {"powersgd r=min bf16", STRATA_COMP_POWERSGD, STRATA_VALUES_BF16, 600, 1000, 0, 20, 30, 20},
     {"powersgd 1xN", STRATA_COMP_POWERSGD, STRATA_VALUES_FP32, 50, 51, 0, 1, 50, 1},
+    /* int8/ternary: levels 1 means scale 0; rows r > 0 means every level r - 1. */
+    {"topk int8", STRATA_COMP_TOPK, STRATA_VALUES_INT8, 5000, 300, 0, 0, 0, 0},
+    {"topk int8 k=0", STRATA_COMP_TOPK, STRATA_VALUES_INT8, 100, 0, 0, 0, 0, 0},
+    {"topk int8 k=1", STRATA_COMP_TOPK, STRATA_VALUES_INT8, 100, 1, 0, 0, 0, 0},
+    {"topk int8 scale 0", STRATA_COMP_TOPK, STRATA_VALUES_INT8, 100, 30, 1, 0, 0, 0},
+    {"topk int8 all 127", STRATA_COMP_TOPK, STRATA_VALUES_INT8, 100, 30, 0, 128, 0, 0},
+    {"topk ternary", STRATA_COMP_TOPK, STRATA_VALUES_TERNARY, 5000, 301, 0, 0, 0, 0},
+    {"topk ternary scale 0", STRATA_COMP_TOPK, STRATA_VALUES_TERNARY, 100, 9, 1, 0, 0, 0},
+    {"randk int8", STRATA_COMP_RANDK, STRATA_VALUES_INT8, 1000, 100, 0, 0, 0, 0},
+    {"randk ternary", STRATA_COMP_RANDK, STRATA_VALUES_TERNARY, 1000, 17, 0, 0, 0, 0},
 };
 #define N_ROUND_TRIP (sizeof(ROUND_TRIP) / sizeof(ROUND_TRIP[0]))
 
