@@ -37,8 +37,8 @@ static const char *format_name(unsigned f)
     return strata_values_format_name((strata_values_format)f);
 }
 
-/* Float values travel as an exponent byte and a sign-and-mantissa field of
- * this many bits (mantissa, then the sign above it). */
+/* Float values travel as an exponent and a sign-and-mantissa field of this
+ * many bits (mantissa, then the sign above it). */
 static unsigned field_bits(strata_values_format f)
 {
     return f == STRATA_VALUES_FP32 ? 24u : f == STRATA_VALUES_FP16 ? 11u : 8u;
@@ -49,10 +49,22 @@ static uint64_t bits_to_bytes(uint64_t bits)
     return bits / 8 + (bits % 8 != 0);
 }
 
-/* Bytes of n float values in format f (FP32, FP16 or BF16). */
-static uint64_t float_bytes(uint64_t n, strata_values_format f)
+/* Bytes of n float values in format f (FP32, FP16, BF16) whose exponent
+ * offsets take `planes` bit planes. */
+static uint64_t float_bytes(uint64_t n, unsigned planes, strata_values_format f)
 {
-    return n + bits_to_bytes(n * field_bits(f));
+    if (n == 0)
+        return 0;
+    return 2 + planes * bits_to_bytes(n) + bits_to_bytes(n * field_bits(f));
+}
+
+/* Number of bits of v (0 for 0). */
+static unsigned bit_length(unsigned v)
+{
+    unsigned n = 0;
+    for (; v != 0; v >>= 1)
+        n++;
+    return n;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -251,6 +263,27 @@ static uint16_t to_half(float v, strata_values_format f)
 static float from_half(uint16_t h, strata_values_format f)
 {
     return f == STRATA_VALUES_BF16 ? strata_bf16_to_f32(h) : strata_f16_to_f32(h);
+}
+
+/* The exponent field and the sign-and-mantissa field of v in format f (v
+ * exactly representable in f). */
+static unsigned float_exponent(float v, strata_values_format f)
+{
+    if (f == STRATA_VALUES_FP16)
+        return (to_half(v, f) >> 10) & 0x1Fu;
+    return (f32_bits(v) >> 23) & 0xFFu;
+}
+
+static uint32_t float_field(float v, strata_values_format f)
+{
+    uint32_t x = f32_bits(v);
+    if (f == STRATA_VALUES_FP32)
+        return (x & 0x7FFFFFu) | ((x >> 31) << 23);
+    if (f == STRATA_VALUES_FP16) {
+        uint16_t h = to_half(v, f);
+        return (h & 0x3FFu) | ((uint32_t)(h >> 15) << 10);
+    }
+    return ((x >> 16) & 0x7Fu) | ((x >> 31) << 7);
 }
 
 /* 1 when finite float32 bits x are exactly representable in binary16. */
@@ -467,10 +500,11 @@ static int check_metadata(const char *s, size_t n, int err, strata_diag *diag)
  * used by put_layer. */
 typedef struct layer_plan {
     uint64_t data_len;
-    unsigned r_pos; /* Rice parameter of the TOPK positions */
-    unsigned r_val; /* INT8: Rice parameter of the magnitudes */
-    unsigned base;  /* INT8: smallest magnitude */
-    uint32_t *gaps; /* scratch: count entries (positions, then magnitudes) */
+    unsigned r_pos;  /* Rice parameter of the TOPK positions */
+    unsigned r_val;  /* INT8: Rice parameter of the magnitudes */
+    unsigned base;   /* INT8: smallest magnitude; floats: smallest exponent */
+    unsigned planes; /* floats: bit planes of the exponent offsets */
+    uint32_t *gaps;  /* scratch: count entries (positions, then magnitudes) */
 } layer_plan;
 
 /* Bytes of the kept values of a TOPK/RANDK layer (any format), or of the
@@ -479,8 +513,17 @@ static uint64_t plan_values(const strata_clayer *c, uint64_t nv, layer_plan *pl)
 {
     if (c->values_format == STRATA_VALUES_TERNARY)
         return bits_to_bytes(nv);
-    if (c->values_format != STRATA_VALUES_INT8)
-        return float_bytes(nv, c->values_format);
+    if (c->values_format != STRATA_VALUES_INT8) {
+        unsigned lo = 255, hi = 0;
+        for (uint64_t j = 0; j < nv; j++) {
+            unsigned e = float_exponent(c->values[j], c->values_format);
+            lo = e < lo ? e : lo;
+            hi = e > hi ? e : hi;
+        }
+        pl->base = lo;
+        pl->planes = nv > 0 ? bit_length(hi - lo) : 0;
+        return float_bytes(nv, pl->planes, c->values_format);
+    }
     if (nv == 0)
         return 0;
     unsigned base = 127;
@@ -567,34 +610,25 @@ static int encode_check_layer(const strata_clayer *c, size_t i, layer_plan *pl, 
     return STRATA_OK;
 }
 
-/* Writes n float values (FP32, FP16, BF16): n exponent bytes, then the
- * sign-and-mantissa fields as one bit stream. */
-static uint8_t *put_floats(uint8_t *w, const float *v, uint64_t n, strata_values_format f)
+/* Writes n float values (FP32, FP16, BF16) as planned: the smallest
+ * exponent, the number of bit planes, the planes of the exponent offsets,
+ * then the sign-and-mantissa fields as one bit stream. */
+static uint8_t *put_floats(uint8_t *w, const float *v, uint64_t n, strata_values_format f,
+                           const layer_plan *pl)
 {
     if (n == 0)
         return w;
-    for (uint64_t i = 0; i < n; i++) {
-        uint32_t x = f32_bits(v[i]);
-        if (f == STRATA_VALUES_FP32)
-            w[i] = (uint8_t)(x >> 23);
-        else if (f == STRATA_VALUES_FP16)
-            w[i] = (uint8_t)((to_half(v[i], f) >> 10) & 0x1Fu);
-        else
-            w[i] = (uint8_t)(x >> 23);
+    *w++ = (uint8_t)pl->base;
+    *w++ = (uint8_t)pl->planes;
+    for (unsigned j = 0; j < pl->planes; j++) {
+        bitwr b = {w, 0, 0};
+        for (uint64_t i = 0; i < n; i++)
+            bw_put(&b, ((float_exponent(v[i], f) - pl->base) >> j) & 1u, 1);
+        w = bw_end(&b);
     }
-    bitwr b = {w + n, 0, 0};
-    for (uint64_t i = 0; i < n; i++) {
-        uint32_t x = f32_bits(v[i]), field;
-        if (f == STRATA_VALUES_FP32) {
-            field = (x & 0x7FFFFFu) | ((x >> 31) << 23);
-        } else if (f == STRATA_VALUES_FP16) {
-            uint16_t h = to_half(v[i], f);
-            field = (h & 0x3FFu) | ((uint32_t)(h >> 15) << 10);
-        } else {
-            field = ((x >> 16) & 0x7Fu) | ((x >> 31) << 7);
-        }
-        bw_put(&b, field, field_bits(f));
-    }
+    bitwr b = {w, 0, 0};
+    for (uint64_t i = 0; i < n; i++)
+        bw_put(&b, float_field(v[i], f), field_bits(f));
     return bw_end(&b);
 }
 
@@ -608,7 +642,7 @@ static uint8_t *put_values(uint8_t *w, const strata_clayer *c, uint64_t nv, cons
         return bw_end(&b);
     }
     if (c->values_format != STRATA_VALUES_INT8)
-        return put_floats(w, c->values, nv, c->values_format);
+        return put_floats(w, c->values, nv, c->values_format, pl);
     if (nv == 0)
         return w;
     *w++ = (uint8_t)pl->base;
@@ -905,32 +939,66 @@ static int get_positions(const uint8_t *src, uint64_t n, strata_clayer *c, uint6
     return STRATA_OK;
 }
 
-/* Decodes n float values of format f (FP32, FP16, BF16) from exactly
- * float_bytes(n, f) bytes at src into a new array. */
-static int get_floats(const uint8_t *src, uint64_t n, strata_values_format f, float **out,
-                      strata_diag *diag, const char *where)
+/* Decodes n float values of format f (FP32, FP16, BF16) from exactly len
+ * bytes at src into a new array. */
+static int get_floats(const uint8_t *src, uint64_t len, uint64_t n, strata_values_format f,
+                      float **out, strata_diag *diag, const char *where)
 {
+    const char *fname = format_name(f);
+    if (n == 0)
+        return len == 0 ? STRATA_OK
+                        : strata_diag_set(diag, STRATA_EPROTO,
+                                          "%s: %" PRIu64 " data bytes for no values", where, len);
+    const unsigned emax = f == STRATA_VALUES_FP16 ? 31u : 255u;
+    unsigned base = len >= 2 ? src[0] : 0, planes = len >= 2 ? src[1] : 0;
+    if (len < 2 || base > emax || planes > bit_length(emax))
+        return strata_diag_set(diag, STRATA_EPROTO,
+                               "%s: %s values: missing, or exponent base %u above %u, or %u bit "
+                               "planes above %u",
+                               where, fname, base, emax, planes, bit_length(emax));
+    uint64_t want = float_bytes(n, planes, f); /* n < 2^33: no overflow */
+    if (len != want)
+        return strata_diag_set(diag, STRATA_EPROTO,
+                               "%s: %" PRIu64 " bytes for %" PRIu64
+                               " %s values with %u exponent planes, which take %" PRIu64,
+                               where, len, n, fname, planes, want);
+    const uint64_t pb = bits_to_bytes(n);
+    for (unsigned j = 0; j < planes; j++)
+        if (n % 8 != 0 && (src[2 + j * pb + pb - 1] >> (n % 8)) != 0)
+            return strata_diag_set(diag, STRATA_EPROTO,
+                                   "%s: padding bits after exponent plane %u are set", where, j);
     float *v = new_floats(n);
     if (v == NULL)
         return strata_diag_set(diag, STRATA_ENOMEM, "out of memory");
     *out = v;
     const unsigned fb = field_bits(f);
-    bitrd b = {src + n, bits_to_bytes(n * fb) * 8, 0};
+    bitrd b = {src + 2 + planes * pb, bits_to_bytes(n * fb) * 8, 0};
+    unsigned lo = 255, hi = 0;
     for (uint64_t i = 0; i < n; i++) {
-        uint32_t e = src[i], field = 0;
+        uint32_t off = 0, field = 0;
+        for (unsigned j = 0; j < planes; j++)
+            off |= (uint32_t)((src[2 + j * pb + i / 8] >> (i % 8)) & 1u) << j;
+        lo = off < lo ? off : lo;
+        hi = off > hi ? off : hi;
+        uint32_t e = base + off;
+        if (e > emax)
+            return strata_diag_set(diag, STRATA_EPROTO,
+                                   "%s: %s exponent %u of value %" PRIu64 " above %u", where, fname,
+                                   (unsigned)e, i, emax);
         br_bits(&b, fb, &field); /* in range: the length was checked */
-        if (f == STRATA_VALUES_FP32) {
+        if (f == STRATA_VALUES_FP32)
             v[i] = bits_f32(((field >> 23) << 31) | (e << 23) | (field & 0x7FFFFFu));
-        } else if (f == STRATA_VALUES_FP16) {
-            if (e > 0x1F)
-                return strata_diag_set(diag, STRATA_EPROTO,
-                                       "%s: fp16 exponent byte %u of value %" PRIu64 " above 31",
-                                       where, (unsigned)e, i);
+        else if (f == STRATA_VALUES_FP16)
             v[i] = from_half((uint16_t)(((field >> 10) << 15) | (e << 10) | (field & 0x3FFu)), f);
-        } else {
+        else
             v[i] = bits_f32(((field >> 7) << 31) | (e << 23) | ((field & 0x7Fu) << 16));
-        }
     }
+    if (lo != 0 || bit_length(hi) != planes)
+        return strata_diag_set(
+            diag, STRATA_EPROTO,
+            "%s: exponent base %u is not the smallest exponent, or %u bit planes "
+            "are not what the largest offset %u needs",
+            where, base, planes, hi);
     if (!br_padding_zero(&b))
         return strata_diag_set(diag, STRATA_EPROTO, "%s: padding bits after the values are set",
                                where);
@@ -1127,16 +1195,10 @@ static int get_layer(const uint8_t *body, size_t end, size_t *pos, size_t block,
         if (rc < 0)
             return rc;
     } else {
-        uint64_t want = float_bytes(nv, c->values_format); /* nv < 2^33: no overflow */
-        if (rest != want)
-            return strata_diag_set(diag, STRATA_EPROTO,
-                                   "%s: %" PRIu64 " bytes for %" PRIu64
-                                   " %s values, which take %" PRIu64,
-                                   where, rest, nv, format_name(c->values_format), want);
+        rc = get_floats(d + off, rest, nv, c->values_format, &c->values, diag, where);
+        if (rc < 0)
+            return rc;
         if (nv > 0) {
-            rc = get_floats(d + off, nv, c->values_format, &c->values, diag, where);
-            if (rc < 0)
-                return rc;
             rc = check_values(c->values, nv, c, STRATA_EPROTO, diag, where);
             if (rc < 0)
                 return rc;

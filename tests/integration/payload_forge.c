@@ -181,21 +181,49 @@ static size_t put_positions(uint8_t *out, const uint64_t *g, uint64_t count, uns
     return 1 + (size_t)((pos + 7) / 8);
 }
 
-/* Makes value 0 of the count values at v (format vf: exponent bytes, then
- * sign-and-mantissa fields) a quiet NaN. */
-static void set_nan(uint8_t *v, uint64_t count, uint8_t vf)
+/* Rewrites the count float values at v (len bytes, format vf: smallest
+ * exponent, bit planes of the offsets, sign-and-mantissa fields) into out
+ * with value 0 a quiet NaN (largest exponent, top mantissa bit set);
+ * returns the new length, or 0 when v is malformed. */
+static size_t set_nan(const uint8_t *v, uint64_t len, uint64_t count, uint8_t vf, uint8_t *out)
 {
-    uint8_t *field = v + count;
-    if (vf == 0) {
-        v[0] = 0xff;
-        field[2] |= 0x40; /* mantissa bit 22 */
-    } else if (vf == 1) {
-        v[0] = 0x1f;
-        field[1] |= 0x02; /* mantissa bit 9 */
-    } else {
-        v[0] = 0xff;
-        field[0] |= 0x40; /* mantissa bit 6 */
+    const unsigned emax = vf == 1 ? 31 : 255;
+    const size_t pb = (size_t)((count + 7) / 8);
+    if (count == 0 || len < 2 || v[1] > 8 || 2 + (size_t)v[1] * pb > len)
+        return 0;
+    unsigned base = v[0], planes = v[1];
+    unsigned *e = calloc((size_t)count, sizeof(*e));
+    if (e == NULL)
+        return 0;
+    unsigned lo = emax;
+    for (uint64_t i = 0; i < count; i++) {
+        for (unsigned j = 0; j < planes; j++)
+            e[i] |= (unsigned)((v[2 + j * pb + i / 8] >> (i % 8)) & 1u) << j;
+        e[i] += base;
+        if (i > 0 && e[i] < lo)
+            lo = e[i];
     }
+    e[0] = emax;
+    unsigned np = 0;
+    while (np < 8 && (emax - lo) >> np)
+        np++;
+    out[0] = (uint8_t)lo;
+    out[1] = (uint8_t)np;
+    for (unsigned j = 0; j < np; j++) {
+        uint64_t pos = 0;
+        for (uint64_t i = 0; i < count; i++)
+            put_bit(out + 2 + j * pb, &pos, (int)(((e[i] - lo) >> j) & 1u));
+    }
+    free(e);
+    size_t fields = (size_t)len - 2 - planes * pb, at = 2 + np * pb;
+    memcpy(out + at, v + 2 + planes * pb, fields);
+    if (vf == 0)
+        out[at + 2] |= 0x40; /* mantissa bit 22 */
+    else if (vf == 1)
+        out[at + 1] |= 0x02; /* mantissa bit 9 */
+    else
+        out[at] |= 0x40; /* mantissa bit 6 */
+    return at + fields;
 }
 
 /* Rewrites the positions of a topk block (data, data_len) for mode; returns
@@ -239,8 +267,9 @@ static int forge(const uint8_t *body, size_t len, forge_mode mode, uint8_t **out
         return die(1, "not a payload body");
     uint32_t nlayers = get32(body + 40);
     /* The forged body is at most one bit per kept index longer than the
-     * original, plus a last gap of up to numel bits: room for the whole
-     * body again and more. */
+     * original, plus a last gap of up to numel bits (--index-out-of-range),
+     * or up to 8 exponent planes longer, less than a byte per value
+     * (--nan): room for the whole body again and more. */
     size_t cap = len * 2 + ((size_t)1 << 24);
     uint8_t *nb = malloc(cap);
     if (nb == NULL)
@@ -275,9 +304,12 @@ static int forge(const uint8_t *body, size_t len, forge_mode mode, uint8_t **out
         free(g);
         if (!done && mode == M_NAN && has_values && count > 0 && (comp != COMP_TOPK || skip > 0) &&
             vf <= 2) {
-            memcpy(nb + n, data, (size_t)dlen);
-            set_nan(nb + n + skip, count, vf);
-            n += (size_t)dlen;
+            memcpy(nb + n, data, skip);
+            size_t nv = set_nan(data + skip, dlen - skip, count, vf, nb + n + skip);
+            if (nv == 0)
+                goto bad;
+            put64(nblk + 52, skip + nv);
+            n += skip + nv;
             done = 1;
         } else if (!done && (mode == M_OOR || mode == M_RICE) && comp == COMP_TOPK) {
             uint8_t *nd = NULL;

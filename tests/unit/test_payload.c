@@ -684,39 +684,61 @@ static unsigned ref_rice(const uint64_t *g, size_t n, unsigned rmax)
     return best;
 }
 
-/* Appends n float32 values: exponent bytes, then 24-bit sign+mantissa
- * fields. */
-static void blk_f32(tblock *b, const float *v, size_t n)
+/* Appends n float values given as exponents e[] and sign-and-mantissa
+ * fields f[] of fbits bits: the smallest exponent, the bit planes of the
+ * offsets from it, then the fields. */
+static void blk_floats(tblock *b, const unsigned *e, const uint32_t *f, size_t n, unsigned fbits)
 {
+    if (n == 0)
+        return;
+    unsigned lo = 255, hi = 0, planes = 0;
     for (size_t i = 0; i < n; i++) {
-        uint8_t e = (uint8_t)(fbits(v[i]) >> 23);
-        blk_put(b, &e, 1);
+        lo = e[i] < lo ? e[i] : lo;
+        hi = e[i] > hi ? e[i] : hi;
+    }
+    while ((hi - lo) >> planes)
+        planes++;
+    uint8_t hdr[2] = {(uint8_t)lo, (uint8_t)planes};
+    blk_put(b, hdr, 2);
+    for (unsigned j = 0; j < planes; j++) {
+        tbits w;
+        tb_begin(&w, b);
+        for (size_t i = 0; i < n; i++)
+            tb_bit(&w, ((e[i] - lo) >> j) & 1u);
     }
     tbits w;
     tb_begin(&w, b);
-    for (size_t i = 0; i < n; i++) {
-        uint32_t x = fbits(v[i]);
-        tb_val(&w, (x & 0x7FFFFFu) | ((x >> 31) << 23), 24);
-    }
+    for (size_t i = 0; i < n; i++)
+        tb_val(&w, f[i], fbits);
 }
 
-/* Appends n fp16 or bf16 patterns: exponent bytes, then sign+mantissa
- * fields of 11 (fp16) or 8 (bf16) bits. */
+/* Appends n float32 values. */
+static void blk_f32(tblock *b, const float *v, size_t n)
+{
+    unsigned e[64];
+    uint32_t f[64];
+    CU_ASSERT_FATAL(n <= 64);
+    for (size_t i = 0; i < n; i++) {
+        uint32_t x = fbits(v[i]);
+        e[i] = (x >> 23) & 0xFF;
+        f[i] = (x & 0x7FFFFFu) | ((x >> 31) << 23);
+    }
+    blk_floats(b, e, f, n, 24);
+}
+
+/* Appends n fp16 or bf16 patterns. */
 static void blk_u16(tblock *b, uint8_t fmt, const uint16_t *h, size_t n)
 {
     const int f16 = fmt == STRATA_VALUES_FP16;
+    unsigned e[64];
+    uint32_t f[64];
+    CU_ASSERT_FATAL(n <= 64);
     for (size_t i = 0; i < n; i++) {
-        uint8_t e = (uint8_t)(f16 ? (h[i] >> 10) & 0x1F : (h[i] >> 7) & 0xFF);
-        blk_put(b, &e, 1);
+        e[i] = f16 ? (h[i] >> 10) & 0x1Fu : (h[i] >> 7) & 0xFFu;
+        f[i] = f16 ? (h[i] & 0x3FFu) | ((uint32_t)(h[i] >> 15) << 10)
+                   : (h[i] & 0x7Fu) | ((uint32_t)(h[i] >> 15) << 7);
     }
-    tbits w;
-    tb_begin(&w, b);
-    for (size_t i = 0; i < n; i++) {
-        if (f16)
-            tb_val(&w, (h[i] & 0x3FFu) | ((uint32_t)(h[i] >> 15) << 10), 11);
-        else
-            tb_val(&w, (h[i] & 0x7Fu) | ((uint32_t)(h[i] >> 15) << 7), 8);
-    }
+    blk_floats(b, e, f, n, f16 ? 11 : 8);
 }
 
 /* TOPK positions from raw gaps (first = the first index, then index[i] -
@@ -920,12 +942,12 @@ static void test_independent_writer(void)
         0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, /* rows, cols */
         0x00, 0x00, 0x00, 0x00,                         /* rank */
         0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, /* seed */
-        0x0c, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, /* data_len 12 */
+        0x0d, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, /* data_len 13 */
         0x06, 0x8a, 0x67, 0x02,                         /* Rice r = 6; gaps 5, 294 */
-        0x7f, 0x80,                                     /* exponents of 1.0, -2.0 */
+        0x7f, 0x01, 0x02,                               /* exponents 127 + {0, 1} */
         0x00, 0x00, 0x00, 0x00, 0x00, 0x80,             /* sign+mantissa fields */
         0x00, 0x00, 0x00, 0x00,                         /* metadata_len 0 */
-        0xbb, 0xf3, 0x9d, 0xeb,                         /* CRC32C 0xEB9DF3BB */
+        0x9c, 0x33, 0xa4, 0xf6,                         /* CRC32C 0xF6A4339C */
     };
     static uint32_t ex_idx[] = {5, 300};
     static float ex_vals[] = {1.0f, -2.0f};
@@ -1141,7 +1163,17 @@ static void half_block(tbody *t, uint8_t comp, uint8_t fmt, uint16_t bad)
 static void t_fp16_exponent(tbody *t)
 {
     half_block(t, STRATA_COMP_FP16, STRATA_VALUES_FP16, 0x3C00);
-    t->blk[2].data[2] = 0x20;
+    t->blk[2].data[0] = 20; /* base 20 + offset 15 */
+}
+static void t_exponent_base(tbody *t)
+{
+    half_block(t, STRATA_COMP_FP16, STRATA_VALUES_FP16, 0x3C00);
+    t->blk[2].data[2] |= 0x02; /* value 1's offset becomes 1: none is 0 */
+}
+static void t_exponent_plane_padding(tbody *t)
+{
+    half_block(t, STRATA_COMP_FP16, STRATA_VALUES_FP16, 0x3C00);
+    t->blk[2].data[2] |= 0x80;
 }
 static void t_half_padding(tbody *t)
 {
@@ -1473,7 +1505,7 @@ static const bad_body BAD_BODIES[] = {
      t_count_block_truncated,
      {0},
      STRATA_EPROTO,
-     "layer block 3 at body byte 317: truncated"},
+     "layer block 3 at body byte 323: truncated"},
     {"layer count too low", t_count_less, {0}, STRATA_EPROTO, "metadata"},
     {"layer count huge", t_count_huge, {0}, STRATA_EPROTO, "layer count 60000 needs"},
     {"layer count above default limit",
@@ -1533,8 +1565,26 @@ static const bad_body BAD_BODIES[] = {
      {0},
      STRATA_EPROTO,
      "cannot hold 900 kept elements"},
-    {"topk data too short", t_topk_short, {0}, STRATA_EPROTO, "fp32 values, which take 12"},
-    {"fp16 exponent byte 32", t_fp16_exponent, {0}, STRATA_EPROTO, "exponent byte 32"},
+    {"topk data too short",
+     t_topk_short,
+     {0},
+     STRATA_EPROTO,
+     "3 fp32 values with 2 exponent planes, which take 13"},
+    {"fp16 exponent 35",
+     t_fp16_exponent,
+     {0},
+     STRATA_EPROTO,
+     "fp16 exponent 35 of value 0 above 31"},
+    {"exponent base not the smallest",
+     t_exponent_base,
+     {0},
+     STRATA_EPROTO,
+     "exponent base 0 is not the smallest exponent"},
+    {"exponent plane padding",
+     t_exponent_plane_padding,
+     {0},
+     STRATA_EPROTO,
+     "padding bits after exponent plane 0"},
     {"fp16 padding", t_half_padding, {0}, STRATA_EPROTO, "padding bits after the values"},
     {"control: int8", t_int8_ok, {0}, STRATA_OK, NULL},
     {"control: ternary", t_ternary_ok, {0}, STRATA_OK, NULL},
@@ -2279,8 +2329,9 @@ static void test_limits(void)
 /* 1% of a 1,000,000-element Gaussian tensor (seed 1234), top-k by
  * magnitude through strata_compress, encoded at zstd level 1: bytes per
  * kept element (the whole frame over the 10,000 kept) at most 4.3 with fp32
- * values, 2.6 with fp16, 1.9 with int8 and 1.3 with ternary. The data are
- * deterministic, so this is a size check. */
+ * values, 2.6 with fp16, 2.3 with bf16, 1.9 with int8 and 1.3 with ternary,
+ * at scales 1, 0.01 and 300. The data are deterministic, so this is a size
+ * check. */
 static void test_size_topk_1m(void)
 {
     const size_t n = 1000000, k = 10000;
@@ -2298,26 +2349,33 @@ static void test_size_topk_1m(void)
                  {STRATA_VALUES_BF16, 2.3},
                  {STRATA_VALUES_INT8, 1.9},
                  {STRATA_VALUES_TERNARY, 1.3}};
-    printf("\n    bytes per kept element:");
-    for (size_t f = 0; f < sizeof(cases) / sizeof(cases[0]); f++) {
-        strata_budget b = {STRATA_COMP_TOPK, 0.01, 0, 0};
-        strata_clayer c;
-        int64_t shape[1] = {(int64_t)n};
-        CU_ASSERT_EQUAL_FATAL(strata_compress(x, n, 1, shape, &b, cases[f].vf, 7, NULL, &c, NULL),
-                              STRATA_OK);
-        CU_ASSERT_EQUAL(c.count, k);
-        strata_payload p = {.num_layers = 1, .layers = &c};
-        uint8_t *wire = NULL;
-        size_t len = 0;
-        CU_ASSERT_EQUAL_FATAL(strata_payload_encode(&p, 1, &wire, &len, NULL), STRATA_OK);
-        double per = (double)len / (double)k;
-        strata_payload *q = decode_ok(wire, len, "1M top-k");
-        CU_ASSERT(q != NULL && payloads_equal(&p, q));
-        printf(" %s %.3f", strata_values_format_name(cases[f].vf), per);
-        CASE_ASSERT(per <= cases[f].max, strata_values_format_name(cases[f].vf));
-        strata_payload_free(q);
-        free(wire);
-        strata_clayer_cleanup(&c);
+    for (int sc = 0; sc < 3; sc++) {
+        /* The scale moves the threshold within a binade, which changes what the
+         * exponents cost: 1, then 0.01 and 300 (same data, rescaled). */
+        if (sc > 0)
+            for (size_t i = 0; i < n; i++)
+                x[i] *= sc == 1 ? 0.01f : 30000.0f;
+        printf("\n    bytes per kept element (scale %g):", sc == 0 ? 1.0 : sc == 1 ? 0.01 : 300.0);
+        for (size_t f = 0; f < sizeof(cases) / sizeof(cases[0]); f++) {
+            strata_budget b = {STRATA_COMP_TOPK, 0.01, 0, 0};
+            strata_clayer c;
+            int64_t shape[1] = {(int64_t)n};
+            CU_ASSERT_EQUAL_FATAL(
+                strata_compress(x, n, 1, shape, &b, cases[f].vf, 7, NULL, &c, NULL), STRATA_OK);
+            CU_ASSERT_EQUAL(c.count, k);
+            strata_payload p = {.num_layers = 1, .layers = &c};
+            uint8_t *wire = NULL;
+            size_t len = 0;
+            CU_ASSERT_EQUAL_FATAL(strata_payload_encode(&p, 1, &wire, &len, NULL), STRATA_OK);
+            double per = (double)len / (double)k;
+            strata_payload *q = decode_ok(wire, len, "1M top-k");
+            CU_ASSERT(q != NULL && payloads_equal(&p, q));
+            printf(" %s %.3f", strata_values_format_name(cases[f].vf), per);
+            CASE_ASSERT(per <= cases[f].max, strata_values_format_name(cases[f].vf));
+            strata_payload_free(q);
+            free(wire);
+            strata_clayer_cleanup(&c);
+        }
     }
     printf(" ");
     strata_free_floats(x);

@@ -5,7 +5,7 @@
  * a body made of a 44-byte header ("STRP", format version 2, round, flags,
  * model version, client id, sample count, layer count), one block per layer
  * (fixed 60-byte block header, then the compressor's data: TOPK positions
- * as Rice-coded gaps, float values as exponent bytes plus packed
+ * as Rice-coded gaps, float values as exponent bit planes plus packed
  * sign-and-mantissa fields (float32, fp16 or bf16), quantised kept values
  * as int8 levels (sign and Rice-coded magnitude) or ternary sign bits, QSGD
  * levels as int8, SIGN bits packed), a length-prefixed metadata JSON object
