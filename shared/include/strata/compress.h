@@ -220,15 +220,17 @@ int strata_clayer_decode(const strata_clayer *c, float *dense, strata_diag *diag
  * (schemas/payload.md): the 60-byte block header, positions at the entropy
  * of the kept fraction (top-k: count * H(k / numel) / (k / numel) bits,
  * what the Rice-coded gaps reach within about 1%), and per-format value
- * bytes as measured on Gaussian updates after zstd (fp32 about 3.0, fp16
- * about 1.4, bf16 about 1.0, int8 about 0.8, ternary 0.125 per kept value;
- * RANDK values, drawn from the whole distribution, cost more than TOPK's
- * tails), QSGD levels and SIGN bits by the entropy of their symbols under a
- * Gaussian model, POWERSGD (rows + cols) * rank values, dense layers numel
- * values. The shape (borrowed, ndim entries, numel elements) gives
+ * bytes under a Gaussian model of the update (fp32 about 3.0, fp16 about
+ * 1.4, bf16 about 1.0, int8 about 0.7, ternary 0.125 per kept value; RANDK
+ * values, drawn from the whole distribution, cost more than TOPK's tails),
+ * QSGD levels by their entropy or by what zstd spends per non-zero level
+ * (measured), SIGN one bit per element, POWERSGD (rows + cols) * rank
+ * values, dense layers numel values. The shape (borrowed, ndim entries, numel elements) gives
  * POWERSGD's matrix view; ndim < 2 sends POWERSGD dense. Used to compare
- * candidates of different families in one currency; within about 10% of
- * the real size on Gaussian layers of 10^4 elements and more. Returns a
+ * candidates of different families in one currency; within 10% of the
+ * real size on Gaussian layers of 10^4 to 10^6 elements, except QSGD with
+ * under 1% non-zero levels, whose zstd size varies by up to 30% from one
+ * draw to the next (the estimate is the typical size). Returns a
  * negative value for an invalid budget, an unknown values format, a
  * quantised format with a compressor other than TOPK/RANDK, or numel 0.
  * Pure, thread-safe. */
