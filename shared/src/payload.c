@@ -209,22 +209,45 @@ static int br_padding_zero(const bitrd *r)
     return off == 0 || (r->p[r->pos >> 3] >> off) == 0;
 }
 
-/* The Rice parameter in [0, rmax] that codes the n values g(i) in the
- * fewest bits (the smallest on ties), and that bit count. */
+/* Bits of the n values g[] Rice-coded with parameter r. */
+static uint64_t rice_bits(const uint32_t *g, uint64_t n, unsigned r)
+{
+    uint64_t sum = n * (r + 1);
+    for (uint64_t i = 0; i < n; i++)
+        sum += g[i] >> r;
+    return sum;
+}
+
+/* The Rice parameter in [0, rmax] that codes the n values g[] in the
+ * fewest bits (the smallest on ties), and that bit count. The length is a
+ * convex function of r (each step up saves sum(ceil((g >> r) / 2)) bits,
+ * which shrinks with r, and costs n), so a walk from the parameter that
+ * suits the mean gap finds the minimum in a few passes. */
 static unsigned rice_best(const uint32_t *g, uint64_t n, unsigned rmax, uint64_t *bits)
 {
-    uint64_t sum[32] = {0};
+    uint64_t total = 0;
     for (uint64_t i = 0; i < n; i++)
-        for (unsigned r = 0; r <= rmax; r++)
-            sum[r] += g[i] >> r;
-    unsigned best = 0;
-    for (unsigned r = 0; r <= rmax; r++) {
-        sum[r] += n * (r + 1);
-        if (sum[r] < sum[best])
-            best = r;
+        total += g[i];
+    unsigned r = 0;
+    while (r < rmax && (total >> (r + 1)) >= (n > 0 ? n : 1))
+        r++;
+    uint64_t cur = rice_bits(g, n, r);
+    while (r > 0) {
+        uint64_t down = rice_bits(g, n, r - 1);
+        if (down > cur)
+            break;
+        r--;
+        cur = down;
     }
-    *bits = sum[best];
-    return best;
+    while (r < rmax) {
+        uint64_t up = rice_bits(g, n, r + 1);
+        if (up >= cur)
+            break;
+        r++;
+        cur = up;
+    }
+    *bits = cur;
+    return r;
 }
 
 /* Gaps between ascending positions: g[0] = idx[0], g[i] = idx[i] -
@@ -620,11 +643,30 @@ static uint8_t *put_floats(uint8_t *w, const float *v, uint64_t n, strata_values
         return w;
     *w++ = (uint8_t)pl->base;
     *w++ = (uint8_t)pl->planes;
-    for (unsigned j = 0; j < pl->planes; j++) {
-        bitwr b = {w, 0, 0};
+    const uint64_t pb = bits_to_bytes(n);
+    if (pl->planes > 0) {
+        memset(w, 0, (size_t)(pl->planes * pb));
+        for (uint64_t i = 0; i < n; i++) {
+            unsigned off = float_exponent(v[i], f) - pl->base;
+            for (unsigned j = 0; j < pl->planes; j++)
+                w[j * pb + i / 8] |= (uint8_t)(((off >> j) & 1u) << (i % 8));
+        }
+        w += pl->planes * pb;
+    }
+    if (f == STRATA_VALUES_FP32) {
+        for (uint64_t i = 0; i < n; i++) {
+            uint32_t x = float_field(v[i], f);
+            w[0] = (uint8_t)x;
+            w[1] = (uint8_t)(x >> 8);
+            w[2] = (uint8_t)(x >> 16);
+            w += 3;
+        }
+        return w;
+    }
+    if (f == STRATA_VALUES_BF16) {
         for (uint64_t i = 0; i < n; i++)
-            bw_put(&b, ((float_exponent(v[i], f) - pl->base) >> j) & 1u, 1);
-        w = bw_end(&b);
+            *w++ = (uint8_t)float_field(v[i], f);
+        return w;
     }
     bitwr b = {w, 0, 0};
     for (uint64_t i = 0; i < n; i++)
@@ -972,12 +1014,13 @@ static int get_floats(const uint8_t *src, uint64_t len, uint64_t n, strata_value
         return strata_diag_set(diag, STRATA_ENOMEM, "out of memory");
     *out = v;
     const unsigned fb = field_bits(f);
-    bitrd b = {src + 2 + planes * pb, bits_to_bytes(n * fb) * 8, 0};
+    const uint8_t *planes_at = src + 2, *fields = src + 2 + planes * pb;
+    bitrd b = {fields, bits_to_bytes(n * fb) * 8, 0};
     unsigned lo = 255, hi = 0;
     for (uint64_t i = 0; i < n; i++) {
         uint32_t off = 0, field = 0;
         for (unsigned j = 0; j < planes; j++)
-            off |= (uint32_t)((src[2 + j * pb + i / 8] >> (i % 8)) & 1u) << j;
+            off |= (uint32_t)((planes_at[j * pb + i / 8] >> (i % 8)) & 1u) << j;
         lo = off < lo ? off : lo;
         hi = off > hi ? off : hi;
         uint32_t e = base + off;
@@ -985,7 +1028,15 @@ static int get_floats(const uint8_t *src, uint64_t len, uint64_t n, strata_value
             return strata_diag_set(diag, STRATA_EPROTO,
                                    "%s: %s exponent %u of value %" PRIu64 " above %u", where, fname,
                                    (unsigned)e, i, emax);
-        br_bits(&b, fb, &field); /* in range: the length was checked */
+        /* In range: the length was checked. fp32 and bf16 fields are whole
+         * bytes. */
+        if (fb == 24)
+            field = (uint32_t)fields[3 * i] | ((uint32_t)fields[3 * i + 1] << 8) |
+                    ((uint32_t)fields[3 * i + 2] << 16);
+        else if (fb == 8)
+            field = fields[i];
+        else
+            br_bits(&b, fb, &field);
         if (f == STRATA_VALUES_FP32)
             v[i] = bits_f32(((field >> 23) << 31) | (e << 23) | (field & 0x7FFFFFu));
         else if (f == STRATA_VALUES_FP16)
@@ -999,7 +1050,7 @@ static int get_floats(const uint8_t *src, uint64_t len, uint64_t n, strata_value
             "%s: exponent base %u is not the smallest exponent, or %u bit planes "
             "are not what the largest offset %u needs",
             where, base, planes, hi);
-    if (!br_padding_zero(&b))
+    if (fb == 11 && !br_padding_zero(&b))
         return strata_diag_set(diag, STRATA_EPROTO, "%s: padding bits after the values are set",
                                where);
     return STRATA_OK;
