@@ -71,6 +71,7 @@ fi
 if [ "$what" = all ] || [ "$what" = payload ]; then
     echo "== payload codec"
     ./build/bench_payload
+    ./build/bench_payload 1234 0.01
 fi
 
 if [ "$what" = all ] || [ "$what" = topk ]; then

@@ -158,7 +158,7 @@ static int check_sparse_values(const strata_clayer *c, float *dst, strata_diag *
     strata_clayer view = {
         .layer_index = c->layer_index,
         .comp = STRATA_COMP_NONE,
-        .values_format = c->values_format,
+        .values_format = strata_values_format_for(STRATA_COMP_NONE, c->values_format),
         .numel = c->count,
         .count = c->count,
         .values = c->values,

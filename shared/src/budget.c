@@ -148,35 +148,14 @@ char *strata_budget_format(const strata_budget *b, int with_density, char *buf, 
 
 double strata_budget_bytes(const strata_budget *b, uint64_t numel)
 {
-    /* Bytes of one value per format: fp32, fp16, bf16, int8, ternary (a
-     * sign bit; the magnitude is per layer). */
-    static const double VALUE_BYTES[] = {4.0, 2.0, 2.0, 1.0, 0.125};
-    const double header = 60.0;
-    double n = (double)numel;
-    double vb = (unsigned)b->values < sizeof(VALUE_BYTES) / sizeof(VALUE_BYTES[0])
-                    ? VALUE_BYTES[b->values]
-                    : 4.0;
-    switch (b->comp) {
-    case STRATA_COMP_TOPK:
-    case STRATA_COMP_RANDK: {
-        double k = (double)strata_comp_kept(b->density, numel);
-        double pos = 0.0; /* bytes per position: entropy of the kept set */
-        if (b->comp == STRATA_COMP_TOPK && k < n) {
-            double q = k / n;
-            pos = (-q * log2(q) - (1.0 - q) * log2(1.0 - q)) / q / 8.0;
-        }
-        return header + k * (vb + pos);
+    /* PowerSGD's cost depends on the matrix view, which a policy does not
+     * know: a square view is assumed. Everything else is the payload
+     * codec's own estimate for a vector of numel elements. */
+    if (b->comp == STRATA_COMP_POWERSGD) {
+        double n = (double)numel, vb = b->values == STRATA_VALUES_FP32 ? 4.0 : 2.0;
+        return 60.0 + fmin(n, 2.0 * sqrt(n) * (double)b->rank) * vb;
     }
-    case STRATA_COMP_FP16:
-    case STRATA_COMP_BF16:
-        return header + 2.0 * n;
-    case STRATA_COMP_QSGD:
-        return header + n;
-    case STRATA_COMP_SIGN:
-        return header + n / 8.0;
-    case STRATA_COMP_POWERSGD: /* a square view: (rows + cols) * rank values */
-        return header + fmin(n, 2.0 * sqrt(n) * (double)b->rank) * vb;
-    default:
-        return header + n * vb;
-    }
+    const int64_t shape[1] = {(int64_t)numel};
+    double c = strata_clayer_cost_bytes(b, b->values, 1, shape, numel);
+    return c >= 0.0 ? c : 0.0;
 }

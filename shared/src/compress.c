@@ -11,6 +11,7 @@
 /* RNG stream ids, one per compressor that draws random numbers. */
 #define STREAM_RANDK 0x72616e646bULL /* "randk" */
 #define STREAM_QSGD 0x71736764ULL    /* "qsgd" */
+#define STREAM_INT8 0x696e7438ULL    /* "int8" */
 
 static const char *const COMP_NAMES[STRATA_COMP_COUNT] = {"none",  "fp16", "bf16", "topk",
                                                           "randk", "qsgd", "sign", "powersgd"};
@@ -22,7 +23,8 @@ const char *strata_comp_name(strata_compressor_id id)
     return COMP_NAMES[id];
 }
 
-static const char *const VALUES_NAMES[STRATA_VALUES_COUNT] = {"fp32", "fp16", "bf16"};
+static const char *const VALUES_NAMES[STRATA_VALUES_COUNT] = {"fp32", "fp16", "bf16", "int8",
+                                                              "ternary"};
 
 const char *strata_values_format_name(strata_values_format f)
 {
@@ -43,6 +45,13 @@ int strata_values_format_parse(const char *name, strata_values_format *out)
             return STRATA_OK;
         }
     return STRATA_EINVAL;
+}
+
+strata_values_format strata_values_format_for(strata_compressor_id comp, strata_values_format vf)
+{
+    if (STRATA_VALUES_QUANTISED(vf) && comp != STRATA_COMP_TOPK && comp != STRATA_COMP_RANDK)
+        return STRATA_VALUES_FP32;
+    return vf;
 }
 
 int strata_comp_from_name(const char *name, strata_compressor_id *out)
@@ -278,20 +287,97 @@ static int compress_dense(const float *a, size_t n, strata_compressor_id comp,
     return STRATA_OK;
 }
 
+/* Largest 8-significant-bit (bfloat16-representable) float >= x > 0. */
+static float round_up_bf16(float x)
+{
+    uint32_t u = f2u(x);
+    if ((u & 0xffffu) != 0)
+        u = (u | 0xffffu) + 1u;
+    return u2f(u);
+}
+
+int strata__quantise_kept(strata_clayer *c, strata_values_format vf, uint64_t seed,
+                          const uint32_t *idx, float *dst)
+{
+    const size_t k = (size_t)c->count;
+    float *v = c->values;
+    float scale = 0.0f;
+    if (vf == STRATA_VALUES_INT8) {
+        c->qlevels = malloc(k > 0 ? k : 1);
+        if (c->qlevels == NULL)
+            return STRATA_ENOMEM;
+        float mx = 0.0f;
+        for (size_t j = 0; j < k; j++)
+            mx = fmaxf(mx, fabsf(v[j]));
+        if (mx > 0.0f)
+            scale = round_up_bf16(mx / 127.0f);
+        while (!isfinite(scale * 127.0f)) /* only near FLT_MAX: q is capped */
+            scale = u2f(f2u(scale) - 0x10000u);
+        strata_rng r;
+        strata_rng_seed(&r, seed, STREAM_INT8);
+        for (size_t j = 0; j < k; j++) {
+            int q = 0;
+            if (scale > 0.0f) {
+                double x = fabs((double)v[j]) / (double)scale, fl = floor(x);
+                q = (int)fl;
+                if (strata_rng_uniform(&r) < x - fl)
+                    q++;
+                if (q > 127)
+                    q = 127;
+            }
+            c->qlevels[j] = (int8_t)(v[j] < 0.0f ? -q : q);
+        }
+        for (size_t j = 0; j < k; j++) {
+            float raw = v[j];
+            v[j] = scale * (float)c->qlevels[j]; /* 8 x 7 significant bits: exact */
+            if (dst != NULL)
+                dst[idx[j]] = raw - v[j];
+        }
+    } else {
+        double sum = 0.0;
+        float mn = INFINITY;
+        for (size_t j = 0; j < k; j++) {
+            float m = fabsf(v[j]);
+            sum += (double)m;
+            if (m > 0.0f)
+                mn = fminf(mn, m);
+        }
+        if (k > 0 && sum > 0.0) {
+            double mu = sum / (double)k;
+            if (mu > 2.0 * (double)mn)
+                mu = 2.0 * (double)mn;
+            scale = u2f(f2u((float)mu) & 0xffff0000u); /* truncate to 8 bits */
+        }
+        for (size_t j = 0; j < k; j++) {
+            float raw = v[j];
+            v[j] = raw < 0.0f && scale > 0.0f ? -scale : scale;
+            if (dst != NULL)
+                dst[idx[j]] = raw - v[j];
+        }
+    }
+    c->scale = scale;
+    c->values_format = vf;
+    return STRATA_OK;
+}
+
 int strata__clayer_topk(const strata__topk_in *in, size_t n, double density,
-                        strata_values_format vf, strata_clayer *out)
+                        strata_values_format vf, uint64_t seed, strata_clayer *out)
 {
     size_t k = (size_t)strata_comp_kept(density, n);
     out->indices = malloc(k * sizeof(uint32_t));
     out->values = malloc(k * sizeof(float));
     if (out->indices == NULL || out->values == NULL)
         return STRATA_ENOMEM;
-    int rc = strata__topk_run(in, n, k, vf, out->indices, out->values);
+    const int quant = STRATA_VALUES_QUANTISED(vf);
+    int rc = strata__topk_run(in, n, k, quant ? STRATA_VALUES_FP32 : vf, out->indices, out->values);
     if (rc < 0)
         return rc;
     out->comp = STRATA_COMP_TOPK;
-    out->values_format = vf;
+    out->values_format = quant ? STRATA_VALUES_FP32 : vf;
     out->count = k;
+    if (quant)
+        return strata__quantise_kept(out, vf, seed, out->indices,
+                                     in->mode != STRATA__TOPK_SRC ? in->dst : NULL);
     return STRATA_OK;
 }
 
@@ -307,12 +393,15 @@ static int compress_randk(const float *a, size_t n, double density, strata_value
     rc = strata_randk_indices(seed, n, k, idx);
     if (rc < 0)
         goto out;
+    const int quant = STRATA_VALUES_QUANTISED(vf);
     for (size_t j = 0; j < k; j++)
-        out->values[j] = strata__round_vf(a[idx[j]], vf);
+        out->values[j] = quant ? a[idx[j]] : strata__round_vf(a[idx[j]], vf);
     out->comp = STRATA_COMP_RANDK;
-    out->values_format = vf;
+    out->values_format = quant ? STRATA_VALUES_FP32 : vf;
     out->count = k;
     out->seed = seed;
+    if (quant)
+        rc = strata__quantise_kept(out, vf, seed, idx, NULL);
 out:
     free(idx);
     return rc;
@@ -387,11 +476,15 @@ int strata_compress(const float *a, size_t n, int ndim, const int64_t *shape,
         memset(out, 0, sizeof(*out));
     if (a == NULL || b == NULL || out == NULL || (ndim > 0 && shape == NULL))
         return strata_diag_set(diag, STRATA_EINVAL, "compress: NULL argument");
-    if ((unsigned)vf > STRATA_VALUES_BF16)
+    if ((unsigned)vf >= STRATA_VALUES_COUNT)
         return strata_diag_set(diag, STRATA_EINVAL, "compress: unknown values format %d", (int)vf);
     int rc = strata_budget_check(b, diag);
     if (rc < 0)
         return rc;
+    if (STRATA_VALUES_QUANTISED(vf) && b->comp != STRATA_COMP_TOPK && b->comp != STRATA_COMP_RANDK)
+        return strata_diag_set(diag, STRATA_EINVAL,
+                               "compress: values format %s applies only to topk and randk, not %s",
+                               strata_values_format_name(vf), strata_comp_name(b->comp));
     size_t numel;
     if (strata_shape_numel(ndim, shape, &numel) < 0 || numel != n)
         return strata_diag_set(diag, STRATA_EINVAL,
@@ -407,7 +500,7 @@ int strata_compress(const float *a, size_t n, int ndim, const int64_t *shape,
     switch (b->comp) {
     case STRATA_COMP_TOPK: {
         strata__topk_in in = {STRATA__TOPK_SRC, a, NULL, 1.0f, NULL};
-        rc = strata__clayer_topk(&in, n, b->density, vf, out);
+        rc = strata__clayer_topk(&in, n, b->density, vf, seed, out);
         if (rc == STRATA_EINVAL)
             strata_diag_set(diag, rc, "input contains a NaN or infinite value");
         break;
@@ -470,14 +563,56 @@ static int check_scale(float scale, strata_diag *diag)
     return STRATA_OK;
 }
 
+/* INT8 and TERNARY layers: the scale is a finite, non-negative bfloat16
+ * value and every value is exactly what the quantised form decodes to. */
+static int check_quantised(const strata_clayer *c, strata_diag *diag)
+{
+    const char *fmt = strata_values_format_name(c->values_format);
+    int rc = check_scale(c->scale, diag);
+    if (rc < 0)
+        return rc;
+    if ((f2u(c->scale) & 0xffffu) != 0)
+        return strata_diag_set(diag, STRATA_EPROTO, "%s: scale %.9g is not a bfloat16 value", fmt,
+                               (double)c->scale);
+    if (c->values_format == STRATA_VALUES_INT8 && !isfinite(c->scale * 127.0f))
+        return strata_diag_set(diag, STRATA_EPROTO, "int8: scale %.9g times 127 overflows float32",
+                               (double)c->scale);
+    if (c->values_format == STRATA_VALUES_INT8 && c->count > 0 && c->qlevels == NULL)
+        return strata_diag_set(diag, STRATA_EPROTO, "int8: levels array missing");
+    for (size_t j = 0; j < c->count; j++) {
+        float want;
+        if (c->values_format == STRATA_VALUES_INT8) {
+            int q = c->qlevels[j];
+            if (q < -127 || q > 127 || (c->scale == 0.0f && q != 0))
+                return strata_diag_set(diag, STRATA_EPROTO,
+                                       "int8: level %d at %zu is beyond +-127 or not 0 under a "
+                                       "zero scale",
+                                       q, j);
+            want = c->scale * (float)q;
+        } else {
+            want = c->values[j] < 0.0f && c->scale > 0.0f ? -c->scale : c->scale;
+        }
+        if (f2u(c->values[j]) != f2u(want))
+            return strata_diag_set(diag, STRATA_EPROTO,
+                                   "%s: value %zu (%g) is not the quantised value %g", fmt, j,
+                                   (double)c->values[j], (double)want);
+    }
+    return STRATA_OK;
+}
+
 /* Validates every field of c that decoding relies on. */
 static int clayer_check(const strata_clayer *c, strata_diag *diag)
 {
     if ((unsigned)c->comp >= STRATA_COMP_COUNT)
         return strata_diag_set(diag, STRATA_EPROTO, "unknown compressor id %d", (int)c->comp);
-    if ((unsigned)c->values_format > STRATA_VALUES_BF16)
+    if ((unsigned)c->values_format >= STRATA_VALUES_COUNT)
         return strata_diag_set(diag, STRATA_EPROTO, "unknown values format %d",
                                (int)c->values_format);
+    if (STRATA_VALUES_QUANTISED(c->values_format) && c->comp != STRATA_COMP_TOPK &&
+        c->comp != STRATA_COMP_RANDK)
+        return strata_diag_set(diag, STRATA_EPROTO, "values format %s with compressor %s",
+                               strata_values_format_name(c->values_format),
+                               strata_comp_name(c->comp));
     if (c->numel == 0 || c->numel > STRATA_CLAYER_MAX_NUMEL)
         return strata_diag_set(diag, STRATA_EPROTO, "element count %llu is out of range",
                                (unsigned long long)c->numel);
@@ -515,6 +650,8 @@ static int clayer_check(const strata_clayer *c, strata_diag *diag)
                                            c->indices[j], j, c->indices[j - 1]);
             }
         }
+        if (STRATA_VALUES_QUANTISED(c->values_format))
+            return check_quantised(c, diag);
         return check_values(c->values, (size_t)c->count, c, diag);
     case STRATA_COMP_QSGD:
         if (c->count != 0)

@@ -54,9 +54,21 @@ int strata__topk_run(const strata__topk_in *in, size_t n, size_t k, strata_value
                      uint32_t *idx, float *values);
 
 /* Fills out as a TOPK layer (k = strata_comp_kept(density, n)) from the
- * top-k run described by in. Errors as strata__topk_run. */
+ * top-k run described by in. With a quantised vf (INT8, TERNARY) the run
+ * keeps float32 values, which strata__quantise_kept() then quantises (seed
+ * drives INT8's stochastic rounding); in the writing modes each kept slot of
+ * in->dst becomes a - value. Errors as strata__topk_run. */
 int strata__clayer_topk(const strata__topk_in *in, size_t n, double density,
-                        strata_values_format vf, strata_clayer *out);
+                        strata_values_format vf, uint64_t seed, strata_clayer *out);
+
+/* Quantises the c->count float32 kept values in c->values (TOPK or RANDK,
+ * c->values_format still FP32) to vf (INT8 or TERNARY) as strata_compress
+ * describes: sets c->scale, c->values_format, c->values (to the decoded
+ * values) and, for INT8, c->qlevels (new array). When dst is non-NULL, the
+ * slot dst[idx[j]] of each kept value j becomes raw - value (idx: the kept
+ * positions, borrowed). Errors: STRATA_ENOMEM (c unchanged but values). */
+int strata__quantise_kept(strata_clayer *c, strata_values_format vf, uint64_t seed,
+                          const uint32_t *idx, float *dst);
 
 /* PowerSGD compression of a rows x cols row-major matrix (see
  * strata_compress). Fills out->values, count, rows, cols, rank. */

@@ -129,7 +129,7 @@ static int step_layer(const strata_ef *ef, size_t l, const strata_tensor *d, con
     c->numel = n;
     if (b->comp == STRATA_COMP_TOPK) {
         strata__topk_in in = {mode, d->data, e->data, decay, nx};
-        rc = strata__clayer_topk(&in, n, b->density, vf, c);
+        rc = strata__clayer_topk(&in, n, b->density, vf, seed, c);
         if (rc == STRATA_EINVAL)
             return strata_diag_set(diag, rc, "tensor %s: the update has a NaN or infinite value",
                                    d->name);
@@ -150,6 +150,7 @@ static int step_layer(const strata_ef *ef, size_t l, const strata_tensor *d, con
             nx[i] = src[i] + 0.0f;
         break;
     }
+    vf = strata_values_format_for(b->comp, vf);
     const ef_q *wq = &ef->q[l];
     const float *q_warm = NULL;
     if (b->comp == STRATA_COMP_POWERSGD && wq->q != NULL) {

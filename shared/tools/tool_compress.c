@@ -378,11 +378,17 @@ static json_t *json_u64(uint64_t v)
 }
 
 /* Bytes of a compressed layer's arrays in memory (4-byte indices, 4- or
- * 2-byte values, 1-byte levels, packed sign bits), before varint coding,
- * byte shuffling and zstd. */
+ * 2-byte values, 1-byte int8 or qsgd levels, packed sign bits for ternary
+ * and sign), before the wire coding and zstd. */
 static size_t layer_array_bytes(const strata_clayer *c)
 {
     size_t vb = c->values_format == STRATA_VALUES_FP32 ? 4 : 2;
+    if (c->values_format == STRATA_VALUES_INT8)
+        vb = 1;
+    if (c->values_format == STRATA_VALUES_TERNARY && c->comp == STRATA_COMP_TOPK)
+        return (size_t)c->count * 4 + ((size_t)c->count + 7) / 8 + 4;
+    if (c->values_format == STRATA_VALUES_TERNARY)
+        return ((size_t)c->count + 7) / 8 + 12;
     switch (c->comp) {
     case STRATA_COMP_TOPK:
         return (size_t)c->count * (4 + vb);

@@ -1,9 +1,9 @@
 /* Payload codec benchmark: size and speed of strata_payload_encode/decode.
  *
- * Data: a 1,000,000-element standard Gaussian tensor (seed 1234, or argv[1]);
- * top-k keeps the 1% largest magnitudes (ties to the lower index), found
- * with a plain sort because it is only test data. Reports, for fp32, fp16
- * and bf16 values and zstd levels 1 and 3: bytes per kept element,
+ * Data: a 1,000,000-element Gaussian tensor (seed 1234, or argv[1]; standard
+ * deviation 1, or argv[2]); top-k keeps the 1% largest magnitudes (ties to
+ * the lower index) through strata_compress. Reports, for fp32, fp16, bf16,
+ * int8 and ternary values and zstd levels 1 and 3: bytes per kept element,
  * encode and decode throughput (MB/s of the in-memory layer, 8 bytes per
  * kept element for top-k and 4 per element for dense, and kept elements per
  * second; best of 5 runs of 50 ms each). Baselines measured in the same run: raw index+value pairs
@@ -11,7 +11,7 @@
  * bandwidth. A dense fp32 layer of the same tensor shows the codec's dense throughput. Prints a
  * table, then one JSON line.
  *
- * Usage: bench_payload [seed] */
+ * Usage: bench_payload [seed [scale]] */
 #include "strata/compress.h"
 #include "strata/payload.h"
 #include "strata/rng.h"
@@ -41,34 +41,6 @@ static void die(const char *what, int rc, const strata_diag *d)
 {
     fprintf(stderr, "bench_payload: %s failed: %s\n", what, strata_diag_msg(d, rc));
     exit(1);
-}
-
-static const float *g_vals;
-
-static int by_magnitude(const void *a, const void *b)
-{
-    uint32_t i = *(const uint32_t *)a, j = *(const uint32_t *)b;
-    float x = fabsf(g_vals[i]), y = fabsf(g_vals[j]);
-    if (x != y)
-        return x < y ? 1 : -1;
-    return i < j ? -1 : (i > j);
-}
-
-static int ascending(const void *a, const void *b)
-{
-    uint32_t i = *(const uint32_t *)a, j = *(const uint32_t *)b;
-    return i < j ? -1 : (i > j);
-}
-
-/* Rounds to `bits` significant bits, nearest even (normal numbers only,
- * which is all the top-1% of a Gaussian holds). */
-static float round_sig(float v, int bits)
-{
-    if (v == 0.0f)
-        return v;
-    int e;
-    double m = frexp((double)v, &e);
-    return (float)ldexp(nearbyint(ldexp(m, bits)), e - bits);
 }
 
 typedef struct result {
@@ -161,28 +133,27 @@ static double memcpy_mbs(void)
 int main(int argc, char **argv)
 {
     uint64_t seed = argc > 1 ? strtoull(argv[1], NULL, 10) : 1234;
+    double scale = argc > 2 ? strtod(argv[2], NULL) : 1.0;
+    if (!(scale > 0.0 && scale < 1e30)) {
+        fprintf(stderr, "bench_payload: scale must be a positive number\n");
+        return 2;
+    }
     float *x = strata_alloc_floats(N);
-    uint32_t *order = malloc(N * sizeof(uint32_t));
-    float *v32 = strata_alloc_floats(K), *v16 = strata_alloc_floats(K),
-          *vb16 = strata_alloc_floats(K);
-    if (x == NULL || order == NULL || v32 == NULL || v16 == NULL || vb16 == NULL) {
+    if (x == NULL) {
         fprintf(stderr, "bench_payload: out of memory\n");
         return 1;
     }
     strata_rng rng;
     strata_rng_seed(&rng, seed, 0);
-    for (uint32_t i = 0; i < N; i++) {
-        x[i] = (float)strata_rng_normal(&rng);
-        order[i] = i;
-    }
-    g_vals = x;
-    qsort(order, N, sizeof(uint32_t), by_magnitude);
-    qsort(order, K, sizeof(uint32_t), ascending);
-    for (uint32_t i = 0; i < K; i++) {
-        v32[i] = x[order[i]];
-        v16[i] = round_sig(v32[i], 11);
-        vb16[i] = round_sig(v32[i], 8);
-    }
+    for (uint32_t i = 0; i < N; i++)
+        x[i] = (float)(scale * strata_rng_normal(&rng));
+    const int64_t shape[1] = {N};
+    const strata_budget topk = {.comp = STRATA_COMP_TOPK, .density = (double)K / N};
+    strata_clayer c;
+    strata_diag d;
+    int rc = strata_compress(x, N, 1, shape, &topk, STRATA_VALUES_FP32, seed, NULL, &c, &d);
+    if (rc < 0)
+        die("compress", rc, &d);
 
     /* Baseline: raw (u32 index, f32 value) pairs through zstd level 1. */
     uint8_t *pairs = malloc((size_t)K * 8);
@@ -191,34 +162,33 @@ int main(int argc, char **argv)
     if (pairs == NULL || zp == NULL)
         return 1;
     for (uint32_t i = 0; i < K; i++) {
-        memcpy(pairs + 8 * i, &order[i], 4);
-        memcpy(pairs + 8 * i + 4, &v32[i], 4);
+        memcpy(pairs + 8 * i, &c.indices[i], 4);
+        memcpy(pairs + 8 * i + 4, &c.values[i], 4);
     }
+    strata_clayer_cleanup(&c);
     size_t zl = ZSTD_compress(zp, bound, pairs, (size_t)K * 8, 1);
     if (ZSTD_isError(zl))
         return 1;
     double raw_zstd = (double)zl / K;
 
-    strata_clayer c = {.layer_index = 0,
-                       .comp = STRATA_COMP_TOPK,
-                       .numel = N,
-                       .count = K,
-                       .indices = order,
-                       .values = v32};
     strata_payload p = {.round = 1, .num_layers = 1, .layers = &c};
-    result res[8];
+    result res[16];
     int nres = 0;
     static const struct {
         const char *name;
         strata_values_format fmt;
     } fmts[] = {{"topk fp32", STRATA_VALUES_FP32},
                 {"topk fp16", STRATA_VALUES_FP16},
-                {"topk bf16", STRATA_VALUES_BF16}};
-    for (int f = 0; f < 3; f++) {
-        c.values_format = fmts[f].fmt;
-        c.values = f == 0 ? v32 : f == 1 ? v16 : vb16;
+                {"topk bf16", STRATA_VALUES_BF16},
+                {"topk int8", STRATA_VALUES_INT8},
+                {"topk ternary", STRATA_VALUES_TERNARY}};
+    for (int f = 0; f < 5; f++) {
+        rc = strata_compress(x, N, 1, shape, &topk, fmts[f].fmt, seed, NULL, &c, &d);
+        if (rc < 0)
+            die("compress", rc, &d);
         for (int level = 1; level <= 3; level += 2)
             res[nres++] = measure(fmts[f].name, &p, level, 8.0 * K, K);
+        strata_clayer_cleanup(&c);
     }
     strata_clayer dense = {
         .layer_index = 0, .comp = STRATA_COMP_NONE, .numel = N, .count = N, .values = x};
@@ -226,23 +196,23 @@ int main(int argc, char **argv)
     res[nres++] = measure("dense fp32", &pd, 1, 4.0 * N, N);
     double mcpy = memcpy_mbs();
 
-    printf("payload codec, %u-element Gaussian (seed %llu), top-k %u (1%%)\n", N,
-           (unsigned long long)seed, K);
+    printf("payload codec, %u-element Gaussian (seed %llu, scale %g), top-k %u (1%%)\n", N,
+           (unsigned long long)seed, scale, K);
     printf("baselines: raw pairs 8.000 B/kept, raw pairs + zstd-1 %.3f B/kept, memcpy %.0f MB/s\n",
            raw_zstd, mcpy);
-    printf("%-12s %5s %10s %12s %12s %14s %14s\n", "case", "level", "B/kept", "enc MB/s",
+    printf("%-13s %5s %10s %12s %12s %14s %14s\n", "case", "level", "B/kept", "enc MB/s",
            "dec MB/s", "enc elem/s", "dec elem/s");
     for (int i = 0; i < nres; i++)
-        printf("%-12s %5d %10.3f %12.1f %12.1f %14.3e %14.3e\n", res[i].name, res[i].level,
+        printf("%-13s %5d %10.3f %12.1f %12.1f %14.3e %14.3e\n", res[i].name, res[i].level,
                res[i].bytes_per_kept, res[i].enc_mbs, res[i].dec_mbs, res[i].enc_eps,
                res[i].dec_eps);
     printf("(MB/s of the in-memory layer: 8 B per kept element for top-k, 4 B per element for "
            "dense; dense B/kept is per element)\n");
 
-    printf("{\"bench\":\"payload\",\"numel\":%u,\"kept\":%u,\"seed\":%llu,"
+    printf("{\"bench\":\"payload\",\"numel\":%u,\"kept\":%u,\"seed\":%llu,\"scale\":%g,"
            "\"raw_pair_bytes\":8,\"raw_pairs_zstd1_bytes_per_kept\":%.4f,\"memcpy_mbs\":%.1f,"
            "\"cases\":[",
-           N, K, (unsigned long long)seed, raw_zstd, mcpy);
+           N, K, (unsigned long long)seed, scale, raw_zstd, mcpy);
     for (int i = 0; i < nres; i++)
         printf("%s{\"case\":\"%s\",\"level\":%d,\"bytes_per_kept\":%.4f,\"encode_mbs\":%.1f,"
                "\"decode_mbs\":%.1f,\"encode_elems_per_s\":%.4e,\"decode_elems_per_s\":%.4e,"
@@ -254,10 +224,6 @@ int main(int argc, char **argv)
 
     free(pairs);
     free(zp);
-    free(order);
     strata_free_floats(x);
-    strata_free_floats(v32);
-    strata_free_floats(v16);
-    strata_free_floats(vb16);
     return 0;
 }

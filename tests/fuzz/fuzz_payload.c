@@ -43,6 +43,9 @@ static int same_layer(const strata_clayer *a, const strata_clayer *b)
         return 0;
     if (a->comp == STRATA_COMP_QSGD && memcmp(a->qlevels, b->qlevels, (size_t)a->numel) != 0)
         return 0;
+    if (a->values_format == STRATA_VALUES_INT8 && a->count > 0 &&
+        memcmp(a->qlevels, b->qlevels, (size_t)a->count) != 0)
+        return 0;
     if (a->comp == STRATA_COMP_SIGN &&
         memcmp(a->signbits, b->signbits, (size_t)(a->numel + 7) / 8) != 0)
         return 0;

@@ -14,10 +14,9 @@
  *                         becomes a NaN
  *   --index-out-of-range  the last index of the first topk layer becomes
  *                         numel (one past the end)
- *   --unsorted            the second index of the first topk layer becomes
- *                         equal to the first (a gap of 0: the indices are no
- *                         longer strictly ascending; descending order cannot
- *                         be expressed in the gap encoding)
+ *   --rice                the positions of the first topk layer are coded
+ *                         with a Rice parameter one above the shortest (the
+ *                         indices themselves are unchanged)
  *   --bad-crc             one bit of the stored CRC32C is flipped
  *   --huge-samples        the header's sample_count becomes 2^63 (beyond any
  *                         weight the coordinator takes; strata-tool cannot
@@ -47,7 +46,7 @@
 #define COMP_TOPK 3
 #define COMP_RANDK 4
 
-typedef enum { M_NONE, M_NAN, M_OOR, M_UNSORTED, M_BAD_CRC, M_HUGE_SAMPLES } forge_mode;
+typedef enum { M_NONE, M_NAN, M_OOR, M_RICE, M_BAD_CRC, M_HUGE_SAMPLES } forge_mode;
 
 static int die(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static int die(int code, const char *fmt, ...)
@@ -126,86 +125,142 @@ static int write_all(const char *path, const uint8_t *buf, size_t len)
     return bad ? -1 : 0;
 }
 
-/* Reads one LEB128 varint at p[*at, end); -1 when it runs off the end or is
- * longer than 5 bytes. */
-static int get_varint(const uint8_t *p, size_t end, size_t *at, uint64_t *v)
+/* Bit streams of schemas/payload.md: least significant bit first. */
+static int get_bit(const uint8_t *p, uint64_t nbits, uint64_t *pos)
 {
-    *v = 0;
-    for (int shift = 0; shift < 35; shift += 7) {
-        if (*at >= end)
-            return -1;
-        uint8_t b = p[(*at)++];
-        *v |= (uint64_t)(b & 0x7f) << shift;
-        if ((b & 0x80) == 0)
-            return 0;
-    }
-    return -1;
+    if (*pos >= nbits)
+        return -1;
+    int b = (p[*pos >> 3] >> (*pos & 7)) & 1;
+    (*pos)++;
+    return b;
 }
 
-static size_t put_varint(uint8_t *p, uint64_t v)
+static void put_bit(uint8_t *p, uint64_t *pos, int b)
 {
-    size_t n = 0;
-    do {
-        uint8_t b = v & 0x7f;
-        v >>= 7;
-        p[n++] = (uint8_t)(b | (v ? 0x80 : 0));
-    } while (v);
-    return n;
+    if ((*pos & 7) == 0)
+        p[*pos >> 3] = 0;
+    if (b)
+        p[*pos >> 3] |= (uint8_t)(1u << (*pos & 7));
+    (*pos)++;
 }
 
-/* Bytes per value of a values_format (0 fp32, 1 fp16, 2 bf16). */
-static size_t value_width(uint8_t vf)
+/* Reads the Rice-coded positions at data[0, len): count gaps into g, the
+ * parameter into *r; returns the bytes they take, or 0 when malformed. */
+static size_t get_positions(const uint8_t *data, uint64_t len, uint64_t count, uint64_t *g,
+                            unsigned *r)
 {
-    return vf == 0 ? 4 : 2;
-}
-
-/* Sets value 0 of count byte-shuffled values at v to a quiet NaN of format vf. */
-static void set_nan(uint8_t *v, uint64_t count, uint8_t vf)
-{
-    uint32_t bits = vf == 0 ? 0x7fc00000u : vf == 1 ? 0x7e00u : 0x7fc0u;
-    for (size_t j = 0; j < value_width(vf); j++)
-        v[j * count] = (uint8_t)(bits >> (8 * j));
-}
-
-/* Rewrites the index varints of a topk block (data, data_len) for mode;
- * returns the new data in *out (malloc'd) and its length. */
-static int forge_indices(const uint8_t *data, uint64_t data_len, uint64_t numel, uint64_t count,
-                         uint8_t vf, forge_mode mode, uint8_t **out, size_t *out_len)
-{
-    size_t vbytes = (size_t)count * value_width(vf);
-    if (count < 2 || vbytes > data_len)
-        return die(1, "the topk layer needs at least 2 kept elements");
-    size_t idx_end = (size_t)data_len - vbytes;
-    uint64_t *idx = calloc((size_t)count, sizeof(*idx));
-    uint8_t *buf = malloc((size_t)count * 5 + vbytes);
-    if (idx == NULL || buf == NULL) {
-        free(idx);
-        free(buf);
-        return die(1, "out of memory");
-    }
-    size_t at = 0;
-    uint64_t run = 0;
+    if (len < 1 || data[0] > 31)
+        return 0;
+    *r = data[0];
+    uint64_t nbits = (len - 1) * 8, pos = 0;
     for (uint64_t i = 0; i < count; i++) {
-        uint64_t gap;
-        if (get_varint(data, idx_end, &at, &gap) < 0) {
-            free(idx);
-            free(buf);
-            return die(1, "malformed index varints");
+        uint64_t q = 0, low = 0;
+        int b;
+        while ((b = get_bit(data + 1, nbits, &pos)) == 1)
+            q++;
+        if (b < 0)
+            return 0;
+        for (unsigned k = 0; k < *r; k++) {
+            if ((b = get_bit(data + 1, nbits, &pos)) < 0)
+                return 0;
+            low |= (uint64_t)b << k;
         }
-        run += gap;
-        idx[i] = run;
+        g[i] = (q << *r) | low;
     }
-    if (mode == M_OOR)
-        idx[count - 1] = numel;
+    return 1 + (size_t)((pos + 7) / 8);
+}
+
+/* Writes r and count Rice-coded gaps at out; returns the bytes written. */
+static size_t put_positions(uint8_t *out, const uint64_t *g, uint64_t count, unsigned r)
+{
+    out[0] = (uint8_t)r;
+    uint64_t pos = 0;
+    for (uint64_t i = 0; i < count; i++) {
+        for (uint64_t q = g[i] >> r; q > 0; q--)
+            put_bit(out + 1, &pos, 1);
+        put_bit(out + 1, &pos, 0);
+        for (unsigned k = 0; k < r; k++)
+            put_bit(out + 1, &pos, (int)((g[i] >> k) & 1));
+    }
+    return 1 + (size_t)((pos + 7) / 8);
+}
+
+/* Rewrites the count float values at v (len bytes, format vf: smallest
+ * exponent, bit planes of the offsets, sign-and-mantissa fields) into out
+ * with value 0 a quiet NaN (largest exponent, top mantissa bit set);
+ * returns the new length, or 0 when v is malformed. */
+static size_t set_nan(const uint8_t *v, uint64_t len, uint64_t count, uint8_t vf, uint8_t *out)
+{
+    const unsigned emax = vf == 1 ? 31 : 255;
+    const size_t pb = (size_t)((count + 7) / 8);
+    if (count == 0 || len < 2 || v[1] > 8 || 2 + (size_t)v[1] * pb > len)
+        return 0;
+    unsigned base = v[0], planes = v[1];
+    unsigned *e = calloc((size_t)count, sizeof(*e));
+    if (e == NULL)
+        return 0;
+    unsigned lo = emax;
+    for (uint64_t i = 0; i < count; i++) {
+        for (unsigned j = 0; j < planes; j++)
+            e[i] |= (unsigned)((v[2 + j * pb + i / 8] >> (i % 8)) & 1u) << j;
+        e[i] += base;
+        if (i > 0 && e[i] < lo)
+            lo = e[i];
+    }
+    e[0] = emax;
+    unsigned np = 0;
+    while (np < 8 && (emax - lo) >> np)
+        np++;
+    out[0] = (uint8_t)lo;
+    out[1] = (uint8_t)np;
+    for (unsigned j = 0; j < np; j++) {
+        uint64_t pos = 0;
+        for (uint64_t i = 0; i < count; i++)
+            put_bit(out + 2 + j * pb, &pos, (int)(((e[i] - lo) >> j) & 1u));
+    }
+    free(e);
+    size_t fields = (size_t)len - 2 - planes * pb, at = 2 + np * pb;
+    memcpy(out + at, v + 2 + planes * pb, fields);
+    if (vf == 0)
+        out[at + 2] |= 0x40; /* mantissa bit 22 */
+    else if (vf == 1)
+        out[at + 1] |= 0x02; /* mantissa bit 9 */
     else
-        idx[1] = idx[0];
-    size_t n = 0;
-    for (uint64_t i = 0; i < count; i++)
-        n += put_varint(buf + n, i == 0 ? idx[0] : idx[i] - idx[i - 1]);
-    memcpy(buf + n, data + idx_end, vbytes);
-    free(idx);
+        out[at] |= 0x40; /* mantissa bit 6 */
+    return at + fields;
+}
+
+/* Rewrites the positions of a topk block (data, data_len) for mode; returns
+ * the new data in *out (malloc'd) and its length. */
+static int forge_indices(const uint8_t *data, uint64_t data_len, uint64_t numel, uint64_t count,
+                         forge_mode mode, uint8_t **out, size_t *out_len)
+{
+    if (count < 2 || count > 8 * data_len)
+        return die(1, "the topk layer needs at least 2 kept elements");
+    uint64_t *g = calloc((size_t)count, sizeof(*g));
+    /* One more parameter bit per gap, and an out-of-range last gap of at
+     * most numel >> r + 1 + r bits. */
+    uint8_t *buf = malloc((size_t)data_len + (size_t)count / 8 + (size_t)(numel / 8) + 64);
+    unsigned r = 0;
+    size_t used = g == NULL || buf == NULL ? 0 : get_positions(data, data_len, count, g, &r);
+    if (used == 0) {
+        free(g);
+        free(buf);
+        return die(1, "malformed positions or out of memory");
+    }
+    if (mode == M_OOR) {
+        uint64_t last = 0;
+        for (uint64_t i = 0; i + 1 < count; i++)
+            last += g[i] + (i > 0);
+        g[count - 1] = numel - last - 1; /* the last index becomes numel */
+    } else {
+        r = r < 31 ? r + 1 : r - 1;
+    }
+    size_t n = put_positions(buf, g, count, r);
+    memcpy(buf + n, data + used, (size_t)(data_len - used));
+    free(g);
     *out = buf;
-    *out_len = n + vbytes;
+    *out_len = n + (size_t)(data_len - used);
     return 0;
 }
 
@@ -215,9 +270,11 @@ static int forge(const uint8_t *body, size_t len, forge_mode mode, uint8_t **out
     if (len < HEADER_LEN + 8 || memcmp(body, "STRP", 4) != 0)
         return die(1, "not a payload body");
     uint32_t nlayers = get32(body + 40);
-    /* The forged body is at most 4 bytes per kept index longer than the
-     * original (a 1-byte varint that becomes a 5-byte one). */
-    size_t cap = len * 5 + 64;
+    /* The forged body is at most one bit per kept index longer than the
+     * original, plus a last gap of up to numel bits (--index-out-of-range),
+     * or up to 8 exponent planes longer, less than a byte per value
+     * (--nan): room for the whole body again and more. */
+    size_t cap = len * 2 + ((size_t)1 << 24);
     uint8_t *nb = malloc(cap);
     if (nb == NULL)
         return die(1, "out of memory");
@@ -233,7 +290,7 @@ static int forge(const uint8_t *body, size_t len, forge_mode mode, uint8_t **out
         const uint8_t *blk = body + at;
         uint8_t comp = blk[4], vf = blk[5];
         uint64_t numel = get64(blk + 8), count = get64(blk + 16), dlen = get64(blk + 52);
-        if (dlen > len - at - BLOCK_LEN || vf > 2)
+        if (dlen > len - at - BLOCK_LEN || vf > 4)
             goto bad;
         const uint8_t *data = blk + BLOCK_LEN;
         memcpy(nb + n, blk, BLOCK_LEN);
@@ -241,15 +298,27 @@ static int forge(const uint8_t *body, size_t len, forge_mode mode, uint8_t **out
         n += BLOCK_LEN;
         int has_values = comp == COMP_NONE || comp == COMP_FP16 || comp == COMP_BF16 ||
                          comp == COMP_TOPK || comp == COMP_RANDK;
-        if (!done && mode == M_NAN && has_values && count > 0 && count * value_width(vf) <= dlen) {
-            memcpy(nb + n, data, (size_t)dlen);
-            set_nan(nb + n + (dlen - count * value_width(vf)), count, vf);
-            n += (size_t)dlen;
+        size_t skip = 0; /* topk: the positions before the values */
+        uint64_t *g = comp == COMP_TOPK && count > 0 && count <= 8 * dlen
+                          ? calloc((size_t)count, sizeof(*g))
+                          : NULL;
+        unsigned r = 0;
+        if (g != NULL)
+            skip = get_positions(data, dlen, count, g, &r);
+        free(g);
+        if (!done && mode == M_NAN && has_values && count > 0 && (comp != COMP_TOPK || skip > 0) &&
+            vf <= 2) {
+            memcpy(nb + n, data, skip);
+            size_t nv = set_nan(data + skip, dlen - skip, count, vf, nb + n + skip);
+            if (nv == 0)
+                goto bad;
+            put64(nblk + 52, skip + nv);
+            n += skip + nv;
             done = 1;
-        } else if (!done && (mode == M_OOR || mode == M_UNSORTED) && comp == COMP_TOPK) {
+        } else if (!done && (mode == M_OOR || mode == M_RICE) && comp == COMP_TOPK) {
             uint8_t *nd = NULL;
             size_t ndl = 0;
-            int rc = forge_indices(data, dlen, numel, count, vf, mode, &nd, &ndl);
+            int rc = forge_indices(data, dlen, numel, count, mode, &nd, &ndl);
             if (rc != 0) {
                 free(nb);
                 return rc;
@@ -330,7 +399,7 @@ int main(int argc, char **argv)
         {"out", required_argument, NULL, 'o'},
         {"nan", no_argument, NULL, 'n'},
         {"index-out-of-range", no_argument, NULL, 'r'},
-        {"unsorted", no_argument, NULL, 'u'},
+        {"rice", no_argument, NULL, 'u'},
         {"bad-crc", no_argument, NULL, 'c'},
         {"huge-samples", no_argument, NULL, 's'},
         {"metadata", required_argument, NULL, 'm'},
@@ -354,7 +423,7 @@ int main(int argc, char **argv)
         case 's':
             mode = c == 'n'   ? M_NAN
                    : c == 'r' ? M_OOR
-                   : c == 'u' ? M_UNSORTED
+                   : c == 'u' ? M_RICE
                    : c == 'c' ? M_BAD_CRC
                               : M_HUGE_SAMPLES;
             modes++;
@@ -371,7 +440,7 @@ int main(int argc, char **argv)
         return set_metadata(in, outp, meta);
     if (in == NULL || outp == NULL || modes != 1 || optind != argc)
         return die(2, "usage: payload_forge --in P.bin --out Q.bin "
-                      "--nan|--index-out-of-range|--unsorted|--bad-crc|--huge-samples|"
+                      "--nan|--index-out-of-range|--rice|--bad-crc|--huge-samples|"
                       "--metadata JSON");
     uint8_t *frame = NULL, *body = NULL, *forged = NULL, *z = NULL;
     size_t flen = 0, flen2 = 0;

@@ -136,7 +136,7 @@ while IFS='|' read -r m msg; do
 done <<'EOF'
 nan|value 0 is NaN
 index-out-of-range|out of range
-unsorted|repeated
+rice|not the shortest
 bad-crc|checksum mismatch
 EOF
 "$TOOL" inspect "$WORK/good-b.bin" >/dev/null || fail "inspect refuses the correct payload"
@@ -356,7 +356,7 @@ garbage|zstd|frame|magic
 bad-crc|checksum mismatch
 nan|is NaN
 index-out-of-range|out of range
-unsorted|strictly ascending
+rice|not the shortest
 empty|empty body
 EOF
 check "upload: payload of another client" 403 forbidden forbidden "for client $IDA" POST $U0 \

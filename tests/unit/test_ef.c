@@ -68,7 +68,11 @@ static size_t check_identity(const strata_tensor_list *e_old, const strata_tenso
         CU_ASSERT_EQUAL_FATAL(strata_clayer_decode(&layers[t], dec, NULL), STRATA_OK);
         const float *e = e_old->items[t].data, *d = delta->items[t].data,
                     *en = e_new->items[t].data;
-        int sparse = layers[t].comp == STRATA_COMP_TOPK || layers[t].comp == STRATA_COMP_RANDK;
+        /* Bit for bit: sparsifiers, except randk with quantised values
+         * (its kept values can be far below the layer's scale). */
+        int sparse = layers[t].comp == STRATA_COMP_TOPK ||
+                     (layers[t].comp == STRATA_COMP_RANDK &&
+                      !STRATA_VALUES_QUANTISED(layers[t].values_format));
         for (size_t i = 0; i < n; i++) {
             float a = mode == 0   ? (e[i] + d[i]) + 0.0f
                       : mode == 1 ? (decay * e[i] + d[i]) + 0.0f
@@ -95,7 +99,12 @@ static void test_identity_all_compressors(void)
         {STRATA_COMP_NONE, STRATA_VALUES_FP16},     {STRATA_COMP_FP16, STRATA_VALUES_FP32},
         {STRATA_COMP_BF16, STRATA_VALUES_FP32},     {STRATA_COMP_QSGD, STRATA_VALUES_FP32},
         {STRATA_COMP_SIGN, STRATA_VALUES_FP32},     {STRATA_COMP_POWERSGD, STRATA_VALUES_FP32},
-        {STRATA_COMP_POWERSGD, STRATA_VALUES_BF16},
+        {STRATA_COMP_POWERSGD, STRATA_VALUES_BF16}, {STRATA_COMP_TOPK, STRATA_VALUES_INT8},
+        {STRATA_COMP_TOPK, STRATA_VALUES_TERNARY},  {STRATA_COMP_RANDK, STRATA_VALUES_INT8},
+        {STRATA_COMP_RANDK, STRATA_VALUES_TERNARY}, {STRATA_COMP_RANDK, STRATA_VALUES_FP16},
+        {STRATA_COMP_QSGD, STRATA_VALUES_INT8},     {STRATA_COMP_SIGN, STRATA_VALUES_TERNARY},
+        {STRATA_COMP_POWERSGD, STRATA_VALUES_INT8}, {STRATA_COMP_NONE, STRATA_VALUES_TERNARY},
+        {STRATA_COMP_FP16, STRATA_VALUES_INT8},     {STRATA_COMP_BF16, STRATA_VALUES_FP32},
     };
     strata_rng r;
     strata_rng_seed(&r, 1, 0);
@@ -108,8 +117,8 @@ static void test_identity_all_compressors(void)
         strata_ef *ef = NULL;
         CU_ASSERT_EQUAL_FATAL(strata_ef_new(&layout, 1.0, 0, &ef), STRATA_OK);
         strata_budget *b = budgets_for(layout.count, cases[c].comp);
-        for (size_t l = 0; l < layout.count; l++)
-            b[l].values = cases[c].vf;
+        for (size_t l = 0; l < layout.count; l++) /* the format each compressor takes */
+            b[l].values = strata_values_format_for(cases[c].comp, cases[c].vf);
         size_t bad = 0;
         for (uint32_t round = 1; round <= 4; round++) {
             random_fill(&delta, &r, round == 2 ? 1e-3 : 1.0);
@@ -123,6 +132,13 @@ static void test_identity_all_compressors(void)
                 fprintf(stderr, "case %zu round %u: %s\n", c, round, d.msg);
             CU_ASSERT_EQUAL_FATAL(rc, STRATA_OK);
             bad += check_identity(&old, &delta, strata_ef_residuals(ef), layers, 0, 1.0f);
+            /* Layers that carry float values use the format asked for, or
+             * fp32 where int8/ternary do not apply. */
+            for (size_t t = 0; t < layout.count; t++)
+                if (layers[t].comp == STRATA_COMP_NONE || layers[t].comp == STRATA_COMP_TOPK ||
+                    layers[t].comp == STRATA_COMP_RANDK || layers[t].comp == STRATA_COMP_POWERSGD)
+                    CU_ASSERT_EQUAL(layers[t].values_format,
+                                    strata_values_format_for(layers[t].comp, cases[c].vf));
             /* Top-k keeps exactly k and nothing dropped beats anything kept. */
             for (size_t t = 0; t < layout.count && cases[c].comp == STRATA_COMP_TOPK; t++) {
                 size_t n = layout.items[t].numel;
@@ -160,6 +176,73 @@ static void test_identity_all_compressors(void)
         strata_tensor_list_cleanup(&delta);
         strata_tensor_list_cleanup(&layout);
     }
+}
+
+/* Top-k with int8 and ternary values on large layers (the sampled top-k
+ * path), Gaussian and heavy-tailed (a normal over the square root of a
+ * uniform: the kept magnitudes spread over decades, so ternary's cap on mu
+ * is what keeps its residual exact), densities 1% and 10%, over several
+ * rounds: ternary keeps decode + e_new == a bit for bit; int8 keeps e_new
+ * == a - decode always, and bit for bit on the Gaussian. */
+static void test_identity_quantised_topk(void)
+{
+    enum { N = 200000 };
+    static const strata_values_format vfs[] = {STRATA_VALUES_INT8, STRATA_VALUES_TERNARY};
+    static const double dens[] = {0.01, 0.1};
+    strata_rng r;
+    strata_rng_seed(&r, 77, 0);
+    for (int heavy = 0; heavy < 2; heavy++)
+        for (size_t v = 0; v < 2; v++)
+            for (size_t di = 0; di < 2; di++) {
+                strata_tensor_list layout, delta, old;
+                strata_tensor_list_init(&layout);
+                strata_tensor_list_init(&old);
+                strata_tensor_list_init(&delta);
+                int64_t shape[1] = {N};
+                CU_ASSERT_EQUAL_FATAL(strata_tensor_list_add(&layout, "w", 1, shape, NULL),
+                                      STRATA_OK);
+                strata_tensor_list_copy(&delta, &layout);
+                strata_ef *ef = NULL;
+                CU_ASSERT_EQUAL_FATAL(strata_ef_new(&layout, 1.0, 0, &ef), STRATA_OK);
+                strata_budget b = {STRATA_COMP_TOPK, dens[di], 0, 0, vfs[v]};
+                size_t exact_bad = 0, quant_bad = 0;
+                for (uint32_t round = 1; round <= 3; round++) {
+                    float *d = delta.items[0].data;
+                    for (size_t i = 0; i < N; i++) {
+                        double z = strata_rng_normal(&r);
+                        if (heavy)
+                            z /= sqrt(strata_rng_uniform(&r) + 1e-12);
+                        d[i] = (float)z;
+                    }
+                    strata_tensor_list_copy(&old, strata_ef_residuals(ef));
+                    strata_clayer *layers = NULL;
+                    CU_ASSERT_EQUAL_FATAL(
+                        strata_ef_step(ef, &delta, &b, round, round, &layers, NULL), STRATA_OK);
+                    CU_ASSERT_EQUAL(layers[0].values_format, vfs[v]);
+                    float *dec = malloc(N * sizeof(float));
+                    CU_ASSERT_EQUAL_FATAL(strata_clayer_decode(&layers[0], dec, NULL), STRATA_OK);
+                    const float *e = old.items[0].data,
+                                *en = strata_ef_residuals(ef)->items[0].data;
+                    for (size_t i = 0; i < N; i++) {
+                        float a = (e[i] + d[i]) + 0.0f;
+                        exact_bad += bits(dec[i] + en[i]) != bits(a);
+                        quant_bad += bits(en[i]) != bits(a - dec[i]);
+                    }
+                    free(dec);
+                    strata_clayers_free(layers, 1);
+                }
+                if (exact_bad != 0)
+                    printf("\n    %s top-k %g%%, %s: %zu elements not bit-exact ",
+                           strata_values_format_name(vfs[v]), 100 * dens[di],
+                           heavy ? "heavy-tailed" : "Gaussian", exact_bad);
+                CU_ASSERT_EQUAL(quant_bad, 0);
+                if (vfs[v] == STRATA_VALUES_TERNARY || !heavy)
+                    CU_ASSERT_EQUAL(exact_bad, 0);
+                strata_ef_free(ef);
+                strata_tensor_list_cleanup(&old);
+                strata_tensor_list_cleanup(&delta);
+                strata_tensor_list_cleanup(&layout);
+            }
 }
 
 static double norm(const double *x, size_t n)
@@ -682,6 +765,8 @@ int main(void)
 {
     CU_TestInfo tests[] = {
         {"identity for every compressor", test_identity_all_compressors},
+        {"identity: top-k int8 and ternary, Gaussian and heavy-tailed",
+         test_identity_quantised_topk},
         {"EF tracks the input sum, no EF drifts", test_tracking},
         {"staleness decay and drop", test_staleness},
         {"failed steps change nothing", test_step_atomic},

@@ -191,6 +191,30 @@ static void make_layer(const layer_spec *s, uint32_t index, uint64_t seed, strat
         for (uint64_t i = 0; i < nv; i++)
             c->values[i] = make_value(s, i, &rng);
     }
+    /* Quantised kept values: a bfloat16 scale (levels: 1 for scale 0), int8
+     * levels (extremes first) or ternary signs. */
+    if (STRATA_VALUES_QUANTISED(s->fmt)) {
+        c->scale = s->levels == 1 ? 0.0f : round_bf16((float)fabs(strata_rng_normal(&rng)) + 0.01f);
+        if (s->fmt == STRATA_VALUES_INT8) {
+            c->qlevels = malloc((size_t)nv + 1);
+            CU_ASSERT_PTR_NOT_NULL_FATAL(c->qlevels);
+        }
+        for (uint64_t i = 0; i < nv; i++) {
+            if (s->fmt == STRATA_VALUES_INT8) {
+                static const int8_t ext[] = {127, -127, 0, 1, -1};
+                int q = s->rows > 0       ? (int)s->rows - 1 /* all equal */
+                        : i < sizeof(ext) ? ext[i]
+                                          : (int)strata_rng_below(&rng, 255) - 127;
+                if (c->scale == 0.0f)
+                    q = 0;
+                c->qlevels[i] = (int8_t)q;
+                c->values[i] = c->scale * (float)q;
+            } else {
+                int neg = c->scale > 0.0f && (strata_rng_u64(&rng) & 1);
+                c->values[i] = neg ? -c->scale : c->scale;
+            }
+        }
+    }
 }
 
 static void release_layer(strata_clayer *c)
@@ -218,6 +242,9 @@ static int layers_equal(const strata_clayer *a, const strata_clayer *b)
         memcmp(a->indices, b->indices, (size_t)a->count * sizeof(uint32_t)) != 0)
         return 0;
     if (a->comp == STRATA_COMP_QSGD && memcmp(a->qlevels, b->qlevels, (size_t)a->numel) != 0)
+        return 0;
+    if (a->values_format == STRATA_VALUES_INT8 && a->count > 0 &&
+        memcmp(a->qlevels, b->qlevels, (size_t)a->count) != 0)
         return 0;
     if (a->comp == STRATA_COMP_SIGN &&
         memcmp(a->signbits, b->signbits, (size_t)(a->numel + 7) / 8) != 0)
@@ -396,6 +423,16 @@ static const layer_spec ROUND_TRIP[] = {
     {"powersgd r=4 fp16", STRATA_COMP_POWERSGD, STRATA_VALUES_FP16, 600, 200, 0, 20, 30, 4},
     {"powersgd r=min bf16", STRATA_COMP_POWERSGD, STRATA_VALUES_BF16, 600, 1000, 0, 20, 30, 20},
     {"powersgd 1xN", STRATA_COMP_POWERSGD, STRATA_VALUES_FP32, 50, 51, 0, 1, 50, 1},
+    /* int8/ternary: levels 1 means scale 0; rows r > 0 means every level r - 1. */
+    {"topk int8", STRATA_COMP_TOPK, STRATA_VALUES_INT8, 5000, 300, 0, 0, 0, 0},
+    {"topk int8 k=0", STRATA_COMP_TOPK, STRATA_VALUES_INT8, 100, 0, 0, 0, 0, 0},
+    {"topk int8 k=1", STRATA_COMP_TOPK, STRATA_VALUES_INT8, 100, 1, 0, 0, 0, 0},
+    {"topk int8 scale 0", STRATA_COMP_TOPK, STRATA_VALUES_INT8, 100, 30, 1, 0, 0, 0},
+    {"topk int8 all 127", STRATA_COMP_TOPK, STRATA_VALUES_INT8, 100, 30, 0, 128, 0, 0},
+    {"topk ternary", STRATA_COMP_TOPK, STRATA_VALUES_TERNARY, 5000, 301, 0, 0, 0, 0},
+    {"topk ternary scale 0", STRATA_COMP_TOPK, STRATA_VALUES_TERNARY, 100, 9, 1, 0, 0, 0},
+    {"randk int8", STRATA_COMP_RANDK, STRATA_VALUES_INT8, 1000, 100, 0, 0, 0, 0},
+    {"randk ternary", STRATA_COMP_RANDK, STRATA_VALUES_TERNARY, 1000, 17, 0, 0, 0, 0},
 };
 #define N_ROUND_TRIP (sizeof(ROUND_TRIP) / sizeof(ROUND_TRIP[0]))
 
@@ -538,8 +575,9 @@ typedef struct tblock {
     uint64_t seed;
     int has_len; /* write data_len instead of dlen */
     uint64_t data_len;
-    uint8_t data[128];
+    uint8_t data[256];
     size_t dlen;
+    size_t pos_end; /* TOPK: where the positions end in data */
 } tblock;
 
 typedef struct tbody {
@@ -587,38 +625,138 @@ static void blk_put(tblock *b, const void *p, size_t n)
     b->dlen += n;
 }
 
-static void blk_varint(tblock *b, uint64_t v)
+/* A bit stream appended to a block's data from a fresh byte, least
+ * significant bit first. */
+typedef struct tbits {
+    tblock *b;
+    size_t start;
+    uint64_t n;
+} tbits;
+
+static void tb_begin(tbits *w, tblock *b)
 {
-    do {
-        uint8_t byte = (uint8_t)(v & 0x7F);
-        v >>= 7;
-        if (v != 0)
-            byte |= 0x80;
-        blk_put(b, &byte, 1);
-    } while (v != 0);
+    w->b = b;
+    w->start = b->dlen;
+    w->n = 0;
 }
 
-/* Appends n float32 values byte-shuffled. */
+static void tb_bit(tbits *w, unsigned bit)
+{
+    size_t at = w->start + (size_t)(w->n / 8);
+    if (w->n % 8 == 0) {
+        CU_ASSERT_FATAL(at < sizeof(w->b->data));
+        w->b->data[at] = 0;
+        w->b->dlen = at + 1;
+    }
+    if (bit & 1u)
+        w->b->data[at] |= (uint8_t)(1u << (w->n % 8));
+    w->n++;
+}
+
+static void tb_val(tbits *w, uint64_t v, unsigned nbits)
+{
+    for (unsigned i = 0; i < nbits; i++)
+        tb_bit(w, (unsigned)(v >> i) & 1u);
+}
+
+static void tb_rice(tbits *w, uint64_t g, unsigned r)
+{
+    for (uint64_t q = g >> r; q > 0; q--)
+        tb_bit(w, 1);
+    tb_bit(w, 0);
+    tb_val(w, g, r);
+}
+
+/* The Rice parameter in [0, rmax] giving the fewest bits, smallest on ties. */
+static unsigned ref_rice(const uint64_t *g, size_t n, unsigned rmax)
+{
+    unsigned best = 0;
+    uint64_t best_bits = UINT64_MAX;
+    for (unsigned r = 0; r <= rmax; r++) {
+        uint64_t bits = 0;
+        for (size_t i = 0; i < n; i++)
+            bits += (g[i] >> r) + 1 + r;
+        if (bits < best_bits) {
+            best_bits = bits;
+            best = r;
+        }
+    }
+    return best;
+}
+
+/* Appends n float values given as exponents e[] and sign-and-mantissa
+ * fields f[] of fbits bits: the smallest exponent, the bit planes of the
+ * offsets from it, then the fields. */
+static void blk_floats(tblock *b, const unsigned *e, const uint32_t *f, size_t n, unsigned fbits)
+{
+    if (n == 0)
+        return;
+    unsigned lo = 255, hi = 0, planes = 0;
+    for (size_t i = 0; i < n; i++) {
+        lo = e[i] < lo ? e[i] : lo;
+        hi = e[i] > hi ? e[i] : hi;
+    }
+    while ((hi - lo) >> planes)
+        planes++;
+    uint8_t hdr[2] = {(uint8_t)lo, (uint8_t)planes};
+    blk_put(b, hdr, 2);
+    for (unsigned j = 0; j < planes; j++) {
+        tbits w;
+        tb_begin(&w, b);
+        for (size_t i = 0; i < n; i++)
+            tb_bit(&w, ((e[i] - lo) >> j) & 1u);
+    }
+    tbits w;
+    tb_begin(&w, b);
+    for (size_t i = 0; i < n; i++)
+        tb_val(&w, f[i], fbits);
+}
+
+/* Appends n float32 values. */
 static void blk_f32(tblock *b, const float *v, size_t n)
 {
-    for (int j = 0; j < 4; j++)
-        for (size_t i = 0; i < n; i++) {
-            uint8_t byte = (uint8_t)(fbits(v[i]) >> (8 * j));
-            blk_put(b, &byte, 1);
-        }
+    unsigned e[64];
+    uint32_t f[64];
+    CU_ASSERT_FATAL(n <= 64);
+    for (size_t i = 0; i < n; i++) {
+        uint32_t x = fbits(v[i]);
+        e[i] = (x >> 23) & 0xFF;
+        f[i] = (x & 0x7FFFFFu) | ((x >> 31) << 23);
+    }
+    blk_floats(b, e, f, n, 24);
 }
 
-/* Appends n 16-bit patterns byte-shuffled. */
-static void blk_u16(tblock *b, const uint16_t *h, size_t n)
+/* Appends n fp16 or bf16 patterns. */
+static void blk_u16(tblock *b, uint8_t fmt, const uint16_t *h, size_t n)
 {
-    for (int j = 0; j < 2; j++)
-        for (size_t i = 0; i < n; i++) {
-            uint8_t byte = (uint8_t)(h[i] >> (8 * j));
-            blk_put(b, &byte, 1);
-        }
+    const int f16 = fmt == STRATA_VALUES_FP16;
+    unsigned e[64];
+    uint32_t f[64];
+    CU_ASSERT_FATAL(n <= 64);
+    for (size_t i = 0; i < n; i++) {
+        e[i] = f16 ? (h[i] >> 10) & 0x1Fu : (h[i] >> 7) & 0xFFu;
+        f[i] = f16 ? (h[i] & 0x3FFu) | ((uint32_t)(h[i] >> 15) << 10)
+                   : (h[i] & 0x7Fu) | ((uint32_t)(h[i] >> 15) << 7);
+    }
+    blk_floats(b, e, f, n, f16 ? 11 : 8);
 }
 
-/* A TOPK fp32 block from raw varint gaps (first = the first index). */
+/* TOPK positions from raw gaps (first = the first index, then index[i] -
+ * index[i-1] - 1) with Rice parameter r (-1: the shortest). */
+static void blk_positions(tblock *b, const uint64_t *gaps, size_t n, int r)
+{
+    if (n == 0)
+        return;
+    uint8_t rb = (uint8_t)(r < 0 ? ref_rice(gaps, n, 31) : (unsigned)r);
+    blk_put(b, &rb, 1);
+    tbits w;
+    tb_begin(&w, b);
+    for (size_t i = 0; i < n; i++)
+        tb_rice(&w, gaps[i], rb);
+    b->pos_end = b->dlen;
+}
+
+/* A TOPK fp32 block from raw gaps. */
 static void blk_topk(tblock *b, uint64_t numel, const uint64_t *gaps, const float *vals, size_t n)
 {
     b->comp = STRATA_COMP_TOPK;
@@ -626,9 +764,33 @@ static void blk_topk(tblock *b, uint64_t numel, const uint64_t *gaps, const floa
     b->numel = numel;
     b->count = n;
     b->dlen = 0;
-    for (size_t i = 0; i < n; i++)
-        blk_varint(b, gaps[i]);
+    blk_positions(b, gaps, n, -1);
     blk_f32(b, vals, n);
+}
+
+/* INT8 kept values: base (-1: the smallest magnitude), Rice parameter r
+ * (-1: the shortest), then sign bit and Rice-coded magnitude - base. */
+static void blk_int8(tblock *b, const int *q, size_t n, int base, int r)
+{
+    if (n == 0)
+        return;
+    uint64_t off[16];
+    CU_ASSERT_FATAL(n <= 16);
+    int mn = 127;
+    for (size_t j = 0; j < n; j++)
+        mn = abs(q[j]) < mn ? abs(q[j]) : mn;
+    if (base < 0)
+        base = mn;
+    for (size_t j = 0; j < n; j++)
+        off[j] = (uint64_t)(abs(q[j]) - base);
+    uint8_t hdr[2] = {(uint8_t)base, (uint8_t)(r < 0 ? ref_rice(off, n, 7) : (unsigned)r)};
+    blk_put(b, hdr, 2);
+    tbits w;
+    tb_begin(&w, b);
+    for (size_t j = 0; j < n; j++) {
+        tb_bit(&w, q[j] < 0);
+        tb_rice(&w, off[j], hdr[1]);
+    }
 }
 
 static void body_build(const tbody *t, bbuf *o)
@@ -674,14 +836,14 @@ static void body_default(tbody *t)
 {
     memset(t, 0, sizeof(*t));
     memcpy(t->magic, "STRP", 4);
-    t->version = 1;
+    t->version = 2;
     t->round = 7;
     t->flags = 5;
     t->model_version = 3;
     t->client_id = 42;
     t->sample_count = 100;
     t->nblk = 3;
-    static const uint64_t gaps[] = {5, 295, 699};
+    static const uint64_t gaps[] = {5, 294, 698};
     static const float vals[] = {1.0f, -2.0f, 0.5f};
     t->blk[0].index = 0;
     blk_topk(&t->blk[0], 1000, gaps, vals, 3);
@@ -767,7 +929,7 @@ static void test_independent_writer(void)
 
     /* schemas/payload.md §4. */
     static const uint8_t example[] = {
-        0x53, 0x54, 0x52, 0x50, 0x01, 0x00, 0x00, 0x00, /* "STRP", version 1, reserved */
+        0x53, 0x54, 0x52, 0x50, 0x02, 0x00, 0x00, 0x00, /* "STRP", version 2, reserved */
         0x07, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, /* round 7, flags 0 */
         0x03, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, /* model_version 3 */
         0x2a, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, /* client_id 42 */
@@ -780,11 +942,12 @@ static void test_independent_writer(void)
         0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, /* rows, cols */
         0x00, 0x00, 0x00, 0x00,                         /* rank */
         0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, /* seed */
-        0x0b, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, /* data_len 11 */
-        0x05, 0xa7, 0x02,                               /* indices 5, +295 */
-        0x00, 0x00, 0x00, 0x00, 0x80, 0x00, 0x3f, 0xc0, /* 1.0, -2.0 shuffled */
+        0x0d, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, /* data_len 13 */
+        0x06, 0x8a, 0x67, 0x02,                         /* Rice r = 6; gaps 5, 294 */
+        0x7f, 0x01, 0x02,                               /* exponents 127 + {0, 1} */
+        0x00, 0x00, 0x00, 0x00, 0x00, 0x80,             /* sign+mantissa fields */
         0x00, 0x00, 0x00, 0x00,                         /* metadata_len 0 */
-        0xec, 0x20, 0xbc, 0xee,                         /* CRC32C 0xEEBC20EC */
+        0x9c, 0x33, 0xa4, 0xf6,                         /* CRC32C 0xF6A4339C */
     };
     static uint32_t ex_idx[] = {5, 300};
     static float ex_vals[] = {1.0f, -2.0f};
@@ -831,7 +994,7 @@ static void t_magic(tbody *t)
 }
 static void t_version(tbody *t)
 {
-    t->version = 2;
+    t->version = 1;
 }
 static void t_reserved(tbody *t)
 {
@@ -885,7 +1048,7 @@ static void t_comp(tbody *t)
 }
 static void t_fmt(tbody *t)
 {
-    t->blk[0].fmt = 3;
+    t->blk[0].fmt = 5;
 }
 static void t_blk_reserved(tbody *t)
 {
@@ -913,7 +1076,13 @@ static void t_none_count(tbody *t)
 }
 static void t_index_range(tbody *t)
 {
-    static const uint64_t g[] = {5, 295, 900};
+    static const uint64_t g[] = {5, 294, 900};
+    blk_topk(&t->blk[0], 1000, g, V3, 3);
+}
+static void t_index_range_low(tbody *t)
+{
+    /* 301 + 699 = 1000: beyond the last element only by the low bits. */
+    static const uint64_t g[] = {5, 294, 699};
     blk_topk(&t->blk[0], 1000, g, V3, 3);
 }
 static void t_first_range(tbody *t)
@@ -921,64 +1090,61 @@ static void t_first_range(tbody *t)
     static const uint64_t g[] = {1000};
     blk_topk(&t->blk[0], 1000, g, V3, 1);
 }
-static void t_repeated(tbody *t)
+static void t_no_room(tbody *t)
 {
-    static const uint64_t g[] = {5, 295, 0};
-    blk_topk(&t->blk[0], 1000, g, V3, 3);
+    static const uint64_t g[] = {999, 0};
+    blk_topk(&t->blk[0], 1000, g, V3, 2);
 }
-static void t_unsorted(tbody *t)
+static void rice_block(tbody *t, int r)
 {
-    /* 300 + (2^32 - 1) would wrap to 299 in 32-bit arithmetic. */
-    static const uint64_t g[] = {5, 295, 4294967295u};
-    blk_topk(&t->blk[0], 1000, g, V3, 3);
-}
-static void t_varint_overflow(tbody *t)
-{
-    static const uint64_t g[] = {5, 295, (uint64_t)1 << 32};
-    blk_topk(&t->blk[0], 1000, g, V3, 3);
-}
-static void t_varint_long(tbody *t)
-{
+    static const uint64_t g[] = {5, 294, 698};
     tblock *b = &t->blk[0];
-    static const uint8_t d[] = {0x85, 0x80, 0x80, 0x80, 0x80, 0x00, 0x01};
-    b->count = 2;
     b->dlen = 0;
-    blk_put(b, d, sizeof(d));
-    blk_f32(b, V3, 2);
+    blk_positions(b, g, 3, r);
+    blk_f32(b, V3, 3);
 }
-static void t_varint_minimal(tbody *t)
+static void t_rice_big(tbody *t)
+{
+    rice_block(t, 32);
+}
+static void t_rice_not_best(tbody *t)
+{
+    rice_block(t, 3);
+}
+static void t_pos_padding(tbody *t)
 {
     tblock *b = &t->blk[0];
-    static const uint8_t d[] = {0x85, 0x00};
+    CU_ASSERT_FATAL(b->pos_end >= 2 && b->data[b->pos_end - 1] < 0x80);
+    b->data[b->pos_end - 1] |= 0x80;
+}
+static void t_pos_truncated(tbody *t)
+{
+    /* Ones to the end of the data: the last unary never ends. */
+    tblock *b = &t->blk[0];
     b->count = 1;
     b->dlen = 0;
+    static const uint8_t d[] = {0x00, 0xFF, 0xFF};
     blk_put(b, d, sizeof(d));
-    blk_f32(b, V3, 1);
 }
-static void t_index_leftover(tbody *t)
+static void t_count_bits(tbody *t)
 {
-    tblock *b = &t->blk[0];
-    static const uint8_t d[] = {0x05, 0x07};
-    b->count = 1;
-    b->dlen = 0;
-    blk_put(b, d, sizeof(d));
-    blk_f32(b, V3, 1);
+    t->blk[0].count = 900;
 }
 static void t_topk_short(tbody *t)
 {
     t->blk[0].has_len = 1;
-    t->blk[0].data_len = 14; /* 3 varint bytes + 12 value bytes needed */
-    t->blk[0].dlen = 14;
+    t->blk[0].data_len = 10; /* positions + 10 value bytes; 12 needed */
+    t->blk[0].dlen = 10;
 }
 static void t_nan(tbody *t)
 {
-    static const uint64_t g[] = {5, 295, 699};
+    static const uint64_t g[] = {5, 294, 698};
     const float v[] = {1.0f, NAN, 0.5f};
     blk_topk(&t->blk[0], 1000, g, v, 3);
 }
 static void t_inf(tbody *t)
 {
-    static const uint64_t g[] = {5, 295, 699};
+    static const uint64_t g[] = {5, 294, 698};
     const float v[] = {1.0f, -2.0f, -INFINITY};
     blk_topk(&t->blk[0], 1000, g, v, 3);
 }
@@ -992,7 +1158,127 @@ static void half_block(tbody *t, uint8_t comp, uint8_t fmt, uint16_t bad)
     b->fmt = fmt;
     b->numel = 3;
     b->count = 3;
-    blk_u16(b, h, 3);
+    blk_u16(b, fmt, h, 3);
+}
+static void t_fp16_exponent(tbody *t)
+{
+    half_block(t, STRATA_COMP_FP16, STRATA_VALUES_FP16, 0x3C00);
+    t->blk[2].data[0] = 20; /* base 20 + offset 15 */
+}
+static void t_exponent_base(tbody *t)
+{
+    half_block(t, STRATA_COMP_FP16, STRATA_VALUES_FP16, 0x3C00);
+    t->blk[2].data[2] |= 0x02; /* value 1's offset becomes 1: none is 0 */
+}
+static void t_exponent_plane_padding(tbody *t)
+{
+    half_block(t, STRATA_COMP_FP16, STRATA_VALUES_FP16, 0x3C00);
+    t->blk[2].data[2] |= 0x80;
+}
+static void t_half_padding(tbody *t)
+{
+    half_block(t, STRATA_COMP_FP16, STRATA_VALUES_FP16, 0x3C00);
+    t->blk[2].data[t->blk[2].dlen - 1] |= 0x80; /* 33 bits: 7 padding bits */
+}
+/* A TOPK block of three kept elements (indices 5, 300, 999) with
+ * quantised values: INT8 levels q (base, r: -1 for the canonical ones) or,
+ * with q NULL, TERNARY signs neg. */
+static void quant_block(tbody *t, const int *q, int base, int r, uint8_t neg, uint32_t scale)
+{
+    static const uint64_t g[] = {5, 294, 698};
+    tblock *b = &t->blk[0];
+    b->fmt = q != NULL ? STRATA_VALUES_INT8 : STRATA_VALUES_TERNARY;
+    b->scale = scale;
+    b->dlen = 0;
+    blk_positions(b, g, 3, -1);
+    if (q != NULL)
+        blk_int8(b, q, 3, base, r);
+    else
+        blk_put(b, &neg, 1);
+}
+static const int Q3[] = {90, -127, 101};
+static void t_int8_ok(tbody *t)
+{
+    quant_block(t, Q3, -1, -1, 0, fbits(0.5f));
+}
+static void t_ternary_ok(tbody *t)
+{
+    quant_block(t, NULL, 0, 0, 0x02, fbits(1.5f));
+}
+static void t_int8_scale_nan(tbody *t)
+{
+    quant_block(t, Q3, -1, -1, 0, 0x7FC00000u);
+}
+static void t_int8_scale_not_bf16(tbody *t)
+{
+    quant_block(t, Q3, -1, -1, 0, fbits(0.5f) | 1u);
+}
+static void t_int8_scale_neg(tbody *t)
+{
+    quant_block(t, Q3, -1, -1, 0, fbits(-0.5f));
+}
+static void t_int8_scale_overflow(tbody *t)
+{
+    quant_block(t, Q3, -1, -1, 0, 0x7CC10000u); /* 8.0e36: 127 times it is infinite */
+}
+static void t_int8_big(tbody *t)
+{
+    static const int q[] = {90, -120, 101};
+    quant_block(t, q, -1, -1, 0, fbits(0.5f));
+    /* The largest offset (30) grows by 2^r * 16 through extra unary ones:
+     * rebuild with base 90 and a magnitude of 200 instead. */
+    tblock *b = &t->blk[0];
+    b->dlen = b->pos_end;
+    static const int q2[] = {90, -200, 101};
+    blk_int8(b, q2, 3, 90, 0);
+}
+static void t_int8_minus_zero(tbody *t)
+{
+    static const int q[] = {0, 3, 4};
+    quant_block(t, q, -1, -1, 0, fbits(0.5f));
+    t->blk[0].data[t->blk[0].pos_end + 2] |= 1; /* sign bit of the first value */
+}
+static void t_int8_base(tbody *t)
+{
+    quant_block(t, Q3, 80, -1, 0, fbits(0.5f));
+}
+static void t_int8_rice(tbody *t)
+{
+    quant_block(t, Q3, -1, 0, 0, fbits(0.5f));
+}
+static void t_int8_rice_big(tbody *t)
+{
+    quant_block(t, Q3, -1, 8, 0, fbits(0.5f));
+}
+static void t_int8_zero_scale(tbody *t)
+{
+    quant_block(t, Q3, -1, -1, 0, 0);
+}
+static void t_int8_on_qsgd(tbody *t)
+{
+    t->blk[1].fmt = STRATA_VALUES_INT8;
+}
+static void t_ternary_on_sign(tbody *t)
+{
+    t->blk[2].fmt = STRATA_VALUES_TERNARY;
+}
+static void t_ternary_inf(tbody *t)
+{
+    quant_block(t, NULL, 0, 0, 0x02, 0x7F800000u);
+}
+static void t_ternary_zero_neg(tbody *t)
+{
+    quant_block(t, NULL, 0, 0, 0x02, 0);
+}
+static void t_ternary_padding(tbody *t)
+{
+    quant_block(t, NULL, 0, 0, 0x0A, fbits(1.5f));
+}
+static void t_ternary_len(tbody *t)
+{
+    quant_block(t, NULL, 0, 0, 0x02, fbits(1.5f));
+    uint8_t z = 0;
+    blk_put(&t->blk[0], &z, 1);
 }
 static void t_fp16_nan(tbody *t)
 {
@@ -1204,7 +1490,11 @@ static const bad_body BAD_BODIES[] = {
     {"control: fp16 65504", t_fp16_ok, {0}, STRATA_OK, NULL},
     {"control: powersgd", t_pgsd_ok, {0}, STRATA_OK, NULL},
     {"bad magic", t_magic, {0}, STRATA_EPROTO, "bad magic"},
-    {"version 2", t_version, {0}, STRATA_EPROTO, "unsupported format version 2"},
+    {"version 2",
+     t_version,
+     {0},
+     STRATA_EPROTO,
+     "unsupported format version 1 (this decoder reads 2)"},
     {"header reserved", t_reserved, {0}, STRATA_EPROTO, "reserved header field is 1"},
     {"layer count too high",
      t_count_more,
@@ -1215,7 +1505,7 @@ static const bad_body BAD_BODIES[] = {
      t_count_block_truncated,
      {0},
      STRATA_EPROTO,
-     "layer block 3 at body byte 331: truncated"},
+     "layer block 3 at body byte 323: truncated"},
     {"layer count too low", t_count_less, {0}, STRATA_EPROTO, "metadata"},
     {"layer count huge", t_count_huge, {0}, STRATA_EPROTO, "layer count 60000 needs"},
     {"layer count above default limit",
@@ -1231,7 +1521,7 @@ static const bad_body BAD_BODIES[] = {
     {"duplicate layer index", t_dup_index, {0}, STRATA_EPROTO, "duplicate layer index"},
     {"layers out of order", t_order, {0}, STRATA_EPROTO, "out-of-order layer index"},
     {"unknown compressor", t_comp, {0}, STRATA_EPROTO, "unknown compressor id 8"},
-    {"unknown values format", t_fmt, {0}, STRATA_EPROTO, "unknown values format 3"},
+    {"unknown values format", t_fmt, {0}, STRATA_EPROTO, "unknown values format 5"},
     {"block reserved", t_blk_reserved, {0}, STRATA_EPROTO, "reserved block field is 256"},
     {"numel 0", t_numel0, {0}, STRATA_EPROTO, "numel 0 outside"},
     {"numel 2^32", t_numel_huge, {0}, STRATA_EPROTO, "numel 4294967296 outside"},
@@ -1250,27 +1540,90 @@ static const bad_body BAD_BODIES[] = {
      t_index_range,
      {0},
      STRATA_EPROTO,
-     "layer 0 (topk, block 0): index 1200 out of range for 1000 elements"},
+     "layer 0 (topk, block 0): index entry 2 out of range for 1000 elements"},
     {"first index out of range",
      t_first_range,
      {0},
      STRATA_EPROTO,
      "index 1000 out of range for 1000 elements (entry 0)"},
-    {"repeated index", t_repeated, {0}, STRATA_EPROTO, "index 300 repeated at entry 2"},
-    {"unsorted index (wrapping gap)",
-     t_unsorted,
+    {"index out of range by the low bits",
+     t_index_range_low,
      {0},
      STRATA_EPROTO,
-     "index 4294967595 out of range"},
-    {"varint overflow", t_varint_overflow, {0}, STRATA_EPROTO, "varint overflows 32 bits"},
-    {"varint too long", t_varint_long, {0}, STRATA_EPROTO, "varint longer than 5 bytes"},
-    {"varint not minimal", t_varint_minimal, {0}, STRATA_EPROTO, "not minimally encoded"},
-    {"index bytes left over",
-     t_index_leftover,
+     "index 1000 out of range for 1000 elements (entry 2)"},
+    {"no room for the next index", t_no_room, {0}, STRATA_EPROTO, "entry 1 has no room"},
+    {"Rice parameter 32", t_rice_big, {0}, STRATA_EPROTO, "Rice parameter 32 above 31"},
+    {"Rice parameter not the shortest",
+     t_rice_not_best,
      {0},
      STRATA_EPROTO,
-     "1 bytes left over in the index stream"},
-    {"topk data too short", t_topk_short, {0}, STRATA_EPROTO, "cannot hold 3 varint indices"},
+     "Rice parameter 3 is not the shortest"},
+    {"positions padding", t_pos_padding, {0}, STRATA_EPROTO, "padding bits after the positions"},
+    {"positions truncated", t_pos_truncated, {0}, STRATA_EPROTO, "positions stream is truncated"},
+    {"count beyond the data's bits",
+     t_count_bits,
+     {0},
+     STRATA_EPROTO,
+     "cannot hold 900 kept elements"},
+    {"topk data too short",
+     t_topk_short,
+     {0},
+     STRATA_EPROTO,
+     "3 fp32 values with 2 exponent planes, which take 13"},
+    {"fp16 exponent 35",
+     t_fp16_exponent,
+     {0},
+     STRATA_EPROTO,
+     "fp16 exponent 35 of value 0 above 31"},
+    {"exponent base not the smallest",
+     t_exponent_base,
+     {0},
+     STRATA_EPROTO,
+     "exponent base 0 is not the smallest exponent"},
+    {"exponent plane padding",
+     t_exponent_plane_padding,
+     {0},
+     STRATA_EPROTO,
+     "padding bits after exponent plane 0"},
+    {"fp16 padding", t_half_padding, {0}, STRATA_EPROTO, "padding bits after the values"},
+    {"control: int8", t_int8_ok, {0}, STRATA_OK, NULL},
+    {"control: ternary", t_ternary_ok, {0}, STRATA_OK, NULL},
+    {"int8 scale NaN", t_int8_scale_nan, {0}, STRATA_EPROTO, "not a finite bfloat16 value"},
+    {"int8 scale not bf16", t_int8_scale_not_bf16, {0}, STRATA_EPROTO, "not a finite bfloat16"},
+    {"int8 scale negative", t_int8_scale_neg, {0}, STRATA_EPROTO, "int8 scale -0.5 is not"},
+    {"int8 scale times 127 overflows",
+     t_int8_scale_overflow,
+     {0},
+     STRATA_EPROTO,
+     "times 127 overflows float32"},
+    {"int8 magnitude 200", t_int8_big, {0}, STRATA_EPROTO, "magnitude above 127"},
+    {"int8 -0", t_int8_minus_zero, {0}, STRATA_EPROTO, "int8 value 0 is -0"},
+    {"int8 base not the smallest",
+     t_int8_base,
+     {0},
+     STRATA_EPROTO,
+     "base 80 is not the smallest magnitude"},
+    {"int8 Rice parameter not the shortest",
+     t_int8_rice,
+     {0},
+     STRATA_EPROTO,
+     "int8 Rice parameter 0 is not the shortest"},
+    {"int8 Rice parameter 8", t_int8_rice_big, {0}, STRATA_EPROTO, "Rice parameter 8 above 7"},
+    {"int8 levels under a zero scale", t_int8_zero_scale, {0}, STRATA_EPROTO, "under a zero scale"},
+    {"int8 on qsgd", t_int8_on_qsgd, {0}, STRATA_EPROTO, "int8 applies only to topk and randk"},
+    {"ternary on sign",
+     t_ternary_on_sign,
+     {0},
+     STRATA_EPROTO,
+     "ternary applies only to topk and randk"},
+    {"ternary magnitude infinite", t_ternary_inf, {0}, STRATA_EPROTO, "ternary scale inf"},
+    {"ternary negative under zero",
+     t_ternary_zero_neg,
+     {0},
+     STRATA_EPROTO,
+     "negative under a zero magnitude"},
+    {"ternary padding", t_ternary_padding, {0}, STRATA_EPROTO, "padding bits after the signs"},
+    {"ternary extra byte", t_ternary_len, {0}, STRATA_EPROTO, "2 bytes of ternary signs"},
     {"NaN value", t_nan, {0}, STRATA_EPROTO, "layer 0 (topk, block 0): value 1 is NaN"},
     {"infinite value", t_inf, {0}, STRATA_EPROTO, "value 2 is infinite"},
     {"fp16 NaN", t_fp16_nan, {0}, STRATA_EPROTO, "value 2 is NaN"},
@@ -1899,7 +2252,7 @@ static void test_deep_metadata_and_many_layers(void)
     size_t mlen = strlen(meta), n = 44 + 4 + mlen + 4;
     uint8_t *body = calloc(1, n);
     CU_ASSERT_PTR_NOT_NULL_FATAL(body);
-    memcpy(body, "STRP\x01\x00\x00\x00", 8);
+    memcpy(body, "STRP\x02\x00\x00\x00", 8);
     for (int i = 0; i < 4; i++)
         body[44 + i] = (uint8_t)(mlen >> (8 * i));
     memcpy(body + 48, meta, mlen);
@@ -1973,76 +2326,59 @@ static void test_limits(void)
 /* Size                                                                     */
 /* ------------------------------------------------------------------------ */
 
-static const float *g_sort_vals;
-
-/* Orders indices by descending |value|, ties to the lower index. */
-static int by_magnitude(const void *a, const void *b)
-{
-    uint32_t i = *(const uint32_t *)a, j = *(const uint32_t *)b;
-    float x = fabsf(g_sort_vals[i]), y = fabsf(g_sort_vals[j]);
-    if (x != y)
-        return x < y ? 1 : -1;
-    return i < j ? -1 : (i > j);
-}
-
-static int ascending_u32(const void *a, const void *b)
-{
-    uint32_t i = *(const uint32_t *)a, j = *(const uint32_t *)b;
-    return i < j ? -1 : (i > j);
-}
-
 /* 1% of a 1,000,000-element Gaussian tensor (seed 1234), top-k by
- * magnitude: at most 4.5 bytes per kept element with fp32 values and 3.0
- * with fp16 values. The data are deterministic, so this is a size check. */
+ * magnitude through strata_compress, encoded at zstd level 1: bytes per
+ * kept element (the whole frame over the 10,000 kept) at most 4.3 with fp32
+ * values, 2.6 with fp16, 2.3 with bf16, 1.9 with int8 and 1.3 with ternary,
+ * at scales 1, 0.01 and 300. The data are deterministic, so this is a size
+ * check. */
 static void test_size_topk_1m(void)
 {
     const size_t n = 1000000, k = 10000;
     float *x = strata_alloc_floats(n);
-    uint32_t *order = malloc(n * sizeof(uint32_t));
-    float *vals = strata_alloc_floats(k);
-    CU_ASSERT_FATAL(x != NULL && order != NULL && vals != NULL);
+    CU_ASSERT_FATAL(x != NULL);
     strata_rng rng;
     strata_rng_seed(&rng, 1234, 0);
-    for (size_t i = 0; i < n; i++) {
+    for (size_t i = 0; i < n; i++)
         x[i] = (float)strata_rng_normal(&rng);
-        order[i] = (uint32_t)i;
-    }
-    g_sort_vals = x;
-    qsort(order, n, sizeof(uint32_t), by_magnitude);
-    qsort(order, k, sizeof(uint32_t), ascending_u32);
-    for (size_t i = 0; i < k; i++)
-        vals[i] = x[order[i]];
-
-    strata_clayer c = {.layer_index = 0,
-                       .comp = STRATA_COMP_TOPK,
-                       .values_format = STRATA_VALUES_FP32,
-                       .numel = n,
-                       .count = k,
-                       .indices = order,
-                       .values = vals};
-    strata_payload p = {.num_layers = 1, .layers = &c};
-    double per[2];
-    for (int f = 0; f < 2; f++) {
-        if (f == 1) {
-            c.values_format = STRATA_VALUES_FP16;
-            for (size_t i = 0; i < k; i++)
-                vals[i] = round_f16(vals[i]);
+    static const struct {
+        strata_values_format vf;
+        double max;
+    } cases[] = {{STRATA_VALUES_FP32, 4.3},
+                 {STRATA_VALUES_FP16, 2.6},
+                 {STRATA_VALUES_BF16, 2.3},
+                 {STRATA_VALUES_INT8, 1.9},
+                 {STRATA_VALUES_TERNARY, 1.3}};
+    for (int sc = 0; sc < 3; sc++) {
+        /* The scale moves the threshold within a binade, which changes what the
+         * exponents cost: 1, then 0.01 and 300 (same data, rescaled). */
+        if (sc > 0)
+            for (size_t i = 0; i < n; i++)
+                x[i] *= sc == 1 ? 0.01f : 30000.0f;
+        printf("\n    bytes per kept element (scale %g):", sc == 0 ? 1.0 : sc == 1 ? 0.01 : 300.0);
+        for (size_t f = 0; f < sizeof(cases) / sizeof(cases[0]); f++) {
+            strata_budget b = {STRATA_COMP_TOPK, 0.01, 0, 0, cases[f].vf};
+            strata_clayer c;
+            int64_t shape[1] = {(int64_t)n};
+            CU_ASSERT_EQUAL_FATAL(
+                strata_compress(x, n, 1, shape, &b, cases[f].vf, 7, NULL, &c, NULL), STRATA_OK);
+            CU_ASSERT_EQUAL(c.count, k);
+            strata_payload p = {.num_layers = 1, .layers = &c};
+            uint8_t *wire = NULL;
+            size_t len = 0;
+            CU_ASSERT_EQUAL_FATAL(strata_payload_encode(&p, 1, &wire, &len, NULL), STRATA_OK);
+            double per = (double)len / (double)k;
+            strata_payload *q = decode_ok(wire, len, "1M top-k");
+            CU_ASSERT(q != NULL && payloads_equal(&p, q));
+            printf(" %s %.3f", strata_values_format_name(cases[f].vf), per);
+            CASE_ASSERT(per <= cases[f].max, strata_values_format_name(cases[f].vf));
+            strata_payload_free(q);
+            free(wire);
+            strata_clayer_cleanup(&c);
         }
-        uint8_t *wire = NULL;
-        size_t len = 0;
-        CU_ASSERT_EQUAL_FATAL(strata_payload_encode(&p, 1, &wire, &len, NULL), STRATA_OK);
-        per[f] = (double)len / (double)k;
-        strata_payload *q = decode_ok(wire, len, "1M top-k");
-        CU_ASSERT(q != NULL && payloads_equal(&p, q));
-        strata_payload_free(q);
-        free(wire);
     }
-    printf("\n    bytes per kept element: fp32 %.3f, fp16 %.3f ", per[0], per[1]);
-    CU_ASSERT(per[0] <= 4.5);
-    CU_ASSERT(per[1] <= 3.0);
+    printf(" ");
     strata_free_floats(x);
-    strata_free_floats(vals);
-    free(order);
 }
 
 /* The reference helpers agree with the definition of binary16. */
@@ -2133,7 +2469,8 @@ int main(void)
         CU_TEST_INFO_NULL,
     };
     CU_TestInfo size_tests[] = {
-        {"1M Gaussian, 1% top-k: fp32 <= 4.5 B, fp16 <= 3.0 B", test_size_topk_1m},
+        {"1M Gaussian, 1% top-k: fp32 <= 4.3, fp16 <= 2.6, int8 <= 1.9, ternary <= 1.3 B",
+         test_size_topk_1m},
         CU_TEST_INFO_NULL,
     };
     CU_SuiteInfo suites[] = {

@@ -15,7 +15,15 @@
  *   POWERSGD          rows x cols matrix view, rank r; values holds P
  *                     (rows * r) followed by Q (cols * r); dense = P Q^T
  * values_format says how values travel (FP32, or FP16/BF16 where the
- * compressor already rounded them so that decoding is exact). */
+ * compressor already rounded them so that decoding is exact). TOPK and RANDK
+ * may also quantise their kept values:
+ *   INT8              scale = per-layer step (a bfloat16-representable
+ *                     float >= 0); qlevels[count] in [-127, 127]; the value
+ *                     is scale * q (exact in float32), and values[count]
+ *                     holds those products
+ *   TERNARY           scale = mu, the per-layer magnitude (bfloat16-
+ *                     representable, >= 0); values[count] is +mu or -mu
+ *                     (+0 when mu is 0) */
 #ifndef STRATA_COMPRESS_H
 #define STRATA_COMPRESS_H
 
@@ -41,10 +49,16 @@ typedef enum {
 typedef enum {
     STRATA_VALUES_FP32 = 0,
     STRATA_VALUES_FP16 = 1,
-    STRATA_VALUES_BF16 = 2
+    STRATA_VALUES_BF16 = 2,
+    STRATA_VALUES_INT8 = 3,
+    STRATA_VALUES_TERNARY = 4
 } strata_values_format;
 
-#define STRATA_VALUES_COUNT 3
+#define STRATA_VALUES_COUNT 5
+
+/* 1 for the values formats that quantise kept values to a per-layer scale
+ * (INT8, TERNARY); they apply to TOPK and RANDK layers only. */
+#define STRATA_VALUES_QUANTISED(f) ((f) == STRATA_VALUES_INT8 || (f) == STRATA_VALUES_TERNARY)
 
 /* Largest tensor a compressed layer may describe (indices are 32-bit). */
 #define STRATA_CLAYER_MAX_NUMEL ((uint64_t)UINT32_MAX)
@@ -57,9 +71,9 @@ typedef struct strata_clayer {
     uint64_t count;            /* TOPK/RANDK: kept elements; others: entries in values */
     uint32_t *indices;         /* TOPK only, count entries, strictly ascending */
     float *values;             /* see the table above */
-    int8_t *qlevels;           /* QSGD only, numel entries */
+    int8_t *qlevels;           /* QSGD: numel entries; INT8 values: count entries */
     uint8_t *signbits;         /* SIGN only, (numel + 7) / 8 bytes */
-    float scale;               /* QSGD: L2 norm; SIGN: mean |a| */
+    float scale;               /* QSGD: L2 norm; SIGN: mean |a|; INT8: step; TERNARY: mu */
     uint32_t levels;           /* QSGD: s in [1, 127] */
     uint32_t rows, cols, rank; /* POWERSGD */
     uint64_t seed;             /* RANDK */
@@ -80,13 +94,15 @@ typedef struct strata_budget {
 /* Returns the compressor's name ("topk"), or "?" for an unknown id. */
 const char *strata_comp_name(strata_compressor_id id);
 
-/* Returns a values format's name ("fp32", "fp16", "bf16"), or "?" for an
+/* Returns a values format's name ("fp32", "fp16", "bf16", "int8",
+ * "ternary"), or "?" for an
  * unknown value. These names are the only spelling of the formats on every
  * interface (command lines, configuration, the task JSON, diagnostics).
  * Static strings; thread-safe. */
 const char *strata_values_format_name(strata_values_format f);
 
-/* Parses a values format name ("fp32", "fp16" or "bf16", exactly, case
+/* Parses a values format name ("fp32", "fp16", "bf16", "int8" or
+ * "ternary", exactly, case
  * sensitive) into *out. *out is set to STRATA_VALUES_FP32 on entry. Returns
  * STRATA_EINVAL for NULL arguments or any other string. Thread-safe. */
 int strata_values_format_parse(const char *name, strata_values_format *out);
@@ -111,10 +127,18 @@ int strata_budget_parse(const char *spec, int need_density, strata_budget *out, 
 char *strata_budget_format(const strata_budget *b, int with_density, char *buf, size_t size);
 
 /* The estimated payload bytes of one layer of numel elements compressed
- * with b (layer header included): what the lgreco policy and byte
- * calibration compare candidates by. Top-k positions are counted at the
- * entropy of the kept set, values at their format's width. */
+ * with b in its values format (layer header included): what the lgreco
+ * policy and byte calibration compare candidates by.
+ * strata_clayer_cost_bytes() for a vector of numel elements, except
+ * POWERSGD, costed on a square view ((rows + cols) * rank values). 0 for an
+ * invalid budget. */
 double strata_budget_bytes(const strata_budget *b, uint64_t numel);
+/* The values format a layer of compressor comp carries when vf is asked
+ * for: vf itself, except that INT8 and TERNARY, which quantise sparse kept
+ * values only, give FP32 for every compressor but TOPK and RANDK. Error
+ * feedback (strata/ef.h) compresses by this rule; a coordinator checks
+ * uploads by it. Pure, thread-safe. */
+strata_values_format strata_values_format_for(strata_compressor_id comp, strata_values_format vf);
 
 /* Parses a compressor name; returns STRATA_EINVAL for an unknown one. */
 int strata_comp_from_name(const char *name, strata_compressor_id *out);
@@ -180,6 +204,18 @@ int strata_powersgd_dims(int ndim, const int64_t *shape, uint32_t rank, uint32_t
  * POWERSGD: with FP16/BF16 the kept values are rounded (to nearest even,
  * saturating at the largest finite half value) before they are stored, so
  * strata_clayer_decode() reproduces exactly what error feedback subtracts.
+ * INT8 and TERNARY apply to TOPK and RANDK only (STRATA_EINVAL for any
+ * other compressor):
+ *   INT8     scale = max |kept| / 127 rounded up to 8 significant bits;
+ *            q = |a| / scale rounded stochastically (up with probability
+ *            equal to the fraction, so E[scale * q] = a; draws from a
+ *            strata_rng seeded by seed), capped at 127, with a's sign.
+ *   TERNARY  mu = mean |kept|, capped at twice the smallest non-zero kept
+ *            magnitude and truncated to 8 significant bits; each kept value
+ *            becomes +mu or -mu (a's sign; zero counts as positive). The
+ *            cap keeps |a| >= mu / 2 for every non-zero kept a, so for
+ *            TOPK a - value is exact in float32 (given max |kept| < 2^16
+ *            mu) and error feedback's identity holds bit for bit.
  * QSGD and SIGN carry no float values (values_format FP32).
  * Errors: STRATA_EINVAL for a bad argument or budget, a shape that does not
  * match n, or a non-finite input value (NaN or infinity); STRATA_ETOOBIG
@@ -200,10 +236,37 @@ int strata_compress(const float *a, size_t n, int ndim, const int64_t *shape,
  * +-levels, SIGN padding bits set, POWERSGD rows * cols != numel or rank
  * outside [1, min(rows, cols)], a NaN, infinite or negative scale, a NaN or
  * infinite value, a value not representable in the declared values format
- * (and, for FP16/BF16 layers, in that precision), a POWERSGD dimension
+ * (and, for FP16/BF16 layers, in that precision), an INT8 or TERNARY
+ * layer whose compressor is not TOPK/RANDK, whose scale is not a finite,
+ * non-negative bfloat16 value (INT8: with scale * 127 finite), whose
+ * qlevels are missing, beyond +-127 or
+ * not zero under a zero scale, or whose values are not exactly scale * q
+ * (INT8) or +-scale (TERNARY; +0 when the scale is 0), a POWERSGD dimension
  * above INT_MAX or factors whose product could overflow float32; STRATA_EINVAL for NULL arguments;
  * STRATA_ENOMEM (RANDK index regeneration, POWERSGD). Thread-safe. */
 int strata_clayer_decode(const strata_clayer *c, float *dense, strata_diag *diag);
+
+/* The expected encoded size, in bytes, of one layer compressed with budget
+ * b (borrowed) and values format vf as one block of a payload
+ * (schemas/payload.md): the 60-byte block header, positions at the entropy
+ * of the kept fraction (top-k: count * H(k / numel) / (k / numel) bits,
+ * what the Rice-coded gaps reach within about 1%), and per-format value
+ * bytes under a Gaussian model of the update (fp32 about 3.0, fp16 about
+ * 1.4, bf16 about 1.0, int8 about 0.7, ternary 0.125 per kept value; RANDK
+ * values, drawn from the whole distribution, cost more than TOPK's tails),
+ * QSGD levels by their entropy or by what zstd spends per non-zero level
+ * (measured), SIGN one bit per element, POWERSGD (rows + cols) * rank
+ * values, dense layers numel values. The shape (borrowed, ndim entries, numel elements) gives
+ * POWERSGD's matrix view; ndim < 2 sends POWERSGD dense. Used to compare
+ * candidates of different families in one currency; within 10% of the
+ * real size on Gaussian layers of 10^4 to 10^6 elements, except QSGD with
+ * under 1% non-zero levels, whose zstd size varies by up to 30% from one
+ * draw to the next (the estimate is the typical size). Returns a
+ * negative value for an invalid budget, an unknown values format, a
+ * quantised format with a compressor other than TOPK/RANDK, or numel 0.
+ * Pure, thread-safe. */
+double strata_clayer_cost_bytes(const strata_budget *b, strata_values_format vf, int ndim,
+                                const int64_t *shape, uint64_t numel);
 
 /* For a POWERSGD layer: the Q factor (cols * rank floats, row-major cols x
  * rank, borrowed from c->values after P), to be passed as q_warm next round.

@@ -11,7 +11,11 @@
  * a - decode(C(a)) computed element by element in float32. a is computed as
  * (decay * e + delta) + 0.0f in float32 (the + 0 turns -0 into +0; with
  * decay 1 the product is skipped), which is the value these identities refer
- * to.
+ * to. With INT8 or TERNARY values, e_new keeps a - value at the kept
+ * positions (computed in float32; for TOPK ternary this is exact, so the
+ * identity above holds bit for bit, see strata_compress); those formats
+ * apply to TOPK and RANDK layers, and the layers of other compressors then
+ * carry float32 values.
  *
  * Staleness: if the last step was for round r0 and this one is for round r,
  * missed = r - r0 - 1 rounds were skipped; the residual is multiplied by

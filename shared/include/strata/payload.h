@@ -2,17 +2,19 @@
  * as the bytes a client uploads.
  *
  * The wire format is specified byte by byte in schemas/payload.md. In short:
- * a body made of a 44-byte header ("STRP", format version 1, round, flags,
+ * a body made of a 44-byte header ("STRP", format version 2, round, flags,
  * model version, client id, sample count, layer count), one block per layer
- * (fixed 60-byte block header, then the compressor's data: TOPK indices as
- * LEB128 varint gaps, values byte-shuffled as float32, fp16 or bf16, QSGD
+ * (fixed 60-byte block header, then the compressor's data: TOPK positions
+ * as Rice-coded gaps, float values as exponent bit planes plus packed
+ * sign-and-mantissa fields (float32, fp16 or bf16), quantised kept values
+ * as int8 levels (sign and Rice-coded magnitude) or ternary sign bits, QSGD
  * levels as int8, SIGN bits packed), a length-prefixed metadata JSON object
  * and a CRC32C of everything before it; the whole body travels as exactly
  * one zstd frame that declares its content size. Integers are little-endian.
  *
  * The encoding is canonical: a body that decodes successfully is the only
  * body that encodes that payload (fields a compressor does not use are zero,
- * varints are minimal, padding bits are zero).
+ * Rice parameters are the shortest, padding bits are zero).
  *
  * Decoding treats its input as untrusted and is total: every length, count,
  * index and float is checked, nothing is allocated before the size that
@@ -35,7 +37,7 @@
 #include <stdint.h>
 
 /* Format version written and accepted by this implementation. */
-#define STRATA_PAYLOAD_VERSION 1
+#define STRATA_PAYLOAD_VERSION 2
 
 /* Default limits, used for every field of strata_payload_limits left at 0. */
 #define STRATA_PAYLOAD_DEFAULT_MAX_DECODED_BYTES ((uint64_t)1 << 30) /* 1 GiB body */
@@ -70,7 +72,9 @@ typedef struct strata_payload {
  *                       largest body (decompressed size) accepted; checked
  *                       against the size the zstd frame declares before
  *                       anything is allocated. Decoding allocates at most
- *                       about 4 times this in total.
+ *                       about 4 times this, plus 9 bytes per kept element
+ *                       of sparse layers (at most 32 times the body; also
+ *                       bounded by max_total_numel).
  *   max_layers          STRATA_PAYLOAD_DEFAULT_MAX_LAYERS (65536)
  *   max_layer_numel     STRATA_PAYLOAD_DEFAULT_MAX_LAYER_NUMEL (2^32 - 1, the
  *                       format's own maximum): largest dense tensor a layer
@@ -126,9 +130,11 @@ int strata_payload_encode(const strata_payload *p, int zstd_level, uint8_t **out
  * metadata length); STRATA_EPROTO for anything malformed (not zstd, several
  * frames or trailing bytes, truncation, checksum mismatch, bad magic or
  * version, layers out of order, unknown compressor or values format,
- * inconsistent counts or parameters, indices out of range or repeated,
- * overlong varints, NaN or infinite values or scales, qlevels beyond
- * +-levels, invalid metadata JSON, bytes left over); STRATA_ENOMEM. diag
+ * inconsistent counts or parameters, indices out of range, a Rice
+ * parameter that is not the shortest, set padding bits, NaN or infinite
+ * values or scales, an int8/ternary scale that is not a bfloat16 value,
+ * qlevels beyond +-levels or int8 magnitudes above 127, invalid metadata
+ * JSON, bytes left over); STRATA_ENOMEM. diag
  * (may be NULL) says what was wrong and where. */
 int strata_payload_decode(const uint8_t *buf, size_t len, const strata_payload_limits *lim,
                           strata_payload **out, strata_diag *diag);
