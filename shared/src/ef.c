@@ -113,6 +113,22 @@ static int step_decay(const strata_ef *ef, uint32_t round, float *decay, strata_
     return STRATA_OK;
 }
 
+/* Makes an unbiased quantiser's output a contraction before error feedback
+ * sees it: QSGD with s levels on n elements has variance E||C(a) - a||^2 <=
+ * w ||a||^2 with w = min(n / s^2, sqrt(n) / s), which is above ||a||^2 for
+ * any large layer, and feeding that error back makes the residual grow
+ * without bound. Sending C(a) / (1 + w) instead (the scale of the QSGD
+ * layer, so the wire format is unchanged) leaves an expected error of
+ * ||a||^2 w / (1 + w) < ||a||^2, and error feedback carries the rest. */
+static void ef_contract(strata_clayer *c)
+{
+    if (c->comp != STRATA_COMP_QSGD || c->levels == 0)
+        return;
+    double n = (double)c->numel, s = (double)c->levels;
+    double w = fmin(n / (s * s), sqrt(n) / s);
+    c->scale = (float)((double)c->scale / (1.0 + w));
+}
+
 /* Compresses one layer: a into nx, C(a) into c, nx becomes e_new. A new
  * PowerSGD Q (owned by the caller) goes to *q_new. */
 static int step_layer(const strata_ef *ef, size_t l, const strata_tensor *d, const strata_budget *b,
@@ -163,6 +179,7 @@ static int step_layer(const strata_ef *ef, size_t l, const strata_tensor *d, con
     rc = strata_compress(nx, n, d->ndim, d->shape, b, vf, seed, q_warm, c, &cd);
     if (rc < 0)
         return strata_diag_set(diag, rc, "tensor %s: %s", d->name, strata_diag_msg(&cd, rc));
+    ef_contract(c);
     float *dec = malloc(n * sizeof(float));
     if (dec == NULL)
         return STRATA_ENOMEM;
@@ -269,8 +286,10 @@ static int table_layer(const strata_ef *ef, size_t l, const float *a, size_t n, 
         strata_diag cd = {{0}};
         int rc =
             strata_compress(a, n, ndim, shape, &cand[c], cand[c].values, seed, q_warm, &cl, &cd);
-        if (rc == STRATA_OK)
+        if (rc == STRATA_OK) {
+            ef_contract(&cl);
             rc = strata_clayer_decode(&cl, dec, &cd);
+        }
         strata_clayer_cleanup(&cl);
         if (rc < 0)
             return strata_diag_set(diag, rc, "candidate %zu: %s", c, strata_diag_msg(&cd, rc));
