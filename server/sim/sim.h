@@ -1,5 +1,6 @@
 /* strata-sim's internal modules: pages of round summaries (summary.c), following a run through the
- * coordinator's REST API (follow.c) and the report built from the coordinator's store (report.c).
+ * coordinator's REST API (follow.c), the report built from the coordinator's store (report.c), the
+ * per-client shards of the training set (shard.c) and the output directory (outdir.c).
  */
 #ifndef STRATA_SIM_H
 #define STRATA_SIM_H
@@ -7,6 +8,7 @@
 #include "strata/error.h"
 #include "strata/summary.h"
 
+#include <limits.h>
 #include <signal.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -71,6 +73,11 @@ int sim_follow_poll(sim_follow *f, sim_round_fn fn, void *ud, strata_diag *diag)
 /* The progress as of the last poll (borrowed from f). */
 const sim_progress *sim_follow_progress(const sim_follow *f);
 
+/* The coordinator's settings (the "config" object of GET /v1/status) as of
+ * the last poll that had them, as indented JSON text borrowed from f; NULL
+ * before. */
+const char *sim_follow_config(const sim_follow *f);
+
 /* The name of a state as GET /v1/status spells it. */
 const char *sim_run_state_name(sim_run_state s);
 
@@ -80,6 +87,7 @@ const char *sim_run_state_name(sim_run_state s);
 typedef struct sim_run_info {
     long clients, rounds, seed;
     const char *model, *partition, *policy, *density, *values;
+    const char *sampling; /* "all", "N per round" or "fraction F" */
 } sim_run_info;
 
 /* Reads every round record of the coordinator's store in state_dir (the
@@ -90,5 +98,61 @@ typedef struct sim_run_info {
  * written (logged), or the store's errors. */
 int sim_report_write(const char *state_dir, const char *out_dir, const sim_run_info *info,
                      int json);
+
+/* ---- per-client shards (shard.c) ---------------------------------------- */
+
+/* Loads the training split of data_dir, splits it over nclients with the
+ * partitioner (spec, seed) exactly as strata-client --partition spec
+ * --num-clients nclients --seed seed would, and writes client c's share to
+ * base/c/ as raw IDX files (train-images-idx3-ubyte, train-labels-idx1-ubyte)
+ * that strata-client --partition none --data base/c reads back
+ * sample-for-sample, in the same order. Creates base and its folders;
+ * existing files are overwritten. Errors: those of strata_data_load_dir and
+ * strata_partition_new (diag says which), STRATA_EINVAL for a data set of
+ * more than one channel, STRATA_EIO when a file cannot be written,
+ * STRATA_ENOMEM. */
+int sim_shards_write(const char *data_dir, const char *spec, long nclients, long seed,
+                     const char *base, strata_diag *diag);
+
+/* ---- the output directory (outdir.c) ------------------------------------ */
+
+/* What a run keeps in --out. */
+enum {
+    SIM_OUT_STATE = 0,  /* state/: the coordinator's state directory */
+    SIM_OUT_CLIENTS,    /* clients/: each client's state directory and log */
+    SIM_OUT_SHARDS,     /* shards/: each client's share of the training set */
+    SIM_OUT_SERVER_LOG, /* server.log */
+    SIM_OUT_SECRET,     /* enrolment.secret */
+    SIM_OUT_RUN_JSON,   /* run.json: the run's options, for --resume */
+    SIM_OUT_COORD_JSON, /* coordinator.json: the coordinator's settings */
+    SIM_OUT_REPORT_CSV, /* report.csv */
+    SIM_OUT_REPORT_MD,  /* report.md */
+    SIM_OUT_ENTRIES
+};
+
+typedef struct sim_out {
+    char path[SIM_OUT_ENTRIES][PATH_MAX]; /* OUT/entry */
+    int existed[SIM_OUT_ENTRIES];         /* present before this run started */
+    int holds_run;                        /* state/ or run.json was there */
+    char created_top[PATH_MAX];           /* the first folder sim_out_create made, or "" */
+} sim_out;
+
+/* Composes the paths of out's entries into *o and notes which exist.
+ * Creates nothing. Errors: STRATA_EINVAL for a path too long. */
+int sim_out_open(const char *out, sim_out *o, strata_diag *diag);
+
+/* Creates out (with its missing parents) and out/clients. Errors:
+ * STRATA_EIO. */
+int sim_out_create(const char *out, sim_out *o, strata_diag *diag);
+
+/* Removes what this run created: the folders sim_out_create made, or else
+ * every entry that was not there at sim_out_open. Entries that existed are
+ * left as they are. */
+void sim_out_discard(const sim_out *o);
+
+/* Copies into line (cap bytes) the coordinator's last error line in its log
+ * (its message, after the level), or its last line when none is an error.
+ * Returns 1 when it found one, 0 when the log is missing or empty. */
+int sim_out_error_line(const char *log, char *line, size_t cap);
 
 #endif
