@@ -65,7 +65,7 @@ static const pass_opt PASS[] = {
 
 typedef struct sim_opts {
     long clients, rounds, seed, deadline;
-    char *model, *data, *partition, *policy, *density, *values, *out;
+    char *model, *data, *partition, *policy, *density, *values, *out, *study;
     char *pass[NPASS]; /* PASS[i]'s value, NULL when not given */
     int json, resume;
     char *log_format_name, *log_level_name;
@@ -106,6 +106,9 @@ static const strata_opt OWN[] = {
     {"resume", STRATA_OPT_FLAG, OFF(resume), 0, 0, NULL,
      "continue the stopped run in --out with its saved options"},
     {"json", STRATA_OPT_FLAG, OFF(json), 0, 0, NULL, "end with a JSON summary line"},
+    {"study", STRATA_OPT_STRING, OFF(study), 0, 0, "SPEC.json",
+     "run the grid of runs SPEC.json describes into --out, skipping\n"
+     "finished runs, then write study.csv, plots and report.md/.html"},
     {"log_format", STRATA_OPT_STRING, OFF(log_format_name), 0, 0, "text|json",
      "text (default) or one JSON object per log line"},
     {"log_level", STRATA_OPT_STRING, OFF(log_level_name), 0, 0, "debug|info|warn|error",
@@ -118,7 +121,7 @@ static const strata_opt OWN[] = {
  * invocation, not the run. */
 static int per_invocation(const char *key)
 {
-    static const char *const KEYS[] = {"out", "resume", "json", "log_format", "log_level"};
+    static const char *const KEYS[] = {"out", "resume", "json", "log_format", "log_level", "study"};
     for (size_t i = 0; i < sizeof(KEYS) / sizeof(KEYS[0]); i++)
         if (strcmp(key, KEYS[i]) == 0)
             return 1;
@@ -353,6 +356,12 @@ static int parse(int argc, char **argv, sim_opts *o, int *help)
         strata_log_error("unexpected argument '%s'", argv[rc]);
         return SIM_EXIT_USAGE;
     }
+    if (o->study != NULL) {
+        if (!o->resume)
+            return SIM_EXIT_OK; /* the spec holds the runs' options */
+        strata_log_error("--study resumes by itself: give the same command again");
+        return SIM_EXIT_USAGE;
+    }
     if (o->resume && (rc = apply_saved(argc, argv, o)) != SIM_EXIT_OK)
         return rc;
     if (o->data == NULL) {
@@ -365,6 +374,42 @@ static int parse(int argc, char **argv, sim_opts *o, int *help)
         return SIM_EXIT_USAGE;
     }
     return SIM_EXIT_OK;
+}
+
+/* Checks one study run's options (sim_study_check_fn): what parse would
+ * accept, without the options that belong to an invocation. */
+static int study_check(int argc, char **argv, strata_diag *d)
+{
+    const strata_opt *t = opts_table();
+    char *args[2 * NOPTS + 2];
+    if (argc < 0 || (size_t)argc > 2 * NOPTS)
+        return strata_diag_set(d, STRATA_EINVAL, "too many options");
+    args[0] = "strata-sim";
+    for (int i = 0; i < argc; i++) {
+        args[i + 1] = argv[i];
+        if (strncmp(argv[i], "--", 2) == 0) {
+            char k[64];
+            snprintf(k, sizeof(k), "%s", argv[i] + 2);
+            for (char *p = k; *p; p++)
+                if (*p == '-')
+                    *p = '_';
+            if (per_invocation(k))
+                return strata_diag_set(d, STRATA_EINVAL, "\"%s\" cannot be set in a study", k);
+        }
+    }
+    args[argc + 1] = NULL;
+    sim_opts o;
+    int help = 0, rc = sim_opts_init(&o);
+    if (rc == 0)
+        rc = strata_opts_parse_argv(t, NOPTS, argc + 1, args, &o, &help, d);
+    if (rc >= 0 && rc != argc + 1)
+        rc = strata_diag_set(d, STRATA_EINVAL, "unexpected value '%s'", args[rc]);
+    else if (rc >= 0 && o.data == NULL)
+        rc = strata_diag_set(d, STRATA_EINVAL, "data is required");
+    else if (rc >= 0 && pass_get(&o, "clients_per_round") != NULL && pass_get(&o, "fraction"))
+        rc = strata_diag_set(d, STRATA_EINVAL, "give either clients_per_round or fraction");
+    strata_opts_cleanup(t, NOPTS, &o);
+    return rc < 0 ? rc : STRATA_OK;
 }
 
 /* A growing argument vector; every string is a malloc'ed copy. */
@@ -886,6 +931,19 @@ stop:
     return finish(o, &od, end);
 }
 
+/* Runs the study --study names into --out; returns the exit code. */
+static int study_main(const sim_opts *o)
+{
+    char self[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+    if (n <= 0) {
+        strata_log_error("cannot find its own executable");
+        return SIM_EXIT_FAIL;
+    }
+    self[n] = '\0';
+    return sim_study_run(o->study, o->out, self, study_check, strata_stop_install());
+}
+
 int main(int argc, char **argv)
 {
     strata_log_setup("strata-sim", STRATA_LOG_INFO, STRATA_LOG_TEXT);
@@ -893,7 +951,7 @@ int main(int argc, char **argv)
     int help = 0, rc = parse(argc, argv, &o, &help);
     if (rc == SIM_EXIT_OK && !help) {
         strata_log_setup("strata-sim", o.log_level, o.log_format);
-        rc = sim_main(&o);
+        rc = o.study != NULL ? study_main(&o) : sim_main(&o);
     }
     strata_opts_cleanup(opts_table(), NOPTS, &o);
     return rc;

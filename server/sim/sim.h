@@ -1,6 +1,7 @@
 /* strata-sim's internal modules: pages of round summaries (summary.c), following a run through the
  * coordinator's REST API (follow.c), the report built from the coordinator's store (report.c), the
- * per-client shards of the training set (shard.c) and the output directory (outdir.c).
+ * per-client shards of the training set (shard.c), the output directory (outdir.c), SVG plots
+ * (plot.c) and studies: grids of runs (study.c).
  */
 #ifndef STRATA_SIM_H
 #define STRATA_SIM_H
@@ -154,5 +155,51 @@ void sim_out_discard(const sim_out *o);
  * (its message, after the level), or its last line when none is an error.
  * Returns 1 when it found one, 0 when the log is missing or empty. */
 int sim_out_error_line(const char *log, char *line, size_t cap);
+
+/* ---- SVG plots (plot.c) ------------------------------------------------- */
+
+/* One line of a plot: n points (x[i], y[i]) with a band from lo[i] to hi[i]
+ * (all borrowed). Points with x <= 0 are left out (the x axis is
+ * logarithmic). */
+typedef struct sim_plot_line {
+    const char *label;
+    const double *x, *y, *lo, *hi;
+    size_t n;
+} sim_plot_line;
+
+/* Writes an SVG line plot to path: a logarithmic x axis over whole decades,
+ * a linear y axis, one coloured line with a shaded band per entry of lines
+ * and a legend. Errors: STRATA_EINVAL when no point has x > 0, STRATA_EIO
+ * when the file cannot be written. */
+int sim_plot_lines(const char *path, const char *title, const char *xlabel, const char *ylabel,
+                   const sim_plot_line *lines, size_t nlines);
+
+/* Writes an SVG heat map to path: nrows rows named rows[r], ncols columns
+ * (rounds), cell (r, c) coloured by v[r * ncols + c] on a logarithmic scale
+ * between the smallest and largest positive value (values <= 0 white).
+ * Errors: STRATA_EINVAL when there is no positive value, STRATA_EIO. */
+int sim_plot_heatmap(const char *path, const char *title, const char *const *rows, size_t nrows,
+                     size_t ncols, const double *v);
+
+/* ---- studies (study.c) -------------------------------------------------- */
+
+/* Checks the command line of one run of a study (argv[0 .. argc), the
+ * options only, no executable, no --out): 0 when strata-sim would accept
+ * it, else an error with diag saying why. */
+typedef int (*sim_study_check_fn)(int argc, char **argv, strata_diag *diag);
+
+/* Runs the study described by the JSON file spec_path into out: every key
+ * is a strata-sim option (snake_case), a list of values makes that option
+ * an axis of the grid, and each point of the grid is one strata-sim run
+ * (self, the executable) in out/runs/NAME. A run that finished before is
+ * skipped, one that was stopped is resumed. Then writes out/study.csv (one
+ * row per run and round), SVG plots in out/plots and out/report.md and
+ * out/report.html. check validates each run's options before any runs. stop (borrowed)
+ * ends the study: the running run is stopped (it can be resumed) and the
+ * report covers the finished runs. Returns 0 when every run finished, 130
+ * when stopped, 2 for a spec that is not valid (nothing is run; the message
+ * says what is wrong), 1 when a run failed. */
+int sim_study_run(const char *spec_path, const char *out, const char *self,
+                  sim_study_check_fn check, volatile sig_atomic_t *stop);
 
 #endif
