@@ -291,6 +291,7 @@ static int apply_saved(int argc, char **argv, sim_opts *o)
         return SIM_EXIT_USAGE;
     }
     sim_opts saved;
+    memset(&saved, 0, sizeof(saved));
     int help = 0, code = SIM_EXIT_USAGE;
     if (rc < 0 || (rc = sim_opts_init(&saved)) < 0 ||
         (rc = strata_opts_apply_json(t, NOPTS, (const char *)data, len, &saved, &d)) < 0) {
