@@ -77,9 +77,10 @@ int sim_plot_lines(const char *path, const char *title, const char *xlabel, cons
     double lx0 = floor(log10(xmin)), lx1 = ceil(log10(xmax));
     if (lx1 <= lx0)
         lx1 = lx0 + 1;
-    double y0 = floor(ymin * 20) / 20, y1 = ceil(ymax * 20) / 20;
+    double step = ymax - ymin > 0.35 ? 0.1 : 0.05;
+    double y0 = floor(ymin / step + 1e-9) * step, y1 = ceil(ymax / step - 1e-9) * step;
     if (y1 <= y0)
-        y1 = y0 + 0.05;
+        y1 = y0 + step;
     FILE *f = fopen(path, "w");
     if (f == NULL)
         return STRATA_EIO;
@@ -98,7 +99,6 @@ int sim_plot_lines(const char *path, const char *title, const char *xlabel, cons
                 "<text x=\"%.1f\" y=\"%.0f\" text-anchor=\"middle\">1e%.0f</text>\n",
                 x, MT, x, MT + ph, x, MT + ph + 16, d);
     }
-    double step = (y1 - y0) > 0.4 ? 0.1 : 0.05;
     for (double y = y0; y <= y1 + 1e-9; y += step)
         fprintf(f,
                 "<line x1=\"%d\" y1=\"%.1f\" x2=\"%.0f\" y2=\"%.1f\" stroke=\"#ddd\"/>\n"
