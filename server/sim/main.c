@@ -82,6 +82,8 @@ enum { SIM_EXIT_OK = 0, SIM_EXIT_FAIL = 1, SIM_EXIT_USAGE = 2, SIM_EXIT_INTERRUP
 #define POLL_INTERVAL_MS 500
 /* How long stopped children may take to exit before they are killed. */
 #define STOP_TIMEOUT_MS 30000
+/* How long one client may take to register before the next starts. */
+#define REGISTER_TIMEOUT_MS 60000
 /* Largest run.json read back. */
 #define RUN_JSON_MAX ((size_t)1 << 16)
 
@@ -582,8 +584,39 @@ static void procs_stop(procs *p)
     }
 }
 
+/* Waits until client i (state directory cdir) has registered: its
+ * identity.json exists (the client's state-directory protocol). Clients
+ * register one after the other, so client I gets the same coordinator id in
+ * every run and a seeded run samples the same shares. Gives up after
+ * REGISTER_TIMEOUT_MS or when the client exits (the run then reports it).
+ * Errors: STRATA_ESTATE when the coordinator exited or a stop arrived. */
+static int wait_registered(procs *p, long i, const char *cdir)
+{
+    char id[PATH_MAX];
+    if (snprintf(id, sizeof(id), "%s/identity.json", cdir) >= (int)sizeof(id))
+        return STRATA_EINVAL;
+    strata_deadline until = strata_deadline_in(REGISTER_TIMEOUT_MS);
+    while (access(id, F_OK) != 0) {
+        if (*g_stop)
+            return STRATA_ESTATE;
+        if (procs_reap(p)) {
+            strata_log_error("the coordinator exited while clients registered");
+            return STRATA_ESTATE;
+        }
+        if (p->clients[i] == 0)
+            return STRATA_OK; /* exited: counted as failed */
+        if (strata_deadline_expired(until)) {
+            strata_log_warn("client %ld has not registered after %d s; going on", i,
+                            REGISTER_TIMEOUT_MS / 1000);
+            return STRATA_OK;
+        }
+        usleep(5000);
+    }
+    return STRATA_OK;
+}
+
 /* Starts the N clients against the coordinator at url, each on its shard
- * (shards/I, --partition none). */
+ * (shards/I, --partition none), one after the other as each registers. */
 static int start_clients(const sim_opts *o, procs *p, const char *client_bin, const char *url,
                          const sim_out *od)
 {
@@ -626,6 +659,9 @@ static int start_clients(const sim_opts *o, procs *p, const char *client_bin, co
             strata_log_error("cannot start a client: %s", strerror(errno));
             return STRATA_EIO;
         }
+        int rc = wait_registered(p, i, cdir);
+        if (rc < 0)
+            return rc;
     }
     return STRATA_OK;
 }
@@ -735,8 +771,11 @@ static run_end run(const sim_opts *o, procs *p, server_out *so, const char *clie
     }
     run_end end = RUN_FAILED;
     follow_ui ui = {.tty = isatty(STDERR_FILENO), .config_path = od->path[SIM_OUT_COORD_JSON]};
-    if (start_clients(o, p, client_bin, url, od) < 0)
+    if (start_clients(o, p, client_bin, url, od) < 0) {
+        if (*g_stop)
+            end = RUN_INTERRUPTED;
         goto out;
+    }
     int64_t next_poll = 0;
     while (!*g_stop && p->done < p->nclients) {
         server_out_read(so, 200);

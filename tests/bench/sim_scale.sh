@@ -21,8 +21,8 @@ sample() {
     local out=$1 sim=$2 pid cmd hwm
     while kill -0 "$sim" 2>/dev/null; do
         for pid in $(pgrep -f -- "$out/" 2>/dev/null || true); do
-            cmd=$(tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null) || continue
-            hwm=$(awk '/^VmHWM/ { print $2 }' "/proc/$pid/status" 2>/dev/null) || continue
+            cmd=$(tr '\0' ' ' 2>/dev/null <"/proc/$pid/cmdline") || continue
+            hwm=$(awk '/^VmHWM/ { print $2 }' 2>/dev/null <"/proc/$pid/status") || continue
             [ -n "$hwm" ] || continue
             case "$cmd" in
             *strata-server*) echo "server 0 $hwm" ;;

@@ -2,8 +2,8 @@
 # strata-sim with client sampling: 20 clients, 5 per round, 3 rounds, with
 # learning options passed through to the coordinator. Only the selected
 # clients train each round (their receipts add up to 5 per round), every
-# client loads only its own shard, an idle client stays small, and the
-# report is complete.
+# client loads only its own shard, an idle client stays small, the report
+# is complete, and the same seed selects the same clients again.
 source "$(dirname "$0")/lib.sh"
 
 SIM="$BUILD/strata-sim"
@@ -25,9 +25,9 @@ sample_clients() {
     local sim=$1 pid idx hwm
     while kill -0 "$sim" 2>/dev/null; do
         for pid in $(pgrep -f -- "--data $OUT/shards/" 2>/dev/null || true); do
-            idx=$(tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null |
+            idx=$(tr '\0' ' ' 2>/dev/null <"/proc/$pid/cmdline" |
                 grep -o -- '--client-index [0-9]*' | cut -d' ' -f2) || continue
-            hwm=$(awk '/^VmHWM/ { print $2 }' "/proc/$pid/status" 2>/dev/null) || continue
+            hwm=$(awk '/^VmHWM/ { print $2 }' 2>/dev/null <"/proc/$pid/status") || continue
             [ -n "$idx" ] && [ -n "$hwm" ] && echo "$idx $hwm"
         done
         sleep 0.2
@@ -103,4 +103,20 @@ done
 all_max=$(awk '$2 > m { m = $2 } END { print m + 0 }' "$WORK/rss.txt")
 echo "peak RSS: idle client $idle_max kB, any client $all_max kB"
 [ "$idle_max" -gt 0 ] && [ "$idle_max" -lt 40960 ] || fail "an idle client peaked at $idle_max kB"
+# The same seed samples the same clients: a second run selects the same
+# shares every round and ends with the same accuracy.
+timeout 300 "$SIM" --clients 20 --clients-per-round 5 --rounds 3 --model mlp --data "$DATA" \
+    --partition iid --seed 3 --momentum 0.5 --clip-norm 50 --server-opt fedavgm \
+    --out "$WORK/again" --json >"$WORK/out2.txt" 2>"$WORK/err2.txt" ||
+    { tail -n 20 "$WORK/err2.txt" >&2; fail "the second strata-sim run failed"; }
+rounds_of() { # rounds_of RECEIPTS: the rounds a client was acknowledged for
+    if [ -f "$1" ]; then cut -d' ' -f1 "$1" | tr '\n' ' '; fi
+}
+for i in $(seq 0 19); do
+    a=$(rounds_of "$OUT/clients/$i/receipts.log")
+    b=$(rounds_of "$WORK/again/clients/$i/receipts.log")
+    [ "$a" = "$b" ] || fail "client $i trained in rounds '$a', then '$b' with the same seed"
+done
+[ "$(json_field "$(tail -n 1 "$WORK/out2.txt")" final_accuracy)" = \
+    "$(json_field "$summary" final_accuracy)" ] || fail "the same seed ended with another accuracy"
 echo "PASS: sampled simulation"
