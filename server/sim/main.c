@@ -359,11 +359,25 @@ static int parse(int argc, char **argv, sim_opts *o, int *help)
         strata_log_error("unexpected argument '%s'", argv[rc]);
         return SIM_EXIT_USAGE;
     }
-    if (o->study != NULL) {
-        if (!o->resume)
-            return SIM_EXIT_OK; /* the spec holds the runs' options */
-        strata_log_error("--study resumes by itself: give the same command again");
-        return SIM_EXIT_USAGE;
+    if (o->study != NULL) { /* the spec holds the runs' options */
+        for (int i = 1; i < argc; i++) {
+            char k[64];
+            if (strncmp(argv[i], "--", 2) != 0)
+                continue;
+            snprintf(k, sizeof(k), "%.*s", (int)strcspn(argv[i] + 2, "="), argv[i] + 2);
+            for (char *c = k; *c; c++)
+                if (*c == '-')
+                    *c = '_';
+            if (!per_invocation(k) || strcmp(k, "resume") == 0) {
+                strata_log_error("--study takes the runs' options from its spec, not --%s%s",
+                                 argv[i] + 2,
+                                 strcmp(k, "resume") == 0
+                                     ? " (a study resumes by itself: give the same command again)"
+                                     : "");
+                return SIM_EXIT_USAGE;
+            }
+        }
+        return SIM_EXIT_OK;
     }
     if (o->resume && (rc = apply_saved(argc, argv, o)) != SIM_EXIT_OK)
         return rc;

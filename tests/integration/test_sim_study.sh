@@ -55,4 +55,10 @@ rc=0
 [ "$rc" = 2 ] || fail "a bad spec exited $rc, expected 2"
 grep -q "roundz" "$WORK/err3.txt" || fail "the error does not name the bad key: $(cat "$WORK/err3.txt")"
 [ ! -e "$WORK/bad" ] || fail "a bad spec created its --out"
+# Run options on the command line are refused with --study.
+rc=0
+"$SIM" --study "$WORK/spec.json" --out "$WORK/bad" --rounds 5 2>"$WORK/err4.txt" || rc=$?
+[ "$rc" = 2 ] || fail "--study with --rounds exited $rc, expected 2"
+grep -q "from its spec" "$WORK/err4.txt" || fail "no message for --rounds with --study"
+[ ! -e "$WORK/bad" ] || fail "a refused study created its --out"
 echo "PASS: study of 2 runs"
