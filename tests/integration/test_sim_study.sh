@@ -3,11 +3,20 @@
 # per round, 2 rounds) writes one CSV of every run and round, SVG plots
 # (accuracy against uplink and total bytes; legacy's per-layer density heat
 # map) linked from report.md and report.html. Running it again skips the
-# finished runs. A spec that is not valid runs nothing.
+# finished runs; a stopped study resumes its run. A spec that is not valid
+# runs nothing.
 source "$(dirname "$0")/lib.sh"
 
 SIM="$BUILD/strata-sim"
 OUT="$WORK/study"
+
+cleanup() {
+    local p
+    for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+    for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
+    rm -rf "$WORK"
+}
+trap cleanup EXIT
 cat >"$WORK/spec.json" <<EOF
 {
   "data": "$DATA",
@@ -47,6 +56,31 @@ grep -q "| legacy | 1 |" "$OUT/report.md" || fail "report.md lacks legacy's row"
 "$SIM" --study "$WORK/spec.json" --out "$OUT" 2>"$WORK/err2.txt" || fail "the second study failed"
 grep -q "2 runs (2 finished before)" "$WORK/err2.txt" || fail "finished runs were not skipped"
 [ "$(wc -l <"$OUT/study.csv")" -eq 5 ] || fail "study.csv changed on the second run"
+
+# SIGTERM stops a study in its run (exit 130, no process left); the same
+# command resumes that run and finishes the study.
+sed 's/"rounds": 2/"rounds": 300/; s/"uniform", "legacy"/"uniform"/' "$WORK/spec.json" >"$WORK/long.json"
+"$SIM" --study "$WORK/long.json" --out "$WORK/stopped" 2>"$WORK/err5.txt" &
+study=$!
+PIDS+=("$study")
+for _ in $(seq 1 600); do
+    grep -q "round 1/300" "$WORK/stopped/runs/uniform_7.log" 2>/dev/null && break
+    kill -0 "$study" 2>/dev/null || fail "the study exited early: $(cat "$WORK/err5.txt")"
+    sleep 0.2
+done
+kill -TERM "$study"
+reap "$study"
+[ "$REAPED_RC" = 130 ] || fail "a stopped study exited $REAPED_RC, expected 130"
+if pgrep -f -- "$WORK/stopped/" >/dev/null; then fail "the stopped study left processes"; fi
+[ ! -e "$WORK/stopped/runs/uniform_7/study.done" ] || fail "the stopped run counts as finished"
+stopped_rows=$(($(wc -l <"$WORK/stopped/runs/uniform_7/report.csv") - 1))
+[ "$stopped_rows" -ge 2 ] || fail "the stopped run's report holds $stopped_rows rounds"
+sed "s/\"rounds\": 300/\"rounds\": $((stopped_rows + 1))/" "$WORK/long.json" >"$WORK/short.json"
+timeout 300 "$SIM" --study "$WORK/short.json" --out "$WORK/stopped" 2>"$WORK/err6.txt" ||
+    fail "the resumed study failed: $(tail -n 5 "$WORK/err6.txt")"
+[ -e "$WORK/stopped/runs/uniform_7/study.done" ] || fail "the resumed run did not finish"
+[ "$(wc -l <"$WORK/stopped/study.csv")" -eq $((stopped_rows + 2)) ] ||
+    fail "study.csv does not hold the resumed run's $((stopped_rows + 1)) rounds"
 
 # A spec with an option strata-sim does not know runs nothing.
 sed 's/"rounds": 2/"roundz": 2/' "$WORK/spec.json" >"$WORK/bad.json"
