@@ -1,5 +1,6 @@
 /* strata-sim's internal modules: pages of round summaries (summary.c), following a run through the
- * coordinator's REST API (follow.c), the report built from the coordinator's store (report.c), the
+ * coordinator's REST API (follow.c), the report built from the coordinator's store (report.c), its
+ * options (options.c), the
  * per-client shards of the training set (shard.c), the output directory (outdir.c), SVG plots
  * (plot.c) and studies: grids of runs (study.c).
  */
@@ -7,12 +8,51 @@
 #define STRATA_SIM_H
 
 #include "strata/error.h"
+#include "strata/log.h"
 #include "strata/summary.h"
 
 #include <limits.h>
 #include <signal.h>
 #include <stddef.h>
 #include <stdint.h>
+
+/* ---- options (options.c) ------------------------------------------------ */
+
+/* Exit codes. */
+enum { SIM_EXIT_OK = 0, SIM_EXIT_FAIL = 1, SIM_EXIT_USAGE = 2, SIM_EXIT_INTERRUPTED = 130 };
+
+/* The number of coordinator options strata-sim passes through. */
+#define SIM_NPASS 20
+
+/* strata-sim's options (strings malloc'ed; sim_opts_cleanup frees them). */
+typedef struct sim_opts {
+    long clients, rounds, seed, deadline;
+    char *model, *data, *partition, *policy, *density, *values, *out, *study;
+    char *pass[SIM_NPASS]; /* the value of pass-through option i, NULL when not given */
+    int json, resume;
+    char *log_format_name, *log_level_name;
+    strata_log_level log_level;
+    strata_log_format log_format;
+} sim_opts;
+
+/* Parses the command line into *o (sim_opts_cleanup frees it, also after an
+ * error); with --resume, the options saved in --out's run.json with the
+ * command line's on top. Returns SIM_EXIT_OK (with *help set when --help was
+ * answered, the usage on standard output), or SIM_EXIT_USAGE or
+ * SIM_EXIT_FAIL after logging what is wrong. */
+int sim_opts_parse(int argc, char **argv, sim_opts *o, int *help);
+void sim_opts_cleanup(sim_opts *o);
+
+/* Writes the run's options (not those of one invocation: --out, --resume,
+ * --json, --log-*, --study) to path as one JSON object, atomically. Errors:
+ * those of strata_file_write_atomic, STRATA_ENOMEM. */
+int sim_opts_save(const sim_opts *o, const char *path, strata_diag *d);
+
+/* The key (snake_case) of pass-through option i < SIM_NPASS; NULL above. */
+const char *sim_opts_pass_key(size_t i);
+
+/* The value given for pass-through option key, or NULL. */
+const char *sim_opts_pass_get(const sim_opts *o, const char *key);
 
 /* ---- round summaries (summary.c) ---------------------------------------- */
 
@@ -183,10 +223,12 @@ int sim_plot_heatmap(const char *path, const char *title, const char *const *row
 
 /* ---- studies (study.c) -------------------------------------------------- */
 
-/* Checks the command line of one run of a study (argv[0 .. argc), the
+/* Checks the command line of one run of a study (options.c implements it
+ * as sim_study_check) (argv[0 .. argc), the
  * options only, no executable, no --out): 0 when strata-sim would accept
  * it, else an error with diag saying why. */
 typedef int (*sim_study_check_fn)(int argc, char **argv, strata_diag *diag);
+int sim_study_check(int argc, char **argv, strata_diag *diag);
 
 /* Runs the study described by the JSON file spec_path into out: every key
  * is a strata-sim option (snake_case), a list of values makes that option
