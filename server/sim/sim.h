@@ -2,7 +2,7 @@
  * coordinator's REST API (follow.c), the report built from the coordinator's store (report.c), its
  * options (options.c), the
  * per-client shards of the training set (shard.c), the output directory (outdir.c), SVG plots
- * (plot.c) and studies: grids of runs (study.c).
+ * (plot.c) and studies: grids of runs (study.c, study_report.c, study.h).
  */
 #ifndef STRATA_SIM_H
 #define STRATA_SIM_H
