@@ -1,8 +1,9 @@
-/* strata-sim's internal modules: pages of round summaries (summary.c), following a run through the
- * coordinator's REST API (follow.c), the report built from the coordinator's store (report.c), its
- * options (options.c), the
- * per-client shards of the training set (shard.c), the output directory (outdir.c), SVG plots
- * (plot.c) and studies: grids of runs (study.c, study_report.c, study.h).
+/* strata-sim's internal modules: its options (options.c), pages of round
+ * summaries (summary.c), following a run through the coordinator's REST API
+ * (follow.c), the report built from the coordinator's store (report.c), the
+ * per-client shards of the training set (shard.c), the output directory
+ * (outdir.c), SVG plots (plot.c) and studies: grids of runs (study.c,
+ * study_report.c, study.h).
  */
 #ifndef STRATA_SIM_H
 #define STRATA_SIM_H
