@@ -23,6 +23,7 @@
 #include <limits.h>
 #include <signal.h>
 #include <stdio.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -47,7 +48,8 @@ static const strata_opt OPTS[] = {
      "identity, staged uploads, residuals; required"},
     {"data", STRATA_OPT_STRING, OFF(data), 0, 0, "DIR", "data set directory; required"},
     {"partition", STRATA_OPT_STRING, OFF(partition), 0, 0, "SPEC",
-     "iid (default), dirichlet:ALPHA or shards:S"},
+     "iid (default), dirichlet:ALPHA, shards:S, or none: --data holds\n"
+     "only this client's share (every sample is its own)"},
     {"num_clients", STRATA_OPT_INTEGER, OFF(num_clients), 1, 1000000, "N",
      "clients the training set is split over (default 1)"},
     {"client_index", STRATA_OPT_INTEGER, OFF(client_index), 0, 999999, "I",
@@ -223,6 +225,34 @@ static int poll_loop(const options *o, strata_client_round_ctx *rc_ctx, strata_c
     return *g_stop ? STRATA_ESTATE : STRATA_OK;
 }
 
+/* Finds this client's share of ds: *mine (n_mine sample indices) points
+ * into the new *part, the partitioner's split, or with --partition none
+ * into the new *all, every sample (the data directory holds only this
+ * client's share, as strata-sim writes it; --client-index still seeds the
+ * training order). The caller frees *part and *all. */
+static int own_share(const options *o, const strata_dataset *ds, strata_partition **part,
+                     size_t **all, const size_t **mine, size_t *n_mine, strata_diag *d)
+{
+    *part = NULL;
+    *all = NULL;
+    if (strcmp(o->partition, "none") != 0) {
+        int rc = strata_partition_new(ds->y, ds->n, ds->num_classes, o->partition,
+                                      (size_t)o->num_clients, (unsigned long long)o->seed, part, d);
+        if (rc < 0)
+            return rc;
+        *mine = (*part)->indices[o->client_index];
+        *n_mine = (*part)->counts[o->client_index];
+        return STRATA_OK;
+    }
+    if (ds->n > SIZE_MAX / sizeof(size_t) || (*all = malloc(ds->n * sizeof(size_t))) == NULL)
+        return strata_diag_set(d, STRATA_ENOMEM, "out of memory");
+    for (size_t i = 0; i < ds->n; i++)
+        (*all)[i] = i;
+    *mine = *all;
+    *n_mine = ds->n;
+    return STRATA_OK;
+}
+
 int main(int argc, char **argv)
 {
     strata_log_setup("strata-client", STRATA_LOG_INFO, STRATA_LOG_TEXT);
@@ -242,6 +272,8 @@ int main(int argc, char **argv)
     strata_dataset ds;
     strata_dataset_init(&ds);
     strata_partition *part = NULL;
+    size_t *all = NULL, n_mine = 0;
+    const size_t *mine = NULL;
     strata_http *h = NULL;
     strata_client_state *st = NULL;
     strata_diag d = {{0}};
@@ -255,8 +287,7 @@ int main(int argc, char **argv)
         strata_log_error("%s", strata_diag_msg(&d, rc));
         goto out;
     }
-    if ((rc = strata_partition_new(ds.y, ds.n, ds.num_classes, o.partition, (size_t)o.num_clients,
-                                   (unsigned long long)o.seed, &part, &d)) < 0) {
+    if ((rc = own_share(&o, &ds, &part, &all, &mine, &n_mine, &d)) < 0) {
         strata_log_error("--partition: %s", strata_diag_msg(&d, rc));
         code = 2;
         goto out;
@@ -283,8 +314,8 @@ int main(int argc, char **argv)
                                    .state = st,
                                    .id = &id,
                                    .data = &ds,
-                                   .mine = part->indices[o.client_index],
-                                   .nmine = part->counts[o.client_index],
+                                   .mine = mine,
+                                   .nmine = n_mine,
                                    .client_index = (uint64_t)o.client_index,
                                    .ef_beta = o.ef_beta,
                                    .ef_max_staleness = (uint32_t)o.ef_max_staleness,
@@ -306,6 +337,7 @@ out:
     strata_http_free(h);
     strata_client_state_free(st);
     strata_partition_free(part);
+    free(all);
     strata_dataset_cleanup(&ds);
     options_cleanup(&o);
     return code;

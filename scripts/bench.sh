@@ -12,7 +12,11 @@
 #   load: 500 concurrent synthetic clients x 3 rounds against one strata-server
 #   (mlp, uniform 1%): uploads/s, p50/p99 latency, errors, peak RSS; median of
 #   3 runs (tests/bench/load.sh, build/bench_load).
-# Usage: scripts/bench.sh [all|train|payload|topk|memory|load]
+#   sim: strata-sim with 100 clients, 10 per round, 20 rounds (mlp, Dirichlet
+#   0.5, uniform 1%): wall time and peak RSS of strata-sim, the coordinator,
+#   the largest trained and the largest idle client; median of 3 runs
+#   (tests/bench/sim_scale.sh).
+# Usage: scripts/bench.sh [all|train|payload|topk|memory|load|sim]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -90,4 +94,9 @@ if [ "$what" = all ] || [ "$what" = load ]; then
     echo "== coordinator load (500 concurrent clients, uploads/s, latency, peak RSS)"
     # Exit 1 only says the throughput goal was missed: report, do not abort.
     STRATA_DATA_DIR="$DATA" bash tests/bench/load.sh build || [ $? -eq 1 ]
+fi
+
+if [ "$what" = all ] || [ "$what" = sim ]; then
+    echo "== strata-sim at scale (100 clients, 10 per round, 20 rounds; peak RSS in kB)"
+    STRATA_DATA_DIR="$DATA" bash tests/bench/sim_scale.sh build 20 3
 fi

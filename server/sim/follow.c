@@ -18,6 +18,7 @@
 struct sim_follow {
     strata_http *http;
     sim_progress progress;
+    char *config; /* the "config" object of the last status, compact JSON */
 };
 
 static const char *const STATE_NAMES[] = {"waiting", "running", "paused", "finished", "stopped"};
@@ -48,12 +49,18 @@ void sim_follow_free(sim_follow *f)
     if (f == NULL)
         return;
     strata_http_free(f->http);
+    free(f->config);
     free(f);
 }
 
 const sim_progress *sim_follow_progress(const sim_follow *f)
 {
     return &f->progress;
+}
+
+const char *sim_follow_config(const sim_follow *f)
+{
+    return f->config;
 }
 
 /* GET path; *resp holds a 200 answer's body. */
@@ -69,10 +76,12 @@ static int get(sim_follow *f, const char *path, size_t max_body, strata_http_res
     return STRATA_OK;
 }
 
-/* Decodes a /v1/status body: its state and total_rounds. */
+/* Decodes a /v1/status body: its state and total_rounds, and its config
+ * object into *config (new compact JSON text; NULL when absent). */
 static int decode_status(const strata_http_response *resp, sim_run_state *state, uint32_t *total,
-                         strata_diag *diag)
+                         char **config, strata_diag *diag)
 {
+    *config = NULL;
     json_error_t e;
     json_t *j = json_loadb((const char *)resp->body, resp->len, JSON_REJECT_DUPLICATES, &e);
     if (j == NULL)
@@ -98,6 +107,10 @@ static int decode_status(const strata_http_response *resp, sim_run_state *state,
     }
     *state = (sim_run_state)k;
     *total = (uint32_t)t;
+    json_t *cfg = json_object_get(j, "config");
+    if (json_is_object(cfg) &&
+        (*config = json_dumps(cfg, JSON_INDENT(2) | JSON_PRESERVE_ORDER)) == NULL)
+        rc = strata_diag_set(diag, STRATA_ENOMEM, "GET /v1/status: out of memory");
 out:
     json_decref(j);
     return rc;
@@ -146,12 +159,17 @@ int sim_follow_poll(sim_follow *f, sim_round_fn fn, void *ud, strata_diag *diag)
     strata_http_response resp;
     sim_run_state state = SIM_RUN_WAITING;
     uint32_t total = 0;
+    char *config = NULL;
     int rc = get(f, "/v1/status", STATUS_MAX_BODY, &resp, diag);
     if (rc == 0)
-        rc = decode_status(&resp, &state, &total, diag);
+        rc = decode_status(&resp, &state, &total, &config, diag);
     strata_http_response_cleanup(&resp);
     if (rc < 0)
         return rc;
+    if (config != NULL) {
+        free(f->config);
+        f->config = config;
+    }
     f->progress.state = state;
     f->progress.total_rounds = total;
     f->progress.polled = 1;

@@ -1,15 +1,16 @@
 /* strata-sim: runs a whole federation on this machine — a coordinator on a
- * free loopback port and N edge-client processes over a partition of a real
- * data set. This file owns the options, the processes and the run's
- * outcome: it learns the coordinator's address from its start-up line,
- * follows the run through the REST API (follow.c), and has the report
- * written from the coordinator's store (report.c). */
+ * free loopback port and N edge-client processes, each on its own shard of
+ * a real data set. This file owns the processes and the run's outcome: it
+ * starts the coordinator with the run's options (options.c), learns its
+ * address from its start-up line, writes the shards (shard.c), starts the
+ * clients, follows the run through the REST API (follow.c), and has the
+ * report written from the coordinator's store (report.c), also after SIGINT
+ * or SIGTERM; the output directory is outdir.c's, studies are study.c's. */
 #include "sim.h"
 
 #include "strata/clock.h"
 #include "strata/fileio.h"
 #include "strata/log.h"
-#include "strata/opts.h"
 #include "strata/stop.h"
 
 #include <errno.h>
@@ -29,152 +30,56 @@
 /* Set once SIGINT or SIGTERM arrives (strata_stop_install). */
 static volatile sig_atomic_t *g_stop;
 
-typedef struct sim_opts {
-    long clients, rounds, seed, local_epochs, batch, deadline;
-    char *model, *data, *partition, *policy, *density, *values, *out, *lr, *server_opt, *server_lr;
-    int json;
-    char *log_format_name, *log_level_name;
-    strata_log_level log_level;
-    strata_log_format log_format;
-} sim_opts;
-
-/* Exit codes. */
-enum { SIM_EXIT_OK = 0, SIM_EXIT_FAIL = 1, SIM_EXIT_USAGE = 2, SIM_EXIT_INTERRUPTED = 130 };
-
 /* How long the coordinator may take to print its address. */
 #define START_TIMEOUT_MS 120000
 /* How often the run's progress is polled. */
 #define POLL_INTERVAL_MS 500
+/* How long stopped children may take to exit before they are killed. */
+#define STOP_TIMEOUT_MS 30000
+/* How long one client may take to register before the next starts. */
+#define REGISTER_TIMEOUT_MS 60000
 
-#define OFF(f) offsetof(sim_opts, f)
-static const strata_opt OPTS[] = {
-    {"clients", STRATA_OPT_INTEGER, OFF(clients), 1, 1000, "N", "edge clients (10)"},
-    {"rounds", STRATA_OPT_INTEGER, OFF(rounds), 1, 100000, "R", "rounds (10)"},
-    {"model", STRATA_OPT_STRING, OFF(model), 0, 0, "SPEC", "mlp (default), cnn or ARCH.json"},
-    {"data", STRATA_OPT_STRING, OFF(data), 0, 0, "DIR", "data set directory; required"},
-    {"partition", STRATA_OPT_STRING, OFF(partition), 0, 0, "SPEC",
-     "iid (default), dirichlet:ALPHA or shards:S"},
-    {"policy", STRATA_OPT_STRING, OFF(policy), 0, 0, "SPEC",
-     "the coordinator's budget policy (uniform): a policy\nname, JSON, @file.json or a compressor "
-     "(strata-server\n--help); none: dense FedAvg"},
-    {"density", STRATA_OPT_STRING, OFF(density), 0, 0, "D", "target mean density (0.01)"},
-    {"values", STRATA_OPT_STRING, OFF(values), 0, 0, "F",
-     "values format of uploads: fp32 (default), fp16,\nbf16, int8 or ternary"},
-    {"local_epochs", STRATA_OPT_INTEGER, OFF(local_epochs), 1, 1000, "E",
-     "client epochs per round (1)"},
-    {"batch", STRATA_OPT_INTEGER, OFF(batch), 1, 65536, "B", "client batch size (32)"},
-    {"lr", STRATA_OPT_STRING, OFF(lr), 0, 0, "LR", "client learning rate (0.05)"},
-    {"server_opt", STRATA_OPT_STRING, OFF(server_opt), 0, 0, "NAME",
-     "plain (default), fedavgm, fedadam or fedyogi"},
-    {"server_lr", STRATA_OPT_STRING, OFF(server_lr), 0, 0, "X",
-     "server learning rate (0: the optimiser's default)"},
-    {"round_deadline", STRATA_OPT_INTEGER, OFF(deadline), 1, 86400, "S",
-     "round deadline in seconds (120)"},
-    {"seed", STRATA_OPT_INTEGER, OFF(seed), 0, (double)LONG_MAX, "S", "seed (1)"},
-    {"out", STRATA_OPT_STRING, OFF(out), 0, 0, "DIR", "where the run and its report go (out/sim)"},
-    {"json", STRATA_OPT_FLAG, OFF(json), 0, 0, NULL, "end with a JSON summary line"},
-    {"log_format", STRATA_OPT_STRING, OFF(log_format_name), 0, 0, "text|json",
-     "text (default) or one JSON object per log line"},
-    {"log_level", STRATA_OPT_STRING, OFF(log_level_name), 0, 0, "debug|info|warn|error",
-     "the least level logged (info)"},
-};
-#define NOPTS (sizeof(OPTS) / sizeof(OPTS[0]))
+/* A growing argument vector; every string is a malloc'ed copy. */
+typedef struct argv_list {
+    char *v[160];
+    size_t n;
+} argv_list;
 
-/* Writes the usage text to f. */
-static void usage(FILE *f)
+static int argv_add(argv_list *a, const char *s)
 {
-    strata_buf b;
-    strata_buf_init(&b, 1 << 16);
-    fputs("usage: strata-sim --clients N --rounds R --model mlp|cnn|ARCH.json --data DIR "
-          "[options]\n",
-          f);
-    if (strata_opts_usage(OPTS, NOPTS, &b) == STRATA_OK)
-        fputs((const char *)b.data, f);
-    fputs("Starts strata-server on a free loopback port and N strata-client processes (one\n"
-          "thread each), follows the run through the coordinator's REST API, shows progress,\n"
-          "and writes report.csv and report.md in --out (default out/sim). --policy none runs\n"
-          "dense FedAvg. With --json the last line of output is a JSON summary.\n",
-          f);
-    strata_buf_cleanup(&b);
-}
-
-/* Fills *o with the defaults (strings malloc'ed). */
-static int sim_opts_init(sim_opts *o)
-{
-    *o = (sim_opts){.clients = 10,
-                    .rounds = 10,
-                    .seed = 1,
-                    .local_epochs = 1,
-                    .batch = 32,
-                    .deadline = 120,
-                    .log_level = STRATA_LOG_INFO,
-                    .log_format = STRATA_LOG_TEXT};
-    static const struct {
-        size_t off;
-        const char *value;
-    } defaults[] = {{OFF(model), "mlp"},    {OFF(partition), "iid"},    {OFF(policy), "uniform"},
-                    {OFF(density), "0.01"}, {OFF(values), "fp32"},      {OFF(out), "out/sim"},
-                    {OFF(lr), "0.05"},      {OFF(server_opt), "plain"}, {OFF(server_lr), "0"}};
-    for (size_t i = 0; i < sizeof(defaults) / sizeof(defaults[0]); i++)
-        if ((*(char **)((char *)o + defaults[i].off) = strdup(defaults[i].value)) == NULL)
-            return STRATA_ENOMEM;
+    if (a->n + 2 > sizeof(a->v) / sizeof(a->v[0]) || (a->v[a->n] = strdup(s)) == NULL)
+        return STRATA_ENOMEM;
+    a->v[++a->n] = NULL;
     return STRATA_OK;
 }
 
-/* Parses the command line into *o (strata_opts_cleanup frees it, also after
- * an error). Returns SIM_EXIT_OK (with *help set when --help was answered)
- * or SIM_EXIT_USAGE. */
-static int parse(int argc, char **argv, sim_opts *o, int *help)
+/* Adds "--kebab-key" and value. */
+static int argv_add_opt(argv_list *a, const char *key, const char *value)
 {
-    *help = 0;
-    if (sim_opts_init(o) < 0) {
-        strata_log_error("out of memory");
-        return SIM_EXIT_FAIL;
-    }
-    strata_diag d = {{0}};
-    int rc = strata_opts_parse_argv(OPTS, NOPTS, argc, argv, o, help, &d);
-    if (rc >= 0 && *help) {
-        usage(stdout);
-        return SIM_EXIT_OK;
-    }
-    if (rc < 0 ||
-        (o->log_format_name != NULL &&
-         (rc = strata_log_parse_format(o->log_format_name, &o->log_format, &d)) < 0) ||
-        (o->log_level_name != NULL &&
-         (rc = strata_log_parse_level(o->log_level_name, &o->log_level, &d)) < 0)) {
-        strata_log_error("%s", strata_diag_msg(&d, rc));
-        return SIM_EXIT_USAGE;
-    }
-    if (rc != argc || o->data == NULL) {
-        usage(stderr);
-        strata_log_error("--data is required");
-        return SIM_EXIT_USAGE;
-    }
-    return SIM_EXIT_OK;
+    char flag[96];
+    snprintf(flag, sizeof(flag), "--%s", key);
+    for (char *p = flag; *p; p++)
+        if (*p == '_')
+            *p = '-';
+    return argv_add(a, flag) < 0 ? STRATA_ENOMEM : argv_add(a, value);
 }
 
-static int mkdirs(const char *path)
+static void argv_cleanup(argv_list *a)
 {
-    char buf[PATH_MAX];
-    snprintf(buf, sizeof(buf), "%s", path);
-    for (char *p = buf + 1; *p; p++)
-        if (*p == '/') {
-            *p = '\0';
-            if (mkdir(buf, 0755) != 0 && errno != EEXIST)
-                return STRATA_EIO;
-            *p = '/';
-        }
-    return (mkdir(buf, 0755) == 0 || errno == EEXIST) ? STRATA_OK : STRATA_EIO;
+    for (size_t i = 0; i < a->n; i++)
+        free(a->v[i]);
+    a->n = 0;
 }
 
 /* Starts argv[0] with stdout to out_fd (or the log), stderr to the log
- * file (appended to by every writer). Returns the child's pid, or -1. */
+ * file (appended to by every writer, so a resumed run keeps the earlier
+ * lines). Returns the child's pid, or -1. */
 static pid_t spawn(char *const argv[], const char *log, int out_fd)
 {
     pid_t pid = fork();
     if (pid != 0)
         return pid;
-    int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC | O_APPEND, 0644);
+    int fd = open(log, O_WRONLY | O_CREAT | O_APPEND, 0644);
     if (fd >= 0) {
         dup2(fd, STDERR_FILENO);
         dup2(out_fd >= 0 ? out_fd : fd, STDOUT_FILENO);
@@ -267,32 +172,88 @@ static int procs_reap(procs *p)
     return server_exited;
 }
 
-/* Ends every child that still runs (SIGTERM) and waits for it. */
+/* Waits up to STOP_TIMEOUT_MS for *pid to exit, then kills it; sets *pid
+ * to 0. */
+static void wait_or_kill(pid_t *pid, strata_deadline until)
+{
+    while (*pid > 0) {
+        pid_t r = waitpid(*pid, NULL, WNOHANG);
+        if (r == *pid || (r < 0 && errno != EINTR)) {
+            *pid = 0;
+        } else if (strata_deadline_expired(until)) {
+            kill(*pid, SIGKILL);
+            waitpid(*pid, NULL, 0);
+            *pid = 0;
+        } else {
+            usleep(20000);
+        }
+    }
+}
+
+/* Ends every child that still runs (SIGTERM; SIGKILL after
+ * STOP_TIMEOUT_MS) and waits for it: the clients first, all at once, then
+ * the coordinator, which saves its state as it stops. */
 static void procs_stop(procs *p)
 {
     for (long i = 0; p->clients != NULL && i < p->nclients; i++)
-        if (p->clients[i] > 0 && kill(p->clients[i], 0) == 0) {
+        if (p->clients[i] > 0)
             kill(p->clients[i], SIGTERM);
-            waitpid(p->clients[i], NULL, 0);
-        }
+    strata_deadline until = strata_deadline_in(STOP_TIMEOUT_MS);
+    for (long i = 0; p->clients != NULL && i < p->nclients; i++)
+        wait_or_kill(&p->clients[i], until);
     if (p->server > 0) {
         kill(p->server, SIGTERM);
-        waitpid(p->server, NULL, 0);
+        wait_or_kill(&p->server, strata_deadline_in(STOP_TIMEOUT_MS));
         p->server = -1;
     }
 }
 
-/* Starts the N clients against the coordinator at url. */
+/* Waits until client i (state directory cdir) has registered: its
+ * identity.json exists (the client's state-directory protocol). Clients
+ * register one after the other, so client I gets the same coordinator id in
+ * every run and a seeded run samples the same shares. Gives up after
+ * REGISTER_TIMEOUT_MS or when the client exits (the run then reports it).
+ * Errors: STRATA_ESTATE when the coordinator exited or a stop arrived. */
+static int wait_registered(procs *p, long i, const char *cdir)
+{
+    char id[PATH_MAX];
+    if (snprintf(id, sizeof(id), "%s/identity.json", cdir) >= (int)sizeof(id))
+        return STRATA_EINVAL;
+    strata_deadline until = strata_deadline_in(REGISTER_TIMEOUT_MS);
+    while (access(id, F_OK) != 0) {
+        if (*g_stop)
+            return STRATA_ESTATE;
+        if (procs_reap(p)) {
+            strata_log_error("the coordinator exited while clients registered");
+            return STRATA_ESTATE;
+        }
+        if (p->clients[i] == 0)
+            return STRATA_OK; /* exited: counted as failed */
+        if (strata_deadline_expired(until)) {
+            strata_log_warn("client %ld has not registered after %d s; going on", i,
+                            REGISTER_TIMEOUT_MS / 1000);
+            return STRATA_OK;
+        }
+        usleep(5000);
+    }
+    return STRATA_OK;
+}
+
+/* Starts the N clients against the coordinator at url, each on its shard
+ * (shards/I, --partition none), one after the other as each registers. */
 static int start_clients(const sim_opts *o, procs *p, const char *client_bin, const char *url,
-                         const char *clients_dir, const char *secret_file)
+                         const sim_out *od)
 {
     char s_clients[32], s_seed[32];
     snprintf(s_clients, sizeof(s_clients), "%ld", o->clients);
     snprintf(s_seed, sizeof(s_seed), "%ld", o->seed);
+    const char *clients_dir = od->path[SIM_OUT_CLIENTS];
     for (long i = 0; i < o->clients; i++) {
-        char cdir[PATH_MAX], clog[PATH_MAX], idx[32];
+        char cdir[PATH_MAX], clog[PATH_MAX], shard[PATH_MAX], idx[32];
         if (snprintf(cdir, sizeof(cdir), "%s/%ld", clients_dir, i) >= (int)sizeof(cdir) ||
-            snprintf(clog, sizeof(clog), "%s/%ld.log", clients_dir, i) >= (int)sizeof(clog)) {
+            snprintf(clog, sizeof(clog), "%s/%ld.log", clients_dir, i) >= (int)sizeof(clog) ||
+            snprintf(shard, sizeof(shard), "%s/%ld", od->path[SIM_OUT_SHARDS], i) >=
+                (int)sizeof(shard)) {
             strata_log_error("path too long: %s", clients_dir);
             return STRATA_EINVAL;
         }
@@ -303,9 +264,9 @@ static int start_clients(const sim_opts *o, procs *p, const char *client_bin, co
                          "--state-dir",
                          cdir,
                          "--data",
-                         (char *)o->data,
+                         shard,
                          "--partition",
-                         (char *)o->partition,
+                         "none",
                          "--num-clients",
                          s_clients,
                          "--client-index",
@@ -315,13 +276,16 @@ static int start_clients(const sim_opts *o, procs *p, const char *client_bin, co
                          "--threads",
                          "1",
                          "--enrolment-secret-file",
-                         (char *)secret_file,
+                         (char *)od->path[SIM_OUT_SECRET],
                          NULL};
         if ((p->clients[i] = spawn(cargv, clog, -1)) < 0) {
             p->clients[i] = 0;
             strata_log_error("cannot start a client: %s", strerror(errno));
             return STRATA_EIO;
         }
+        int rc = wait_registered(p, i, cdir);
+        if (rc < 0)
+            return rc;
     }
     return STRATA_OK;
 }
@@ -345,71 +309,121 @@ static void show_round(void *ud, const strata_round_summary *s, uint32_t total)
     }
 }
 
+/* Following the run: how progress is shown and what was saved. */
+typedef struct follow_ui {
+    int tty;                 /* progress as a status line on a terminal */
+    int failing;             /* the last poll failed (reported once) */
+    int config_saved;        /* coordinator.json is written */
+    const char *config_path; /* OUT/coordinator.json (borrowed) */
+} follow_ui;
+
 /* One poll of the run's progress; a coordinator that does not answer is
- * reported once until it answers again. */
-static void poll_progress(sim_follow *f, int *tty, int *failing)
+ * reported once until it answers again. The first settings seen are saved
+ * to coordinator.json. */
+static void poll_progress(sim_follow *f, follow_ui *ui)
 {
     strata_diag d = {{0}};
-    int rc = sim_follow_poll(f, show_round, tty, &d);
-    if (rc < 0 && rc != STRATA_ESTATE && !*failing)
+    int rc = sim_follow_poll(f, show_round, &ui->tty, &d);
+    if (rc < 0 && rc != STRATA_ESTATE && !ui->failing)
         strata_log_warn("following the run: %s", strata_diag_msg(&d, rc));
-    *failing = rc < 0;
+    ui->failing = rc < 0;
+    const char *cfg = sim_follow_config(f);
+    if (!ui->config_saved && cfg != NULL) {
+        ui->config_saved = 1;
+        if ((rc = strata_file_write_atomic(ui->config_path, cfg, strlen(cfg), 0644, &d)) < 0)
+            strata_log_warn("%s", strata_diag_msg(&d, rc));
+    }
 }
 
-/* The run itself: waits for the coordinator's address, starts the clients
- * and follows the rounds until every client has exited. Returns the exit
- * code. */
-static int run(const sim_opts *o, procs *p, server_out *so, const char *client_bin,
-               const char *clients_dir, const char *secret_file, const char *log)
+/* How a run ended. */
+typedef enum {
+    RUN_DONE = 0,     /* every round finished */
+    RUN_FAILED,       /* it ran, then failed: the output stays */
+    RUN_START_FAILED, /* it never ran: what this start created goes */
+    RUN_INTERRUPTED   /* SIGINT or SIGTERM */
+} run_end;
+
+/* Logs why the coordinator did not start, with its own error line. */
+static void start_failure(const char *log, const char *what)
 {
+    char line[1024];
+    if (sim_out_error_line(log, line, sizeof(line)))
+        strata_log_error("the coordinator %s: %s", what, line);
+    else
+        strata_log_error("the coordinator %s (no output)", what);
+}
+
+/* The run itself: waits for the coordinator's address, saves the options,
+ * writes the shards, starts the clients and follows the rounds until every
+ * client has exited. */
+static run_end run(const sim_opts *o, procs *p, server_out *so, const char *client_bin,
+                   const sim_out *od)
+{
+    const char *log = od->path[SIM_OUT_SERVER_LOG];
     char url[256] = "";
     strata_deadline start = strata_deadline_in(START_TIMEOUT_MS);
     while (!*g_stop && !server_out_listening(so, url, sizeof(url))) {
         server_out_read(so, 200);
         if (procs_reap(p)) {
-            strata_log_error("the coordinator exited early; see %s", log);
-            return SIM_EXIT_FAIL;
+            start_failure(log, "did not start");
+            return RUN_START_FAILED;
         }
         if (strata_deadline_expired(start)) {
-            strata_log_error("the coordinator did not start; see %s", log);
-            return SIM_EXIT_FAIL;
+            start_failure(log, "did not start in time");
+            return RUN_START_FAILED;
         }
     }
     if (*g_stop)
-        return SIM_EXIT_INTERRUPTED;
-    strata_log_info("coordinator at %s, starting %ld clients (%s)", url, o->clients, o->partition);
-    sim_follow *f = NULL;
+        return od->holds_run ? RUN_INTERRUPTED : RUN_START_FAILED;
     strata_diag d = {{0}};
-    int rc = sim_follow_new(url, g_stop, &f, &d);
-    if (rc < 0) {
+    int rc;
+    if ((rc = sim_opts_save(o, od->path[SIM_OUT_RUN_JSON], &d)) < 0) {
         strata_log_error("%s", strata_diag_msg(&d, rc));
-        return SIM_EXIT_FAIL;
+        return RUN_START_FAILED;
     }
-    int code = SIM_EXIT_FAIL, tty = isatty(STDERR_FILENO), failing = 0;
-    if (start_clients(o, p, client_bin, url, clients_dir, secret_file) < 0)
+    strata_log_info("coordinator at %s; writing the shards of %ld clients (%s)", url, o->clients,
+                    o->partition);
+    if ((rc = sim_shards_write(o->data, o->partition, o->clients, o->seed, od->path[SIM_OUT_SHARDS],
+                               &d)) < 0) {
+        strata_log_error("%s", strata_diag_msg(&d, rc));
+        return od->holds_run ? RUN_FAILED : RUN_START_FAILED;
+    }
+    sim_follow *f = NULL;
+    if ((rc = sim_follow_new(url, g_stop, &f, &d)) < 0) {
+        strata_log_error("%s", strata_diag_msg(&d, rc));
+        return RUN_FAILED;
+    }
+    run_end end = RUN_FAILED;
+    follow_ui ui = {.tty = isatty(STDERR_FILENO), .config_path = od->path[SIM_OUT_COORD_JSON]};
+    if (start_clients(o, p, client_bin, url, od) < 0) {
+        if (*g_stop)
+            end = RUN_INTERRUPTED;
         goto out;
+    }
     int64_t next_poll = 0;
     while (!*g_stop && p->done < p->nclients) {
         server_out_read(so, 200);
         so->len = 0; /* after the start-up line the output is only logged */
         if (strata_clock_mono_ms() >= next_poll) {
-            poll_progress(f, &tty, &failing);
+            poll_progress(f, &ui);
             next_poll = strata_clock_mono_ms() + POLL_INTERVAL_MS;
         }
         if (procs_reap(p)) {
-            if (tty)
+            if (ui.tty)
                 fputc('\n', stderr);
             strata_log_error("the coordinator exited early; see %s", log);
             goto out;
         }
     }
     if (*g_stop) {
-        code = SIM_EXIT_INTERRUPTED;
+        if (ui.tty)
+            fputc('\n', stderr);
+        end = RUN_INTERRUPTED;
         goto out;
     }
     /* Every client has exited: the rounds closed since the last poll. */
-    poll_progress(f, &tty, &failing);
-    if (tty)
+    poll_progress(f, &ui);
+    if (ui.tty)
         fputc('\n', stderr);
     const sim_progress *pr = sim_follow_progress(f);
     long total = pr->polled ? (long)pr->total_rounds : o->rounds;
@@ -420,162 +434,192 @@ static int run(const sim_opts *o, procs *p, server_out *so, const char *client_b
                          pr->polled ? sim_run_state_name(pr->state) : "unknown", o->out);
         goto out;
     }
-    code = SIM_EXIT_OK;
+    end = RUN_DONE;
 out:
     sim_follow_free(f);
-    return code;
+    return end;
+}
+
+/* Finds strata-server and strata-client beside this executable. */
+static int find_binaries(char *server_bin, char *client_bin, size_t cap)
+{
+    char self[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+    if (n <= 0)
+        return STRATA_EIO;
+    self[n] = '\0';
+    const char *dir = dirname(self);
+    if (snprintf(server_bin, cap, "%s/strata-server", dir) >= (int)cap ||
+        snprintf(client_bin, cap, "%s/strata-client", dir) >= (int)cap)
+        return STRATA_EINVAL;
+    return STRATA_OK;
+}
+
+/* The coordinator's command line: the run's settings, then every PASS
+ * option given. */
+static int server_argv(const sim_opts *o, const char *server_bin, const sim_out *od, argv_list *a)
+{
+    char s_clients[32], s_rounds[32], s_seed[32], s_deadline[32];
+    snprintf(s_clients, sizeof(s_clients), "%ld", o->clients);
+    snprintf(s_rounds, sizeof(s_rounds), "%ld", o->rounds);
+    snprintf(s_seed, sizeof(s_seed), "%ld", o->seed);
+    snprintf(s_deadline, sizeof(s_deadline), "%ld", o->deadline);
+    const char *fixed[][2] = {{"state_dir", od->path[SIM_OUT_STATE]},
+                              {"model", o->model},
+                              {"data", o->data},
+                              {"host", "127.0.0.1"},
+                              {"port", "0"},
+                              {"rounds", s_rounds},
+                              {"min_clients", s_clients},
+                              {"round_deadline", s_deadline},
+                              {"policy", o->policy},
+                              {"density", o->density},
+                              {"values", o->values},
+                              {"seed", s_seed},
+                              {"enrolment_secret_file", od->path[SIM_OUT_SECRET]}};
+    int rc = argv_add(a, server_bin);
+    for (size_t i = 0; rc == 0 && i < sizeof(fixed) / sizeof(fixed[0]); i++)
+        rc = argv_add_opt(a, fixed[i][0], fixed[i][1]);
+    for (size_t i = 0; rc == 0 && i < SIM_NPASS; i++)
+        if (o->pass[i] != NULL)
+            rc = argv_add_opt(a, sim_opts_pass_key(i), o->pass[i]);
+    return rc;
+}
+
+/* Writes the report of the rounds the store holds; returns the exit code
+ * for a run that ended with end. */
+static int finish(const sim_opts *o, const sim_out *od, run_end end)
+{
+    char sampling[64] = "all";
+    const char *cpr = sim_opts_pass_get(o, "clients_per_round"),
+               *fr = sim_opts_pass_get(o, "fraction");
+    if (cpr != NULL)
+        snprintf(sampling, sizeof(sampling), "%s", cpr);
+    else if (fr != NULL)
+        snprintf(sampling, sizeof(sampling), "fraction %s", fr);
+    sim_run_info info = {.clients = o->clients,
+                         .rounds = o->rounds,
+                         .seed = o->seed,
+                         .model = o->model,
+                         .partition = o->partition,
+                         .policy = o->policy,
+                         .density = o->density,
+                         .values = o->values,
+                         .sampling = sampling};
+    int rc = sim_report_write(od->path[SIM_OUT_STATE], o->out, &info, o->json);
+    if (end == RUN_INTERRUPTED) {
+        strata_log_warn("interrupted; the report covers the finished rounds. Continue with: "
+                        "strata-sim --out %s --resume",
+                        o->out);
+        return SIM_EXIT_INTERRUPTED;
+    }
+    return rc < 0 || end != RUN_DONE ? SIM_EXIT_FAIL : SIM_EXIT_OK;
 }
 
 /* Runs the federation the options describe; returns the exit code. */
-static int sim_main(const sim_opts *op)
+static int sim_main(const sim_opts *o)
 {
-    const sim_opts o = *op;
     int rc;
     g_stop = strata_stop_install();
-
-    char self[PATH_MAX], bindir[PATH_MAX], server_bin[PATH_MAX], client_bin[PATH_MAX];
-    ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
-    if (n <= 0) {
-        strata_log_error("cannot find its own directory");
+    char server_bin[PATH_MAX], client_bin[PATH_MAX];
+    if (find_binaries(server_bin, client_bin, sizeof(server_bin)) < 0) {
+        strata_log_error("cannot find strata-server and strata-client beside strata-sim");
         return SIM_EXIT_FAIL;
     }
-    self[n] = '\0';
-    snprintf(bindir, sizeof(bindir), "%s", dirname(self));
-    if (snprintf(server_bin, sizeof(server_bin), "%s/strata-server", bindir) >=
-            (int)sizeof(server_bin) ||
-        snprintf(client_bin, sizeof(client_bin), "%s/strata-client", bindir) >=
-            (int)sizeof(client_bin)) {
-        strata_log_error("path too long: %s", bindir);
-        return SIM_EXIT_FAIL;
-    }
-
-    char state[PATH_MAX], clients_dir[PATH_MAX], log[PATH_MAX];
-    snprintf(state, sizeof(state), "%s/state", o.out);
-    snprintf(clients_dir, sizeof(clients_dir), "%s/clients", o.out);
-    snprintf(log, sizeof(log), "%s/server.log", o.out);
-    struct stat st;
-    if (stat(state, &st) == 0) {
-        strata_log_error("%s already holds a run; choose another --out or remove it", o.out);
+    sim_out od;
+    strata_diag d = {{0}};
+    if ((rc = sim_out_open(o->out, &od, &d)) < 0) {
+        strata_log_error("%s", strata_diag_msg(&d, rc));
         return SIM_EXIT_USAGE;
     }
-    if (mkdirs(o.out) < 0 || mkdirs(clients_dir) < 0) {
-        strata_log_error("cannot create %s: %s", o.out, strerror(errno));
+    if (od.holds_run && !o->resume) {
+        strata_log_error("%s already holds a run; continue it with --resume, or choose another "
+                         "--out",
+                         o->out);
+        return SIM_EXIT_USAGE;
+    }
+    if (!od.holds_run && o->resume) {
+        strata_log_error("%s holds no run to resume", o->out);
+        return SIM_EXIT_USAGE;
+    }
+    if ((rc = sim_out_create(o->out, &od, &d)) < 0) {
+        strata_log_error("%s", strata_diag_msg(&d, rc));
+        sim_out_discard(&od);
         return SIM_EXIT_FAIL;
     }
-    /* A fresh enrolment secret for this federation, in a file only this user
-     * can read (not on any command line). */
-    char secret_file[PATH_MAX], secret[STRATA_TOKEN_HEX + 1];
-    strata_diag sd = {{0}};
-    snprintf(secret_file, sizeof(secret_file), "%s/enrolment.secret", o.out);
-    if ((rc = strata_random_token(secret, &sd)) < 0 ||
-        (rc = strata_file_write_atomic(secret_file, secret, STRATA_TOKEN_HEX, 0600, &sd)) < 0) {
-        strata_log_error("%s", strata_diag_msg(&sd, rc));
+    /* A fresh enrolment secret for a new federation, in a file only this
+     * user can read (not on any command line); a resumed one keeps its. */
+    char secret[STRATA_TOKEN_HEX + 1];
+    if (!od.existed[SIM_OUT_SECRET] &&
+        ((rc = strata_random_token(secret, &d)) < 0 ||
+         (rc = strata_file_write_atomic(od.path[SIM_OUT_SECRET], secret, STRATA_TOKEN_HEX, 0600,
+                                        &d)) < 0)) {
+        strata_log_error("%s", strata_diag_msg(&d, rc));
+        sim_out_discard(&od);
         return SIM_EXIT_FAIL;
     }
-
-    char s_clients[32], s_rounds[32], s_seed[32], s_epochs[32], s_batch[32], s_deadline[32];
-    snprintf(s_clients, sizeof(s_clients), "%ld", o.clients);
-    snprintf(s_rounds, sizeof(s_rounds), "%ld", o.rounds);
-    snprintf(s_seed, sizeof(s_seed), "%ld", o.seed);
-    snprintf(s_epochs, sizeof(s_epochs), "%ld", o.local_epochs);
-    snprintf(s_batch, sizeof(s_batch), "%ld", o.batch);
-    snprintf(s_deadline, sizeof(s_deadline), "%ld", o.deadline);
-    char *sargv[] = {server_bin,
-                     "--state-dir",
-                     state,
-                     "--model",
-                     (char *)o.model,
-                     "--data",
-                     (char *)o.data,
-                     "--host",
-                     "127.0.0.1",
-                     "--port",
-                     "0",
-                     "--rounds",
-                     s_rounds,
-                     "--min-clients",
-                     s_clients,
-                     "--clients-per-round",
-                     s_clients,
-                     "--round-deadline",
-                     s_deadline,
-                     "--policy",
-                     (char *)o.policy,
-                     "--density",
-                     (char *)o.density,
-                     "--values",
-                     (char *)o.values,
-                     "--local-epochs",
-                     s_epochs,
-                     "--batch",
-                     s_batch,
-                     "--lr",
-                     (char *)o.lr,
-                     "--server-opt",
-                     (char *)o.server_opt,
-                     "--server-lr",
-                     (char *)o.server_lr,
-                     "--seed",
-                     s_seed,
-                     "--threads",
-                     "1",
-                     "--enrolment-secret-file",
-                     secret_file,
-                     NULL};
-    procs p = {.server = -1, .nclients = o.clients};
+    argv_list sargv = {.n = 0};
+    procs p = {.server = -1, .nclients = o->clients};
     server_out so = {.fd = -1, .log_fd = -1};
-    int pfd[2];
-    if ((p.clients = calloc((size_t)o.clients, sizeof(pid_t))) == NULL || pipe(pfd) != 0) {
+    int pfd[2] = {-1, -1};
+    run_end end = RUN_START_FAILED;
+    if (server_argv(o, server_bin, &od, &sargv) < 0 ||
+        (p.clients = calloc((size_t)o->clients, sizeof(pid_t))) == NULL || pipe(pfd) != 0) {
         strata_log_error("cannot start the coordinator: %s", strerror(errno));
-        free(p.clients);
-        return SIM_EXIT_FAIL;
+        goto stop;
     }
     fcntl(pfd[0], F_SETFD, FD_CLOEXEC);
     fcntl(pfd[1], F_SETFD, FD_CLOEXEC);
-    p.server = spawn(sargv, log, pfd[1]);
+    p.server = spawn(sargv.v, od.path[SIM_OUT_SERVER_LOG], pfd[1]);
     close(pfd[1]);
     so.fd = pfd[0];
     fcntl(so.fd, F_SETFL, fcntl(so.fd, F_GETFL) | O_NONBLOCK);
-    int code = SIM_EXIT_FAIL;
     if (p.server < 0) {
         strata_log_error("cannot start the coordinator: %s", strerror(errno));
         goto stop;
     }
-    /* The child truncates the log as it starts; appending from here on
-     * keeps both writers' lines. */
-    so.log_fd = open(log, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-    code = run(&o, &p, &so, client_bin, clients_dir, secret_file, log);
+    so.log_fd = open(od.path[SIM_OUT_SERVER_LOG], O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    end = run(o, &p, &so, client_bin, &od);
 stop:
     procs_stop(&p);
-    while (server_out_read(&so, 0) > 0)
+    while (so.fd >= 0 && server_out_read(&so, 0) > 0)
         so.len = 0;
-    close(so.fd);
+    if (so.fd >= 0)
+        close(so.fd);
     if (so.log_fd >= 0)
         close(so.log_fd);
     free(p.clients);
-    if (code != SIM_EXIT_OK)
-        return code;
+    argv_cleanup(&sargv);
+    if (end == RUN_START_FAILED) {
+        if (!od.holds_run)
+            sim_out_discard(&od);
+        return *g_stop ? SIM_EXIT_INTERRUPTED : SIM_EXIT_FAIL;
+    }
+    return finish(o, &od, end);
+}
 
-    sim_run_info info = {.clients = o.clients,
-                         .rounds = o.rounds,
-                         .seed = o.seed,
-                         .model = o.model,
-                         .partition = o.partition,
-                         .policy = o.policy,
-                         .density = o.density,
-                         .values = o.values};
-    return sim_report_write(state, o.out, &info, o.json) < 0 ? SIM_EXIT_FAIL : SIM_EXIT_OK;
+/* Runs the study --study names into --out; returns the exit code. */
+static int study_main(const sim_opts *o)
+{
+    char self[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+    if (n <= 0) {
+        strata_log_error("cannot find its own executable");
+        return SIM_EXIT_FAIL;
+    }
+    self[n] = '\0';
+    return sim_study_run(o->study, o->out, self, sim_study_check, strata_stop_install());
 }
 
 int main(int argc, char **argv)
 {
     strata_log_setup("strata-sim", STRATA_LOG_INFO, STRATA_LOG_TEXT);
     sim_opts o;
-    int help = 0, rc = parse(argc, argv, &o, &help);
+    int help = 0, rc = sim_opts_parse(argc, argv, &o, &help);
     if (rc == SIM_EXIT_OK && !help) {
         strata_log_setup("strata-sim", o.log_level, o.log_format);
-        rc = sim_main(&o);
+        rc = o.study != NULL ? study_main(&o) : sim_main(&o);
     }
-    strata_opts_cleanup(OPTS, NOPTS, &o);
+    sim_opts_cleanup(&o);
     return rc;
 }

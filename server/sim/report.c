@@ -104,12 +104,12 @@ int sim_report_write(const char *state_dir, const char *out_dir, const sim_run_i
             }
         fputc('\n', fc);
         fprintf(fm,
-                "# strata-sim report\n\n%ld clients, %ld rounds, model %s, partition %s, policy "
-                "%s, density %s, values %s, seed %ld\n\n"
+                "# strata-sim report\n\n%ld clients (%s per round), %ld rounds, model %s, "
+                "partition %s, policy %s, density %s, values %s, seed %ld\n\n"
                 "| round | participants | accuracy | loss | uplink bytes | downlink bytes | "
                 "compression |\n|---|---|---|---|---|---|---|\n",
-                o->clients, o->rounds, o->model, o->partition, o->policy, o->density, o->values,
-                o->seed);
+                o->clients, o->sampling, o->rounds, o->model, o->partition, o->policy, o->density,
+                o->values, o->seed);
     }
     double up = 0, down = 0, dense = 0, acc = 0;
     const strata_round_summary *last = NULL;

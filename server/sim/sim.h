@@ -1,15 +1,59 @@
-/* strata-sim's internal modules: pages of round summaries (summary.c), following a run through the
- * coordinator's REST API (follow.c) and the report built from the coordinator's store (report.c).
+/* strata-sim's internal modules: its options (options.c), pages of round
+ * summaries (summary.c), following a run through the coordinator's REST API
+ * (follow.c), the report built from the coordinator's store (report.c), the
+ * per-client shards of the training set (shard.c), the output directory
+ * (outdir.c), SVG plots (plot.c) and studies: grids of runs (study.c,
+ * study_report.c, study.h).
  */
 #ifndef STRATA_SIM_H
 #define STRATA_SIM_H
 
 #include "strata/error.h"
+#include "strata/log.h"
 #include "strata/summary.h"
 
+#include <limits.h>
 #include <signal.h>
 #include <stddef.h>
 #include <stdint.h>
+
+/* ---- options (options.c) ------------------------------------------------ */
+
+/* Exit codes. */
+enum { SIM_EXIT_OK = 0, SIM_EXIT_FAIL = 1, SIM_EXIT_USAGE = 2, SIM_EXIT_INTERRUPTED = 130 };
+
+/* The number of coordinator options strata-sim passes through. */
+#define SIM_NPASS 20
+
+/* strata-sim's options (strings malloc'ed; sim_opts_cleanup frees them). */
+typedef struct sim_opts {
+    long clients, rounds, seed, deadline;
+    char *model, *data, *partition, *policy, *density, *values, *out, *study;
+    char *pass[SIM_NPASS]; /* the value of pass-through option i, NULL when not given */
+    int json, resume;
+    char *log_format_name, *log_level_name;
+    strata_log_level log_level;
+    strata_log_format log_format;
+} sim_opts;
+
+/* Parses the command line into *o (sim_opts_cleanup frees it, also after an
+ * error); with --resume, the options saved in --out's run.json with the
+ * command line's on top. Returns SIM_EXIT_OK (with *help set when --help was
+ * answered, the usage on standard output), or SIM_EXIT_USAGE or
+ * SIM_EXIT_FAIL after logging what is wrong. */
+int sim_opts_parse(int argc, char **argv, sim_opts *o, int *help);
+void sim_opts_cleanup(sim_opts *o);
+
+/* Writes the run's options (not those of one invocation: --out, --resume,
+ * --json, --log-*, --study) to path as one JSON object, atomically. Errors:
+ * those of strata_file_write_atomic, STRATA_ENOMEM. */
+int sim_opts_save(const sim_opts *o, const char *path, strata_diag *d);
+
+/* The key (snake_case) of pass-through option i < SIM_NPASS; NULL above. */
+const char *sim_opts_pass_key(size_t i);
+
+/* The value given for pass-through option key, or NULL. */
+const char *sim_opts_pass_get(const sim_opts *o, const char *key);
 
 /* ---- round summaries (summary.c) ---------------------------------------- */
 
@@ -71,6 +115,11 @@ int sim_follow_poll(sim_follow *f, sim_round_fn fn, void *ud, strata_diag *diag)
 /* The progress as of the last poll (borrowed from f). */
 const sim_progress *sim_follow_progress(const sim_follow *f);
 
+/* The coordinator's settings (the "config" object of GET /v1/status) as of
+ * the last poll that had them, as indented JSON text borrowed from f; NULL
+ * before. */
+const char *sim_follow_config(const sim_follow *f);
+
 /* The name of a state as GET /v1/status spells it. */
 const char *sim_run_state_name(sim_run_state s);
 
@@ -80,6 +129,7 @@ const char *sim_run_state_name(sim_run_state s);
 typedef struct sim_run_info {
     long clients, rounds, seed;
     const char *model, *partition, *policy, *density, *values;
+    const char *sampling; /* "all", "N per round" or "fraction F" */
 } sim_run_info;
 
 /* Reads every round record of the coordinator's store in state_dir (the
@@ -90,5 +140,109 @@ typedef struct sim_run_info {
  * written (logged), or the store's errors. */
 int sim_report_write(const char *state_dir, const char *out_dir, const sim_run_info *info,
                      int json);
+
+/* ---- per-client shards (shard.c) ---------------------------------------- */
+
+/* Loads the training split of data_dir, splits it over nclients with the
+ * partitioner (spec, seed) exactly as strata-client --partition spec
+ * --num-clients nclients --seed seed would, and writes client c's share to
+ * base/c/ as raw IDX files (train-images-idx3-ubyte, train-labels-idx1-ubyte)
+ * that strata-client --partition none --data base/c reads back
+ * sample-for-sample, in the same order. Creates base and its folders;
+ * existing files are overwritten. Errors: those of strata_data_load_dir and
+ * strata_partition_new (diag says which), STRATA_EINVAL for a data set of
+ * more than one channel, STRATA_EIO when a file cannot be written,
+ * STRATA_ENOMEM. */
+int sim_shards_write(const char *data_dir, const char *spec, long nclients, long seed,
+                     const char *base, strata_diag *diag);
+
+/* ---- the output directory (outdir.c) ------------------------------------ */
+
+/* What a run keeps in --out. */
+enum {
+    SIM_OUT_STATE = 0,  /* state/: the coordinator's state directory */
+    SIM_OUT_CLIENTS,    /* clients/: each client's state directory and log */
+    SIM_OUT_SHARDS,     /* shards/: each client's share of the training set */
+    SIM_OUT_SERVER_LOG, /* server.log */
+    SIM_OUT_SECRET,     /* enrolment.secret */
+    SIM_OUT_RUN_JSON,   /* run.json: the run's options, for --resume */
+    SIM_OUT_COORD_JSON, /* coordinator.json: the coordinator's settings */
+    SIM_OUT_REPORT_CSV, /* report.csv */
+    SIM_OUT_REPORT_MD,  /* report.md */
+    SIM_OUT_ENTRIES
+};
+
+typedef struct sim_out {
+    char path[SIM_OUT_ENTRIES][PATH_MAX]; /* OUT/entry */
+    int existed[SIM_OUT_ENTRIES];         /* present before this run started */
+    int holds_run;                        /* state/ or run.json was there */
+    char created_top[PATH_MAX];           /* the first folder sim_out_create made, or "" */
+} sim_out;
+
+/* Composes the paths of out's entries into *o and notes which exist.
+ * Creates nothing. Errors: STRATA_EINVAL for a path too long. */
+int sim_out_open(const char *out, sim_out *o, strata_diag *diag);
+
+/* Creates out (with its missing parents) and out/clients. Errors:
+ * STRATA_EIO. */
+int sim_out_create(const char *out, sim_out *o, strata_diag *diag);
+
+/* Removes what this run created: the folders sim_out_create made, or else
+ * every entry that was not there at sim_out_open. Entries that existed are
+ * left as they are. */
+void sim_out_discard(const sim_out *o);
+
+/* Copies into line (cap bytes) the coordinator's last error line in its log
+ * (its message, after the level), or its last line when none is an error.
+ * Returns 1 when it found one, 0 when the log is missing or empty. */
+int sim_out_error_line(const char *log, char *line, size_t cap);
+
+/* ---- SVG plots (plot.c) ------------------------------------------------- */
+
+/* One line of a plot: n points (x[i], y[i]) with a band from lo[i] to hi[i]
+ * (all borrowed). Points with x <= 0 are left out (the x axis is
+ * logarithmic). */
+typedef struct sim_plot_line {
+    const char *label;
+    const double *x, *y, *lo, *hi;
+    size_t n;
+} sim_plot_line;
+
+/* Writes an SVG line plot to path: a logarithmic x axis over whole decades,
+ * a linear y axis, one coloured line with a shaded band per entry of lines
+ * and a legend. Errors: STRATA_EINVAL when no point has x > 0, STRATA_EIO
+ * when the file cannot be written. */
+int sim_plot_lines(const char *path, const char *title, const char *xlabel, const char *ylabel,
+                   const sim_plot_line *lines, size_t nlines);
+
+/* Writes an SVG heat map to path: nrows rows named rows[r], ncols columns
+ * (rounds), cell (r, c) coloured by v[r * ncols + c] on a logarithmic scale
+ * between the smallest and largest positive value (values <= 0 white).
+ * Errors: STRATA_EINVAL when there is no positive value, STRATA_EIO. */
+int sim_plot_heatmap(const char *path, const char *title, const char *const *rows, size_t nrows,
+                     size_t ncols, const double *v);
+
+/* ---- studies (study.c) -------------------------------------------------- */
+
+/* Checks the command line of one run of a study (options.c implements it
+ * as sim_study_check) (argv[0 .. argc), the
+ * options only, no executable, no --out): 0 when strata-sim would accept
+ * it, else an error with diag saying why. */
+typedef int (*sim_study_check_fn)(int argc, char **argv, strata_diag *diag);
+int sim_study_check(int argc, char **argv, strata_diag *diag);
+
+/* Runs the study described by the JSON file spec_path into out: every key
+ * is a strata-sim option (snake_case), a list of values makes that option
+ * an axis of the grid, and each point of the grid is one strata-sim run
+ * (self, the executable) in out/runs/NAME. A run that finished before is
+ * skipped, one that was stopped is resumed. Then writes out/study.csv (one
+ * row per run and round), SVG plots in out/plots and out/report.md and
+ * out/report.html. check validates each run's options before any runs. stop (borrowed)
+ * ends the study: the running run is stopped (it can be resumed) and the
+ * report covers the finished runs. Returns 0 when every run finished, 130
+ * when stopped, 2 for a spec that is not valid (nothing is run; the message
+ * says what is wrong), 1 when a run failed. */
+int sim_study_run(const char *spec_path, const char *out, const char *self,
+                  sim_study_check_fn check, volatile sig_atomic_t *stop);
 
 #endif

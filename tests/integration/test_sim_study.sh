@@ -1,0 +1,98 @@
+#!/usr/bin/env bash
+# strata-sim --study: a grid of 2 runs (uniform and legacy, 4 clients, 2
+# per round, 2 rounds) writes one CSV of every run and round, SVG plots
+# (accuracy against uplink and total bytes; legacy's per-layer density heat
+# map) linked from report.md and report.html. Running it again skips the
+# finished runs; a stopped study resumes its run. A spec that is not valid
+# runs nothing.
+source "$(dirname "$0")/lib.sh"
+
+SIM="$BUILD/strata-sim"
+OUT="$WORK/study"
+
+cleanup() {
+    local p
+    for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+    for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
+    rm -rf "$WORK"
+}
+trap cleanup EXIT
+cat >"$WORK/spec.json" <<EOF
+{
+  "data": "$DATA",
+  "model": "mlp",
+  "partition": "dirichlet:0.5",
+  "clients": 4,
+  "clients_per_round": 2,
+  "rounds": 2,
+  "policy": ["uniform", "legacy"],
+  "density": 0.05,
+  "seed": [7]
+}
+EOF
+timeout 600 "$SIM" --study "$WORK/spec.json" --out "$OUT" 2>"$WORK/err1.txt" ||
+    { cat "$WORK/err1.txt" "$OUT"/runs/*.log >&2; fail "the study failed"; }
+# One CSV: a header and 2 runs x 2 rounds, the axes as columns.
+head -n 1 "$OUT/study.csv" | grep -q "^run,policy,seed,round,accuracy,loss,uplink_bytes,downlink_bytes,cum_uplink_bytes,cum_total_bytes$" ||
+    fail "study.csv header: $(head -n 1 "$OUT/study.csv")"
+[ "$(wc -l <"$OUT/study.csv")" -eq 5 ] || fail "study.csv should hold 4 rows"
+[ "$(grep -c ',uniform,7,' "$OUT/study.csv")" -eq 2 ] || fail "study.csv lacks the uniform run"
+[ "$(grep -c ',legacy,7,' "$OUT/study.csv")" -eq 2 ] || fail "study.csv lacks the legacy run"
+awk -F, 'NR > 1 && !($9 > 0 && $10 > $9) { bad = 1 } END { exit bad }' "$OUT/study.csv" ||
+    fail "cumulative bytes are not positive, total above uplink"
+# The plots are SVG, linked from both reports.
+for f in all-uplink.svg all-total.svg all-legacy-density.svg; do
+    [ -s "$OUT/plots/$f" ] || fail "plots/$f missing"
+    head -n 2 "$OUT/plots/$f" | grep -q "<svg" || fail "plots/$f is not SVG"
+    grep -q "(plots/$f)" "$OUT/report.md" || fail "report.md does not link plots/$f"
+    grep -q "src=\"plots/$f\"" "$OUT/report.html" || fail "report.html does not show plots/$f"
+done
+grep -q "<polyline" "$OUT/plots/all-uplink.svg" || fail "the uplink plot has no line"
+grep -q "fc1.weight" "$OUT/plots/all-legacy-density.svg" || fail "the heat map names no layer"
+[ ! -e "$OUT/plots/all-uniform-density.svg" ] || fail "uniform got a density heat map"
+grep -q "| legacy | 1 |" "$OUT/report.md" || fail "report.md lacks legacy's row"
+
+# Again: both runs are skipped.
+"$SIM" --study "$WORK/spec.json" --out "$OUT" 2>"$WORK/err2.txt" || fail "the second study failed"
+grep -q "2 runs (2 finished before)" "$WORK/err2.txt" || fail "finished runs were not skipped"
+[ "$(wc -l <"$OUT/study.csv")" -eq 5 ] || fail "study.csv changed on the second run"
+
+# SIGTERM stops a study in its run (exit 130, no process left); the same
+# command resumes that run and finishes the study.
+sed 's/"rounds": 2/"rounds": 300/; s/"uniform", "legacy"/"uniform"/' "$WORK/spec.json" >"$WORK/long.json"
+"$SIM" --study "$WORK/long.json" --out "$WORK/stopped" 2>"$WORK/err5.txt" &
+study=$!
+PIDS+=("$study")
+for _ in $(seq 1 600); do
+    grep -q "round 1/300" "$WORK/stopped/runs/uniform_7.log" 2>/dev/null && break
+    kill -0 "$study" 2>/dev/null || fail "the study exited early: $(cat "$WORK/err5.txt")"
+    sleep 0.2
+done
+kill -TERM "$study"
+reap "$study"
+[ "$REAPED_RC" = 130 ] || fail "a stopped study exited $REAPED_RC, expected 130"
+if pgrep -f -- "$WORK/stopped/" >/dev/null; then fail "the stopped study left processes"; fi
+[ ! -e "$WORK/stopped/runs/uniform_7/study.done" ] || fail "the stopped run counts as finished"
+stopped_rows=$(($(wc -l <"$WORK/stopped/runs/uniform_7/report.csv") - 1))
+[ "$stopped_rows" -ge 2 ] || fail "the stopped run's report holds $stopped_rows rounds"
+sed "s/\"rounds\": 300/\"rounds\": $((stopped_rows + 1))/" "$WORK/long.json" >"$WORK/short.json"
+timeout 300 "$SIM" --study "$WORK/short.json" --out "$WORK/stopped" 2>"$WORK/err6.txt" ||
+    fail "the resumed study failed: $(tail -n 5 "$WORK/err6.txt")"
+[ -e "$WORK/stopped/runs/uniform_7/study.done" ] || fail "the resumed run did not finish"
+[ "$(wc -l <"$WORK/stopped/study.csv")" -eq $((stopped_rows + 2)) ] ||
+    fail "study.csv does not hold the resumed run's $((stopped_rows + 1)) rounds"
+
+# A spec with an option strata-sim does not know runs nothing.
+sed 's/"rounds": 2/"roundz": 2/' "$WORK/spec.json" >"$WORK/bad.json"
+rc=0
+"$SIM" --study "$WORK/bad.json" --out "$WORK/bad" 2>"$WORK/err3.txt" || rc=$?
+[ "$rc" = 2 ] || fail "a bad spec exited $rc, expected 2"
+grep -q "roundz" "$WORK/err3.txt" || fail "the error does not name the bad key: $(cat "$WORK/err3.txt")"
+[ ! -e "$WORK/bad" ] || fail "a bad spec created its --out"
+# Run options on the command line are refused with --study.
+rc=0
+"$SIM" --study "$WORK/spec.json" --out "$WORK/bad" --rounds 5 2>"$WORK/err4.txt" || rc=$?
+[ "$rc" = 2 ] || fail "--study with --rounds exited $rc, expected 2"
+grep -q "from its spec" "$WORK/err4.txt" || fail "no message for --rounds with --study"
+[ ! -e "$WORK/bad" ] || fail "a refused study created its --out"
+echo "PASS: study of 2 runs"
