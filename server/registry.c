@@ -354,7 +354,7 @@ void srv_engine_register(srv_engine *e, const char *peer, const uint8_t *body, s
     int rc = share_of(e, reg, &share, &d);
     if (rc == STRATA_OK && e->cfg->data_shares > 0 && share >= (size_t)e->cfg->data_shares) {
         pthread_mutex_unlock(&e->mu);
-        srv_result_error(r, SRV_E_TOO_MANY_CLIENTS, "all %ld data shares are taken (--data-shares)",
+        srv_result_error(r, SRV_E_NO_DATA_SHARE, "all %ld data shares are taken (--data-shares)",
                          e->cfg->data_shares);
         return;
     }

@@ -106,10 +106,9 @@ static void test_data_shares(void)
         CU_ASSERT_EQUAL(register_share(&f, regs[i], &ids[i], &share), SRV_CREATED);
         CU_ASSERT_EQUAL(share, i);
     }
-    CU_ASSERT_EQUAL(register_share(&f, "replica-dddddddddddd", &id, &share),
-                    SRV_E_TOO_MANY_CLIENTS);
+    CU_ASSERT_EQUAL(register_share(&f, "replica-dddddddddddd", &id, &share), SRV_E_NO_DATA_SHARE);
     CU_ASSERT_EQUAL(id, 0);
-    CU_ASSERT_EQUAL(fix_register(&f, FIX_SECRET, &id, NULL), SRV_E_TOO_MANY_CLIENTS);
+    CU_ASSERT_EQUAL(fix_register(&f, FIX_SECRET, &id, NULL), SRV_E_NO_DATA_SHARE);
     CU_ASSERT_EQUAL(register_share(&f, regs[1], &id, &share), SRV_OK);
     CU_ASSERT_EQUAL(id, ids[1]);
     CU_ASSERT_EQUAL(share, 1);
@@ -123,8 +122,7 @@ static void test_data_shares(void)
     CU_ASSERT_EQUAL(register_share(&f, regs[2], &id, &share), SRV_OK);
     CU_ASSERT_EQUAL(id, ids[2]);
     CU_ASSERT_EQUAL(share, 2);
-    CU_ASSERT_EQUAL(register_share(&f, "replica-eeeeeeeeeeee", &id, &share),
-                    SRV_E_TOO_MANY_CLIENTS);
+    CU_ASSERT_EQUAL(register_share(&f, "replica-eeeeeeeeeeee", &id, &share), SRV_E_NO_DATA_SHARE);
     fix_close(&f);
     /* Without --data-shares the answer has no share. */
     CU_ASSERT_EQUAL_FATAL(fix_open(&f, dir, 0, NULL), 0);
