@@ -30,7 +30,8 @@
 static volatile sig_atomic_t *g_stop;
 
 typedef struct sim_opts {
-    long clients, rounds, seed, local_epochs, batch, deadline;
+    long clients, rounds, seed, local_epochs, batch, deadline, data_shares;
+    char *report_from;
     char *model, *data, *partition, *policy, *density, *values, *out, *lr, *server_opt, *server_lr;
     int json;
     char *log_format_name, *log_level_name;
@@ -72,6 +73,10 @@ static const strata_opt OPTS[] = {
     {"seed", STRATA_OPT_INTEGER, OFF(seed), 0, (double)LONG_MAX, "S", "seed (1)"},
     {"out", STRATA_OPT_STRING, OFF(out), 0, 0, "DIR", "where the run and its report go (out/sim)"},
     {"json", STRATA_OPT_FLAG, OFF(json), 0, 0, NULL, "end with a JSON summary line"},
+    {"report_from", STRATA_OPT_STRING, OFF(report_from), 0, 0, "DIR",
+     "run nothing: write the report of the stopped coordinator whose state directory is DIR"},
+    {"data_shares", STRATA_OPT_INTEGER, OFF(data_shares), 0, 1000000, "N",
+     "with --report-from: the coordinator's --data-shares (adds the clients table)"},
     {"log_format", STRATA_OPT_STRING, OFF(log_format_name), 0, 0, "text|json",
      "text (default) or one JSON object per log line"},
     {"log_level", STRATA_OPT_STRING, OFF(log_level_name), 0, 0, "debug|info|warn|error",
@@ -144,7 +149,7 @@ static int parse(int argc, char **argv, sim_opts *o, int *help)
         strata_log_error("%s", strata_diag_msg(&d, rc));
         return SIM_EXIT_USAGE;
     }
-    if (rc != argc || o->data == NULL) {
+    if (rc != argc || (o->data == NULL && o->report_from == NULL)) {
         usage(stderr);
         strata_log_error("--data is required");
         return SIM_EXIT_USAGE;
@@ -566,6 +571,28 @@ stop:
     return sim_report_write(state, o.out, &info, o.json) < 0 ? SIM_EXIT_FAIL : SIM_EXIT_OK;
 }
 
+/* --report-from: the report of a coordinator's state directory (the
+ * coordinator stopped), in --out; the header's settings are the options
+ * given. */
+static int report_only(const sim_opts *o)
+{
+    if (mkdirs(o->out) < 0) {
+        strata_log_error("cannot create %s", o->out);
+        return SIM_EXIT_FAIL;
+    }
+    sim_run_info info = {.clients = o->clients,
+                         .rounds = o->rounds,
+                         .seed = o->seed,
+                         .data_shares = o->data_shares,
+                         .model = o->model,
+                         .partition = o->partition,
+                         .policy = o->policy,
+                         .density = o->density,
+                         .values = o->values};
+    return sim_report_write(o->report_from, o->out, &info, o->json) < 0 ? SIM_EXIT_FAIL
+                                                                        : SIM_EXIT_OK;
+}
+
 int main(int argc, char **argv)
 {
     strata_log_setup("strata-sim", STRATA_LOG_INFO, STRATA_LOG_TEXT);
@@ -573,7 +600,7 @@ int main(int argc, char **argv)
     int help = 0, rc = parse(argc, argv, &o, &help);
     if (rc == SIM_EXIT_OK && !help) {
         strata_log_setup("strata-sim", o.log_level, o.log_format);
-        rc = sim_main(&o);
+        rc = o.report_from != NULL ? report_only(&o) : sim_main(&o);
     }
     strata_opts_cleanup(OPTS, NOPTS, &o);
     return rc;

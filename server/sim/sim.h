@@ -79,15 +79,16 @@ const char *sim_run_state_name(sim_run_state s);
 /* What the report's header states about the run (borrowed strings). */
 typedef struct sim_run_info {
     long clients, rounds, seed;
+    long data_shares; /* the coordinator's --data-shares; 0: none */
     const char *model, *partition, *policy, *density, *values;
 } sim_run_info;
 
 /* Reads every round record of the coordinator's store in state_dir (the
  * coordinator must have exited) and writes out_dir/report.csv and
- * out_dir/report.md; logs a one-line summary and, when json is set, prints
- * the JSON summary as the last line of standard output. Errors:
- * STRATA_EIO when the store cannot be read or a report file cannot be
- * written (logged), or the store's errors. */
+ * out_dir/report.md (with info->data_shares, also a table of the clients:
+ * each one's data share and accepted updates); logs a one-line summary and, when json is set,
+ * prints the JSON summary as the last line of standard output. Errors: STRATA_EIO when the store
+ * cannot be read or a report file cannot be written (logged), or the store's errors. */
 int sim_report_write(const char *state_dir, const char *out_dir, const sim_run_info *info,
                      int json);
 
