@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Makes the certificates of docker-compose.tls.yml in docker/certs/: a
+# Makes the certificates of docker-compose.tls.yml in docker/certs/ (or
+# $STRATA_CERTS_DIR, which docker-compose.tls.yml reads too): a
 # private CA (ca.pem; its key ca.key stays here) and the coordinator's
 # certificate (server.pem, server.key) for the names given (default:
 # coordinator, localhost, 127.0.0.1), valid for 825 days. Files the
@@ -7,7 +8,7 @@
 # root. Clients on other machines trust ca.pem (strata-client --ca-cert).
 #   docker/make-certs.sh [NAME|IP]...
 set -euo pipefail
-dir="$(cd "$(dirname "$0")" && pwd)/certs"
+dir=${STRATA_CERTS_DIR:-"$(cd "$(dirname "$0")" && pwd)/certs"}
 names=("$@")
 [ ${#names[@]} -gt 0 ] || names=(coordinator localhost 127.0.0.1)
 san=""

@@ -16,6 +16,9 @@
 #     one accepted update (a re-upload of the stored payload answers it as a
 #     duplicate), the receipts of each round equal its participants, and
 #     nothing is counted twice.
+#  3. The TLS override (docker-compose.tls.yml, certificates from
+#     docker/make-certs.sh): 2 clients, 2 rounds over HTTPS; the coordinator
+#     refuses plain HTTP and answers HTTPS for its CA.
 # Every docker command has a timeout; a trap removes the containers,
 # networks and volumes of the test's Compose projects, also on failure.
 . "$(dirname "$0")/lib.sh"
@@ -45,6 +48,7 @@ cleanup() {
     for p in "${PROJECTS[@]}"; do
         COMPOSE_PROJECT_NAME=$p timeout 120 "${DC[@]}" -f "$COMPOSE" --profile report \
             down -v --remove-orphans -t 5 >/dev/null 2>&1 || true
+        # (a TLS project's secrets are files of $WORK; down needs no override)
         # Whatever compose left (a container it no longer tracks).
         timeout 60 docker ps -aq --filter "label=com.docker.compose.project=$p" |
             xargs -r timeout 60 docker rm -f -v >/dev/null 2>&1 || true
@@ -192,6 +196,8 @@ finish_run() {
     rows=$(grep -E '^\| [0-9]+ \| [0-9]+ \| [0-9]+ \|$' "$out/report.md" | awk -F'|' '$4 + 0 > 0 { print $3 + 0 }' | sort -n | tr '\n' ' ')
     [ "$rows" = "0 1 2 3 4 " ] || fail "report: clients with updates on shares '$rows': $(cat "$out/report.md")"
     grep -q "^| $((rounds - 1)) | " "$out/report.md" || fail "report lacks round $((rounds - 1))"
+    echo "report.md of $PROJECT, clients (id | data share | accepted updates):" \
+        $(grep -E '^\| [0-9]+ \| [0-9]+ \| [0-9]+ \|$' "$out/report.md" | tr -d ' ' | tr '\n' ' ')
 }
 
 # ---- 1. a clean run ---------------------------------------------------------------
@@ -259,5 +265,33 @@ restarts=$(timeout 30 docker inspect -f '{{.RestartCount}}' $(ids_of client) | a
 echo "fault run: 8 rounds; coordinator kills $KILLS (round $KROUND), network disconnects $DISCONNECTS," \
     "recreated containers $RECREATED, client restarts by the engine $restarts;" \
     "$RECEIPTS receipts = $ACCEPTED accepted updates, each matched once (${T_FAULTS} s)"
+dc --profile report down -v -t 5 >/dev/null 2>&1 || die "compose down"
+
+# ---- 3. TLS -------------------------------------------------------------------------
+start_project strata-tls 2 60
+export STRATA_CLIENTS=2 STRATA_CERTS_DIR="$WORK/certs"
+t0=$SECONDS
+bash "$root/docker/make-certs.sh" >/dev/null || fail "make-certs.sh"
+TLS=(-f "$root/docker/docker-compose.tls.yml")
+dc "${TLS[@]}" up -d --no-build --scale client=2 >"$WORK/up3.log" 2>&1 ||
+    die "compose up (TLS): $(cat "$WORK/up3.log")"
+C=(curl -sS --max-time 5 --cacert "$WORK/certs/ca.pem")
+URL="https://127.0.0.1:$STRATA_PORT"
+wait_until 240 "the TLS federation to finish" status_is finished
+two_done() {
+    local c n=0
+    for c in $(ids_of client); do
+        [ "$(timeout 30 docker inspect -f '{{.State.Status}} {{.State.ExitCode}}' "$c")" = "exited 0" ] || return 1
+        n=$((n + 1))
+    done
+    [ "$n" -eq 2 ]
+}
+wait_until 60 "both TLS clients to exit 0" two_done
+curl -sS --max-time 5 -o /dev/null "http://127.0.0.1:$STRATA_PORT/healthz" 2>/dev/null &&
+    die "the TLS coordinator answered plain HTTP"
+[ "$(timeout 30 docker inspect -f '{{.State.Health.Status}}' "$(coordinator)")" = healthy ] ||
+    die "the TLS coordinator is not healthy"
+T_TLS=$((SECONDS - t0))
+echo "TLS run: 2 clients, 2 rounds over HTTPS (${T_TLS} s)"
 echo "PASS test_docker_compose ($((SECONDS - T_START)) s: base image ${T_BASE} s, build ${T_BUILD} s," \
-    "clean run ${T_CLEAN} s, fault run ${T_FAULTS} s)"
+    "clean run ${T_CLEAN} s, fault run ${T_FAULTS} s, TLS run ${T_TLS} s)"
