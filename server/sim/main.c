@@ -576,6 +576,8 @@ stop:
  * given. */
 static int report_only(const sim_opts *o)
 {
+    if (sim_report_check(o->report_from) < 0)
+        return SIM_EXIT_FAIL;
     if (mkdirs(o->out) < 0) {
         strata_log_error("cannot create %s", o->out);
         return SIM_EXIT_FAIL;

@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 /* Decodes the summaries of the store's closed rounds into *out (*n of
  * them); a record whose summary does not decode is left out, with a
@@ -51,6 +52,25 @@ static int read_summaries(const char *state_dir, strata_round_summary **out, siz
 out:
     strata_store_round_list_free(list, nr);
     strata_store_close(s);
+    return rc;
+}
+
+int sim_report_check(const char *state_dir)
+{
+    char db[PATH_MAX];
+    struct stat st;
+    strata_diag d = {{0}};
+    if (strata_store_path(state_dir, STRATA_STORE_FILE_DB, 0, 0, db, sizeof(db), &d) < 0 ||
+        stat(db, &st) != 0) {
+        strata_log_error("%s holds no coordinator state (no database)", state_dir);
+        return STRATA_ESTATE;
+    }
+    strata_store *s = NULL;
+    int rc = strata_store_open(state_dir, &s, &d);
+    strata_store_close(s);
+    if (rc < 0)
+        strata_log_error("%s: %s (has the coordinator stopped?)", state_dir,
+                         strata_diag_msg(&d, rc));
     return rc;
 }
 

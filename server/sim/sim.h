@@ -89,6 +89,12 @@ typedef struct sim_run_info {
  * each one's data share and accepted updates); logs a one-line summary and, when json is set,
  * prints the JSON summary as the last line of standard output. Errors: STRATA_EIO when the store
  * cannot be read or a report file cannot be written (logged), or the store's errors. */
+/* Checks that state_dir holds a coordinator's store (its database exists)
+ * and that no coordinator has it open, without creating or changing
+ * anything there. Errors (logged): STRATA_ESTATE when there is no store,
+ * the store's (STRATA_ESTATE when it is locked: a coordinator runs). */
+int sim_report_check(const char *state_dir);
+
 int sim_report_write(const char *state_dir, const char *out_dir, const sim_run_info *info,
                      int json);
 
