@@ -23,7 +23,6 @@
 #include <limits.h>
 #include <signal.h>
 #include <stdio.h>
-#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -51,9 +50,9 @@ static const strata_opt OPTS[] = {
      "iid (default), dirichlet:ALPHA, shards:S, or none: --data holds\n"
      "only this client's share (every sample is its own)"},
     {"num_clients", STRATA_OPT_INTEGER, OFF(num_clients), 1, 1000000, "N",
-     "clients the training set is split over (default 1)"},
+     "clients the training set is split over (default 1, or the coordinator's --data-shares)"},
     {"client_index", STRATA_OPT_INTEGER, OFF(client_index), 0, 999999, "I",
-     "this client's share, 0..N-1 (default 0)"},
+     "this client's share, 0..N-1 (default 0, or the share the coordinator assigned)"},
     {"seed", STRATA_OPT_INTEGER, OFF(seed), 0, (double)LONG_MAX, "S",
      "partition seed, the same for every client (default 1)"},
     {"threads", STRATA_OPT_INTEGER, OFF(threads), 1, 1024, "T", "training threads (default 1)"},
@@ -106,7 +105,8 @@ static void options_cleanup(options *o)
 static int parse_options(int argc, char **argv, options *o, int *help)
 {
     *o = (options){.partition = strdup("iid"),
-                   .num_clients = 1,
+                   .num_clients = 0, /* 0 and -1: not given */
+                   .client_index = -1,
                    .threads = 1,
                    .poll_wait = 10,
                    .seed = 1,
@@ -138,7 +138,7 @@ static int parse_options(int argc, char **argv, options *o, int *help)
         strata_log_error("%s", strata_diag_msg(&d, rc));
         return STRATA_EINVAL;
     }
-    if (o->client_index >= o->num_clients) {
+    if (o->client_index >= 0 && o->num_clients > 0 && o->client_index >= o->num_clients) {
         strata_log_error("--client-index must be below --num-clients");
         return STRATA_EINVAL;
     }
@@ -159,11 +159,45 @@ static int parse_options(int argc, char **argv, options *o, int *help)
     return STRATA_OK;
 }
 
-/* Registers again after the coordinator refused the saved token (its state
- * was reset): the old federation's files are forgotten first. */
-static int register_again(const options *o, strata_http *h, strata_client_state *st,
-                          strata_client_identity *id)
+/* Settles which share of the training set this client trains on: the one
+ * the coordinator assigned (id), which --num-clients and --client-index may
+ * repeat but not contradict, else theirs (defaults 1 and 0). Errors:
+ * STRATA_EINVAL, logged. */
+static int choose_share(const options *o, const strata_client_identity *id, long *index,
+                        long *count)
 {
+    *count = o->num_clients > 0 ? o->num_clients : 1;
+    *index = o->client_index >= 0 ? o->client_index : 0;
+    if (id->data_shares == 0 && *index >= *count) {
+        strata_log_error("--client-index must be below --num-clients (default 1)");
+        return STRATA_EINVAL;
+    }
+    if (id->data_shares == 0)
+        return STRATA_OK;
+    if ((o->num_clients > 0 && o->num_clients != id->data_shares) ||
+        (o->client_index >= 0 && o->client_index != id->data_share)) {
+        strata_log_error("--num-clients/--client-index disagree with the share the coordinator "
+                         "assigned (%ld of %ld); leave them out",
+                         id->data_share, id->data_shares);
+        return STRATA_EINVAL;
+    }
+    *count = id->data_shares;
+    *index = id->data_share;
+    return STRATA_OK;
+}
+
+/* Registers again after the coordinator refused the saved token (its state
+ * was reset): the old federation's files are forgotten first. The new
+ * registration may come with another data share: the same count switches
+ * the round context to it; another count is an error (the partition was
+ * made for the old one; a restart makes the new one). */
+static int register_again(const options *o, strata_http *h, strata_client_state *st,
+                          strata_client_identity *id, strata_client_round_ctx *ctx,
+                          const strata_partition *part)
+{
+    long old_count = 0, old_index = 0, count = 0, index = 0;
+    if (choose_share(o, id, &old_index, &old_count) < 0)
+        return STRATA_EINVAL;
     strata_log_warn("the coordinator refused the saved token (its state was reset?); "
                     "registering again and starting afresh");
     strata_diag d = {{0}};
@@ -174,7 +208,49 @@ static int register_again(const options *o, strata_http *h, strata_client_state 
         strata_log_warn("%s", strata_diag_msg(&d, rc));
     if ((rc = strata_client_session_register(h, st, o->server, o->name, o->secret, id)) < 0)
         return rc;
+    if ((rc = choose_share(o, id, &index, &count)) < 0)
+        return rc;
+    if (count != old_count) {
+        strata_log_error("the coordinator assigned share %ld of %ld, this run split the data in "
+                         "%ld; restart the client",
+                         index, count, old_count);
+        return STRATA_EINVAL;
+    }
+    if (index != old_index && part != NULL) { /* --partition none: the data is the share */
+        strata_log_info("now training on share %ld of %ld", index, count);
+        ctx->mine = part->indices[index];
+        ctx->nmine = part->counts[index];
+        ctx->client_index = (uint64_t)index;
+    }
     return strata_http_set_token(h, id->token);
+}
+
+/* This client's samples: share index of count of the partition, or with
+ * --partition none every sample of the data set (a directory that holds
+ * only this client's share, as strata-sim writes them); *part (NULL for
+ * none) and *all own what *mine points into. */
+static int own_share(const options *o, const strata_dataset *ds, long index, long count,
+                     strata_partition **part, size_t **all, const size_t **mine, size_t *n_mine,
+                     strata_diag *d)
+{
+    *part = NULL;
+    *all = NULL;
+    if (strcmp(o->partition, "none") != 0) {
+        int rc = strata_partition_new(ds->y, ds->n, ds->num_classes, o->partition, (size_t)count,
+                                      (unsigned long long)o->seed, part, d);
+        if (rc < 0)
+            return rc;
+        *mine = (*part)->indices[index];
+        *n_mine = (*part)->counts[index];
+        return STRATA_OK;
+    }
+    if (ds->n > SIZE_MAX / sizeof(size_t) || (*all = malloc(ds->n * sizeof(size_t))) == NULL)
+        return strata_diag_set(d, STRATA_ENOMEM, "out of memory");
+    for (size_t i = 0; i < ds->n; i++)
+        (*all)[i] = i;
+    *mine = *all;
+    *n_mine = ds->n;
+    return STRATA_OK;
 }
 
 /* Polls for tasks and runs them until the federation finishes (returns
@@ -182,7 +258,7 @@ static int register_again(const options *o, strata_http *h, strata_client_state 
  * a stop (STRATA_ESTATE), or an error: a task request that failed for good
  * (after the transport's retries) or a round that failed, logged. */
 static int poll_loop(const options *o, strata_client_round_ctx *rc_ctx, strata_client_identity *id,
-                     int *finished)
+                     const strata_partition *part, int *finished)
 {
     *finished = 0;
     long uploaded = 0;
@@ -208,7 +284,7 @@ static int poll_loop(const options *o, strata_client_round_ctx *rc_ctx, strata_c
                 strata_log_error("task request refused (HTTP 401) after registering again");
                 return STRATA_EPROTO;
             }
-            if ((rc = register_again(o, rc_ctx->http, rc_ctx->state, id)) < 0)
+            if ((rc = register_again(o, rc_ctx->http, rc_ctx->state, id, rc_ctx, part)) < 0)
                 return rc;
             reregistered = 1;
             continue;
@@ -223,34 +299,6 @@ static int poll_loop(const options *o, strata_client_round_ctx *rc_ctx, strata_c
             uploaded++; /* a refused update is dropped and not counted */
     }
     return *g_stop ? STRATA_ESTATE : STRATA_OK;
-}
-
-/* Finds this client's share of ds: *mine (n_mine sample indices) points
- * into the new *part, the partitioner's split, or with --partition none
- * into the new *all, every sample (the data directory holds only this
- * client's share, as strata-sim writes it; --client-index still seeds the
- * training order). The caller frees *part and *all. */
-static int own_share(const options *o, const strata_dataset *ds, strata_partition **part,
-                     size_t **all, const size_t **mine, size_t *n_mine, strata_diag *d)
-{
-    *part = NULL;
-    *all = NULL;
-    if (strcmp(o->partition, "none") != 0) {
-        int rc = strata_partition_new(ds->y, ds->n, ds->num_classes, o->partition,
-                                      (size_t)o->num_clients, (unsigned long long)o->seed, part, d);
-        if (rc < 0)
-            return rc;
-        *mine = (*part)->indices[o->client_index];
-        *n_mine = (*part)->counts[o->client_index];
-        return STRATA_OK;
-    }
-    if (ds->n > SIZE_MAX / sizeof(size_t) || (*all = malloc(ds->n * sizeof(size_t))) == NULL)
-        return strata_diag_set(d, STRATA_ENOMEM, "out of memory");
-    for (size_t i = 0; i < ds->n; i++)
-        (*all)[i] = i;
-    *mine = *all;
-    *n_mine = ds->n;
-    return STRATA_OK;
 }
 
 int main(int argc, char **argv)
@@ -287,11 +335,6 @@ int main(int argc, char **argv)
         strata_log_error("%s", strata_diag_msg(&d, rc));
         goto out;
     }
-    if ((rc = own_share(&o, &ds, &part, &all, &mine, &n_mine, &d)) < 0) {
-        strata_log_error("--partition: %s", strata_diag_msg(&d, rc));
-        code = 2;
-        goto out;
-    }
     if ((rc = strata_http_new(o.server, o.ca_cert, g_stop, &h, &d)) < 0) {
         strata_log_error("%s", strata_diag_msg(&d, rc));
         code = 2;
@@ -304,6 +347,16 @@ int main(int argc, char **argv)
         strata_log_info("registered as client %lld", id.client_id);
     else
         goto out;
+    long index = 0, count = 1;
+    if (choose_share(&o, &id, &index, &count) < 0) {
+        code = 2;
+        goto out;
+    }
+    if ((rc = own_share(&o, &ds, index, count, &part, &all, &mine, &n_mine, &d)) < 0) {
+        strata_log_error("--partition: %s", strata_diag_msg(&d, rc));
+        code = 2;
+        goto out;
+    }
     if (strata_http_set_token(h, id.token) < 0)
         goto out;
     int has_last;
@@ -316,7 +369,7 @@ int main(int argc, char **argv)
                                    .data = &ds,
                                    .mine = mine,
                                    .nmine = n_mine,
-                                   .client_index = (uint64_t)o.client_index,
+                                   .client_index = (uint64_t)index,
                                    .ef_beta = o.ef_beta,
                                    .ef_max_staleness = (uint32_t)o.ef_max_staleness,
                                    .progress =
@@ -326,10 +379,10 @@ int main(int argc, char **argv)
     strata_client_upload result;
     if (strata_client_round_settle(&ctx, &settled, &result) < 0)
         goto out;
-    strata_log_info("%zu training samples (share %ld of %ld, partition %s)", ctx.nmine,
-                    o.client_index, o.num_clients, o.partition);
+    strata_log_info("%zu training samples (share %ld of %ld, partition %s)", ctx.nmine, index,
+                    count, o.partition);
     int finished;
-    if (poll_loop(&o, &ctx, &id, &finished) == STRATA_OK)
+    if (poll_loop(&o, &ctx, &id, part, &finished) == STRATA_OK)
         code = 0;
 out:
     if (*g_stop)

@@ -49,6 +49,12 @@ int strata_client_session_register(strata_http *h, strata_client_state *st, cons
         rc = STRATA_EPROTO;
         goto out;
     }
+    if (strata_client_identity_share(j, id) < 0) {
+        strata_log_error("registration answer (HTTP %ld): a malformed data_share or data_shares",
+                         r.status);
+        rc = STRATA_EPROTO;
+        goto out;
+    }
     id->client_id = json_integer_value(cid);
     snprintf(id->token, sizeof(id->token), "%s", tok);
     if ((rc = strata_client_state_save_identity(st, id, server, &d)) < 0)

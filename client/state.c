@@ -153,12 +153,33 @@ int strata_client_state_load_identity(const strata_client_state *s, strata_clien
     json_t *cid = json_object_get(j, "client_id");
     if (tok == NULL || strlen(tok) >= sizeof(id->token) || !json_is_integer(cid)) {
         rc = strata_diag_set(diag, STRATA_EPROTO, "%s lacks a client_id or a token", p);
+    } else if (strata_client_identity_share(j, id) < 0) {
+        rc = strata_diag_set(diag, STRATA_EPROTO,
+                             "%s: data_share must be 0 to data_shares-1, data_shares 1 to %d", p,
+                             STRATA_CLIENT_MAX_SHARES);
     } else {
         id->client_id = json_integer_value(cid);
         snprintf(id->token, sizeof(id->token), "%s", tok);
     }
     json_decref(j);
+    if (rc < 0)
+        memset(id, 0, sizeof(*id));
     return rc;
+}
+
+int strata_client_identity_share(const json_t *j, strata_client_identity *id)
+{
+    id->data_share = id->data_shares = 0;
+    json_t *k = json_object_get(j, "data_share"), *n = json_object_get(j, "data_shares");
+    if (k == NULL && n == NULL)
+        return STRATA_OK;
+    if (!json_is_integer(k) || !json_is_integer(n) || json_integer_value(n) < 1 ||
+        json_integer_value(n) > STRATA_CLIENT_MAX_SHARES || json_integer_value(k) < 0 ||
+        json_integer_value(k) >= json_integer_value(n))
+        return STRATA_EPROTO;
+    id->data_share = (long)json_integer_value(k);
+    id->data_shares = (long)json_integer_value(n);
+    return STRATA_OK;
 }
 
 int strata_client_state_save_identity(const strata_client_state *s,
@@ -169,6 +190,12 @@ int strata_client_state_save_identity(const strata_client_state *s,
     path_of(s, F_IDENTITY, p);
     json_t *j = json_pack("{s:I,s:s,s:s}", "client_id", (json_int_t)id->client_id, "token",
                           id->token, "server", server ? server : "");
+    if (j != NULL && id->data_shares > 0 &&
+        (json_object_set_new(j, "data_share", json_integer(id->data_share)) != 0 ||
+         json_object_set_new(j, "data_shares", json_integer(id->data_shares)) != 0)) {
+        json_decref(j);
+        j = NULL;
+    }
     char *text = j ? json_dumps(j, JSON_COMPACT) : NULL;
     json_decref(j);
     if (text == NULL)

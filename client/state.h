@@ -4,7 +4,9 @@
  * directory (--state-dir, created with mode 0700):
  *
  *   identity.json                 {"client_id":N,"token":"...","server":"URL"}
- *                                 from registration (mode 0600); kept across
+ *                                 from registration (mode 0600), with
+ *                                 "data_share" and "data_shares" when the
+ *                                 coordinator assigned a share; kept across
  *                                 federations of the same coordinator
  *   registration                  the registration id (random, mode 0600),
  *                                 written before the first attempt: a
@@ -46,6 +48,7 @@
 #include "strata/model.h"
 #include "strata/tensor.h"
 
+#include <jansson.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -58,6 +61,9 @@ typedef struct strata_client_state strata_client_state;
 typedef struct strata_client_identity {
     long long client_id;
     char token[80];
+    /* The data share the coordinator assigned (--data-shares): share
+     * data_share of data_shares; data_shares 0 when it assigned none. */
+    long data_share, data_shares;
 } strata_client_identity;
 
 /* Opens the state directory dir (borrowed string, copied), creating it
@@ -73,9 +79,21 @@ void strata_client_state_free(strata_client_state *s);
 /* The directory's path (borrowed from s). */
 const char *strata_client_state_dir(const strata_client_state *s);
 
+/* Most data shares a coordinator may assign (the share count of
+ * --num-clients). */
+#define STRATA_CLIENT_MAX_SHARES 1000000
+
+/* Reads the optional "data_share" and "data_shares" members of the JSON
+ * object j (borrowed: identity.json, or the coordinator's registration
+ * answer) into id's data_share and data_shares (0 and 0 when both are
+ * absent). Errors: STRATA_EPROTO when only one is present or they are not
+ * integers with 0 <= data_share < data_shares <= STRATA_CLIENT_MAX_SHARES
+ * (id's share fields are then 0). */
+int strata_client_identity_share(const json_t *j, strata_client_identity *id);
+
 /* Loads identity.json into *id (zeroed on entry). Errors: STRATA_ESTATE
- * when there is none, STRATA_EPROTO when it is malformed, those of
- * strata_file_read_all. */
+ * when there is none, STRATA_EPROTO when it is malformed (a data share
+ * outside 0..data_shares-1 included), those of strata_file_read_all. */
 int strata_client_state_load_identity(const strata_client_state *s, strata_client_identity *id,
                                       strata_diag *diag);
 

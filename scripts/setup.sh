@@ -13,6 +13,17 @@ PACKAGES=(
   curl libyaml-libyaml-perl openssl
 )
 
+# The compose test (tests/integration/test_docker_compose.sh) builds its
+# base image with debootstrap and needs Compose: the `docker compose` plugin
+# when the engine has it, else Debian's docker-compose. Only where a Docker
+# engine is installed.
+if command -v docker >/dev/null 2>&1; then
+  PACKAGES+=(debootstrap)
+  if ! docker compose version >/dev/null 2>&1; then
+    PACKAGES+=(docker-compose)
+  fi
+fi
+
 missing=()
 for p in "${PACKAGES[@]}"; do
   if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then

@@ -88,6 +88,8 @@ const char srv_config_usage[] =
     "  --connection-timeout S    idle seconds before a connection is closed (30)\n"
     "  --request-timeout S       seconds to receive one whole request (120)\n"
     "  --max-clients N           registered clients (100000)\n"
+    "  --data-shares N           give the first N clients data shares 0..N-1 at\n"
+    "                            registration and refuse more (0: off, default)\n"
     "  --upload-rate N           uploads per client per minute (30)\n"
     "  --enrolment-rate N        wrong enrolment secrets per address per minute (10)\n"
     "\n"
@@ -147,6 +149,7 @@ static const strata_opt OPTS[] = {
     {"connection_timeout", STRATA_OPT_INTEGER, OFF(connection_timeout), 1, 86400, "S", NULL},
     {"request_timeout", STRATA_OPT_INTEGER, OFF(request_timeout), 1, 86400, "S", NULL},
     {"max_clients", STRATA_OPT_INTEGER, OFF(max_clients), 1, 1000000, "N", NULL},
+    {"data_shares", STRATA_OPT_INTEGER, OFF(data_shares), 0, 1000000, "N", NULL},
     {"upload_rate", STRATA_OPT_INTEGER, OFF(upload_rate), 1, 1000000, "N", NULL},
     {"enrolment_rate", STRATA_OPT_INTEGER, OFF(enrolment_rate), 1, 1000000, "N", NULL},
     {"log_format", STRATA_OPT_STRING, OFF(log_format), 0, 0, "text|json", NULL},

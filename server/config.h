@@ -20,7 +20,7 @@ typedef struct srv_config {
         threads, http_threads, seed;
     /* Limits. */
     long max_body_bytes, max_json_bytes, max_json_depth, max_connections, connection_timeout,
-        request_timeout, max_clients, upload_rate, enrolment_rate, straggler_rounds;
+        request_timeout, max_clients, data_shares, upload_rate, enrolment_rate, straggler_rounds;
     double fraction, round_deadline, density, lr, momentum, weight_decay, prox_mu, server_lr,
         trim_fraction, clip_norm, screen_factor, over_select;
     strata_values_format values_format;

@@ -89,10 +89,14 @@ int srv_engine_admin_auth(srv_engine *e, const char *authorization, srv_result *
  * the enrolment secret, makes a random token, stores the client (durably,
  * before answering) and indexes its token hash. An address that sent
  * enrolment_rate wrong secrets within a minute is refused before anything
- * else until its bucket refills. r: SRV_CREATED with {"client_id",
- * "token"}; SRV_E_RATE_LIMITED with Retry-After, SRV_E_BAD_REQUEST /
- * SRV_E_TOO_LARGE (the body), SRV_E_BAD_SECRET, SRV_E_TOO_MANY_CLIENTS,
- * SRV_E_INTERNAL. Blocks on the store's commit under the engine lock. */
+ * else until its bucket refills. r: SRV_CREATED (SRV_OK for a repeated
+ * registration id) with {"client_id", "token"}, plus "data_share" (the
+ * client's place in the order of registration) and "data_shares" when
+ * data_shares is configured; SRV_E_RATE_LIMITED with Retry-After,
+ * SRV_E_BAD_REQUEST / SRV_E_TOO_LARGE (the body), SRV_E_BAD_SECRET,
+ * SRV_E_TOO_MANY_CLIENTS (max_clients), SRV_E_NO_DATA_SHARE (a new client
+ * when every data share is taken: nothing is stored), SRV_E_INTERNAL. Blocks on the store's commit
+ * under the engine lock. */
 void srv_engine_register(srv_engine *e, const char *peer, const uint8_t *body, size_t len,
                          srv_result *r);
 

@@ -266,6 +266,7 @@ static const struct {
     [SRV_E_ROUND_NOT_OPEN] = {409, "round_not_open"},
     [SRV_E_RATE_LIMITED] = {429, "rate_limited"},
     [SRV_E_TOO_MANY_CLIENTS] = {429, "too_many_clients"},
+    [SRV_E_NO_DATA_SHARE] = {409, "no_data_share"},
     [SRV_E_FINISHED] = {410, "finished"},
     [SRV_E_ROUND_CLOSING] = {409, "round_closing"},
     [SRV_E_REQUEST_TIMEOUT] = {408, "request_timeout"},

@@ -281,6 +281,25 @@ static srv_bucket *peer_bucket(srv_engine *e, const char *addr, int64_t now)
     return &victim->wrong;
 }
 
+/* The data share a registration with registration id reg (NULL: none)
+ * gets: a client's share is its place in the order of registration (ids
+ * ascend and are never reused, so the place never changes), the place of
+ * the client reg names when it registered before, else the next one.
+ * Lock held. */
+static int share_of(srv_engine *e, const char *reg, size_t *share, strata_diag *d)
+{
+    *share = e->nclients;
+    if (reg == NULL || e->cfg->data_shares == 0)
+        return STRATA_OK;
+    uint64_t id = 0;
+    int found = 0;
+    int rc = strata_store_registration_find(e->store, reg, &id, &found, d);
+    ptrdiff_t k = found ? srv__id_find(e->clients, e->nclients, id) : -1;
+    if (rc == STRATA_OK && k >= 0)
+        *share = (size_t)k;
+    return rc;
+}
+
 void srv_engine_register(srv_engine *e, const char *peer, const uint8_t *body, size_t len,
                          srv_result *r)
 {
@@ -330,10 +349,18 @@ void srv_engine_register(srv_engine *e, const char *peer, const uint8_t *body, s
                          e->cfg->max_clients);
         return;
     }
+    const char *reg = rq.has_registration_id ? rq.registration_id : NULL;
+    size_t share = 0;
+    int rc = share_of(e, reg, &share, &d);
+    if (rc == STRATA_OK && e->cfg->data_shares > 0 && share >= (size_t)e->cfg->data_shares) {
+        pthread_mutex_unlock(&e->mu);
+        srv_result_error(r, SRV_E_NO_DATA_SHARE, "all %ld data shares are taken (--data-shares)",
+                         e->cfg->data_shares);
+        return;
+    }
     int existed = 0;
-    int rc = strata_store_client_add(e->store, hash, name,
-                                     rq.has_registration_id ? rq.registration_id : NULL, &id,
-                                     &existed, &d);
+    if (rc == STRATA_OK)
+        rc = strata_store_client_add(e->store, hash, name, reg, &id, &existed, &d);
     if (rc == 0 && existed)
         tok_replace(e, id, hash);
     else if (rc == 0)
@@ -346,6 +373,11 @@ void srv_engine_register(srv_engine *e, const char *peer, const uint8_t *body, s
         srv_result_unavailable(r, "registration", strata_diag_msg(&d, rc));
     else if (rc < 0)
         srv_result_internal(r, strata_diag_msg(&d, rc));
+    else if (e->cfg->data_shares > 0)
+        srv__result_json(r, existed ? SRV_OK : SRV_CREATED,
+                         json_pack("{s:I,s:s,s:I,s:I}", "client_id", (json_int_t)id, "token", tok,
+                                   "data_share", (json_int_t)share, "data_shares",
+                                   (json_int_t)e->cfg->data_shares));
     else
         srv__result_json(r, existed ? SRV_OK : SRV_CREATED,
                          json_pack("{s:I,s:s}", "client_id", (json_int_t)id, "token", tok));

@@ -34,6 +34,7 @@ typedef enum srv_outcome {
     SRV_E_ROUND_NOT_OPEN,
     SRV_E_RATE_LIMITED,
     SRV_E_TOO_MANY_CLIENTS,
+    SRV_E_NO_DATA_SHARE, /* every share of --data-shares is taken */
     SRV_E_FINISHED,
     SRV_E_ROUND_CLOSING,
     SRV_E_REQUEST_TIMEOUT,

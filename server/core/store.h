@@ -133,6 +133,12 @@ int strata_store_client_add(strata_store *s, const uint8_t token_hash[STRATA_STO
                             const char *name, const char *registration_id, uint64_t *client_id,
                             int *existed, strata_diag *diag);
 
+/* Looks up the client registered with registration_id (borrowed): *found
+ * 1 and its id in *client_id, or *found 0 (both zeroed on entry). Changes
+ * nothing. Errors: STRATA_EINVAL (NULL argument), the database's. */
+int strata_store_registration_find(strata_store *s, const char *registration_id,
+                                   uint64_t *client_id, int *found, strata_diag *diag);
+
 /* Looks a client up by id. Not registered: STRATA_OK with *found = 0. */
 int strata_store_client_get(strata_store *s, uint64_t client_id, strata_store_client *out,
                             int *found, strata_diag *diag);

@@ -153,6 +153,19 @@ out:
     return rc;
 }
 
+int strata_store_registration_find(strata_store *s, const char *registration_id,
+                                   uint64_t *client_id, int *found, strata_diag *diag)
+{
+    strata__store_diag_clear(diag);
+    if (client_id != NULL)
+        *client_id = 0;
+    if (found != NULL)
+        *found = 0;
+    if (s == NULL || registration_id == NULL || client_id == NULL || found == NULL)
+        return strata_diag_set(diag, STRATA_EINVAL, "registration find: NULL argument");
+    return registration_get(s, registration_id, client_id, found, diag);
+}
+
 int strata_store_client_get(strata_store *s, uint64_t client_id, strata_store_client *out,
                             int *found, strata_diag *diag)
 {

@@ -611,6 +611,30 @@ static int study_main(const sim_opts *o)
     return sim_study_run(o->study, o->out, self, sim_study_check, strata_stop_install());
 }
 
+/* --report-from: the report of a coordinator's state directory (the
+ * coordinator stopped), in --out; the header's settings are the options
+ * given. */
+static int report_only(const sim_opts *o)
+{
+    if (sim_report_check(o->report_from) < 0)
+        return SIM_EXIT_FAIL;
+    if (sim_mkdirs(o->out) < 0) {
+        strata_log_error("cannot create %s", o->out);
+        return SIM_EXIT_FAIL;
+    }
+    sim_run_info info = {.clients = o->clients,
+                         .rounds = o->rounds,
+                         .seed = o->seed,
+                         .data_shares = o->data_shares,
+                         .model = o->model,
+                         .partition = o->partition,
+                         .policy = o->policy,
+                         .density = o->density,
+                         .values = o->values};
+    return sim_report_write(o->report_from, o->out, &info, o->json) < 0 ? SIM_EXIT_FAIL
+                                                                        : SIM_EXIT_OK;
+}
+
 int main(int argc, char **argv)
 {
     strata_log_setup("strata-sim", STRATA_LOG_INFO, STRATA_LOG_TEXT);
@@ -618,7 +642,9 @@ int main(int argc, char **argv)
     int help = 0, rc = sim_opts_parse(argc, argv, &o, &help);
     if (rc == SIM_EXIT_OK && !help) {
         strata_log_setup("strata-sim", o.log_level, o.log_format);
-        rc = o.study != NULL ? study_main(&o) : sim_main(&o);
+        rc = o.study != NULL         ? study_main(&o)
+             : o.report_from != NULL ? report_only(&o)
+                                     : sim_main(&o);
     }
     sim_opts_cleanup(&o);
     return rc;

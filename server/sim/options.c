@@ -75,6 +75,10 @@ static const strata_opt OWN[] = {
     {"study", STRATA_OPT_STRING, OFF(study), 0, 0, "SPEC.json",
      "run the grid of runs SPEC.json describes into --out, skipping\n"
      "finished runs, then write study.csv, plots and report.md/.html"},
+    {"report_from", STRATA_OPT_STRING, OFF(report_from), 0, 0, "DIR",
+     "run nothing: write the report of the stopped coordinator\nwhose state directory is DIR"},
+    {"data_shares", STRATA_OPT_INTEGER, OFF(data_shares), 0, 1000000, "N",
+     "with --report-from: the coordinator's --data-shares\n(adds the clients table)"},
     {"log_format", STRATA_OPT_STRING, OFF(log_format_name), 0, 0, "text|json",
      "text (default) or one JSON object per log line"},
     {"log_level", STRATA_OPT_STRING, OFF(log_level_name), 0, 0, "debug|info|warn|error",
@@ -87,7 +91,8 @@ static const strata_opt OWN[] = {
  * invocation, not the run. */
 static int per_invocation(const char *key)
 {
-    static const char *const KEYS[] = {"out", "resume", "json", "log_format", "log_level", "study"};
+    static const char *const KEYS[] = {"out",       "resume", "json",        "log_format",
+                                       "log_level", "study",  "report_from", "data_shares"};
     for (size_t i = 0; i < sizeof(KEYS) / sizeof(KEYS[0]); i++)
         if (strcmp(key, KEYS[i]) == 0)
             return 1;
@@ -339,7 +344,7 @@ int sim_opts_parse(int argc, char **argv, sim_opts *o, int *help)
     }
     if (o->resume && (rc = apply_saved(argc, argv, o)) != SIM_EXIT_OK)
         return rc;
-    if (o->data == NULL) {
+    if (o->data == NULL && o->report_from == NULL) {
         usage(stderr);
         strata_log_error("--data is required");
         return SIM_EXIT_USAGE;

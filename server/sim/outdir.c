@@ -47,6 +47,12 @@ static int mkdirs(const char *path, char *top, size_t cap)
     return STRATA_OK;
 }
 
+int sim_mkdirs(const char *path)
+{
+    char top[PATH_MAX];
+    return mkdirs(path, top, sizeof(top));
+}
+
 int sim_out_open(const char *out, sim_out *o, strata_diag *diag)
 {
     memset(o, 0, sizeof(*o));

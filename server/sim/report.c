@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 /* Decodes the summaries of the store's closed rounds into *out (*n of
  * them); a record whose summary does not decode is left out, with a
@@ -77,6 +78,81 @@ static void report_lgreco(FILE *fm, const strata_round_summary *list, size_t nr)
     }
 }
 
+int sim_report_check(const char *state_dir)
+{
+    char db[PATH_MAX];
+    struct stat st;
+    strata_diag d = {{0}};
+    if (strata_store_path(state_dir, STRATA_STORE_FILE_DB, 0, 0, db, sizeof(db), &d) < 0 ||
+        stat(db, &st) != 0) {
+        strata_log_error("%s holds no coordinator state (no database)", state_dir);
+        return STRATA_ESTATE;
+    }
+    strata_store *s = NULL;
+    int rc = strata_store_open(state_dir, &s, &d);
+    strata_store_close(s);
+    if (rc < 0)
+        strata_log_error("%s: %s (has the coordinator stopped?)", state_dir,
+                         strata_diag_msg(&d, rc));
+    return rc;
+}
+
+/* Appends the clients table to the report fm: every registered client by
+ * id, its data share (its place in the order of registration, which is how
+ * the coordinator assigns --data-shares) and its accepted updates over
+ * rounds [0, nrounds). */
+static int write_clients(FILE *fm, const char *state_dir, long data_shares, uint32_t nrounds)
+{
+    strata_store *s = NULL;
+    strata_diag d = {{0}};
+    uint64_t count = 0;
+    int rc = strata_store_open(state_dir, &s, &d);
+    if (rc == 0)
+        rc = strata_store_client_count(s, &count, &d);
+    uint64_t *ids = NULL, *accepted = NULL;
+    size_t n = 0;
+    if (rc == 0 && count > 0 && count < 1000000 &&
+        ((ids = calloc(count, sizeof(*ids))) == NULL ||
+         (accepted = calloc(count, sizeof(*accepted))) == NULL))
+        rc = strata_diag_set(&d, STRATA_ENOMEM, "out of memory");
+    /* Ids ascend from 1 and are never reused. */
+    for (uint64_t id = 1; rc == 0 && ids != NULL && n < count && id < count + 100000; id++) {
+        strata_store_client cl;
+        int found = 0;
+        if ((rc = strata_store_client_get(s, id, &cl, &found, &d)) == 0 && found)
+            ids[n++] = id;
+    }
+    for (uint32_t r = 0; rc == 0 && r < nrounds; r++) {
+        strata_store_update *u = NULL;
+        size_t nu = 0;
+        rc = strata_store_update_list(s, r, &u, &nu, &d);
+        for (size_t i = 0; rc == 0 && i < nu; i++)
+            for (size_t k = 0; k < n; k++)
+                accepted[k] += ids[k] == u[i].client_id;
+        strata_store_update_list_free(u, nu);
+    }
+    if (rc == 0) {
+        fprintf(fm,
+                "\nClients (data shares of %ld, in the order of registration):\n\n"
+                "| client | data share | accepted updates |\n|---|---|---|\n",
+                data_shares);
+        for (size_t k = 0; k < n; k++) {
+            if ((long)k < data_shares)
+                fprintf(fm, "| %llu | %zu | %llu |\n", (unsigned long long)ids[k], k,
+                        (unsigned long long)accepted[k]);
+            else
+                fprintf(fm, "| %llu | none | %llu |\n", (unsigned long long)ids[k],
+                        (unsigned long long)accepted[k]);
+        }
+    } else {
+        strata_log_error("cannot read the coordinator's clients: %s", strata_diag_msg(&d, rc));
+    }
+    free(ids);
+    free(accepted);
+    strata_store_close(s);
+    return rc;
+}
+
 int sim_report_write(const char *state_dir, const char *out_dir, const sim_run_info *o, int json)
 {
     strata_round_summary *list = NULL;
@@ -138,6 +214,9 @@ int sim_report_write(const char *state_dir, const char *out_dir, const sim_run_i
             fprintf(fm, "| %s | %.6f | %s |\n", last->layer_names[k], last->densities[k],
                     last->compressors != NULL ? last->compressors[k] : "");
     }
+    if (fm != NULL && o->data_shares > 0 && nr > 0 &&
+        write_clients(fm, state_dir, o->data_shares, list[nr - 1].round + 1) < 0 && rc == 0)
+        rc = STRATA_EIO;
     if (fm != NULL)
         report_lgreco(fm, list, nr);
     if (fm != NULL)

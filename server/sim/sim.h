@@ -27,8 +27,8 @@ enum { SIM_EXIT_OK = 0, SIM_EXIT_FAIL = 1, SIM_EXIT_USAGE = 2, SIM_EXIT_INTERRUP
 
 /* strata-sim's options (strings malloc'ed; sim_opts_cleanup frees them). */
 typedef struct sim_opts {
-    long clients, rounds, seed, deadline;
-    char *model, *data, *partition, *policy, *density, *values, *out, *study;
+    long clients, rounds, seed, deadline, data_shares;
+    char *model, *data, *partition, *policy, *density, *values, *out, *study, *report_from;
     char *pass[SIM_NPASS]; /* the value of pass-through option i, NULL when not given */
     int json, resume;
     char *log_format_name, *log_level_name;
@@ -128,16 +128,23 @@ const char *sim_run_state_name(sim_run_state s);
 /* What the report's header states about the run (borrowed strings). */
 typedef struct sim_run_info {
     long clients, rounds, seed;
+    long data_shares; /* the coordinator's --data-shares; 0: none */
     const char *model, *partition, *policy, *density, *values;
     const char *sampling; /* "all", "N per round" or "fraction F" */
 } sim_run_info;
 
 /* Reads every round record of the coordinator's store in state_dir (the
  * coordinator must have exited) and writes out_dir/report.csv and
- * out_dir/report.md; logs a one-line summary and, when json is set, prints
- * the JSON summary as the last line of standard output. Errors:
- * STRATA_EIO when the store cannot be read or a report file cannot be
- * written (logged), or the store's errors. */
+ * out_dir/report.md (with info->data_shares, also a table of the clients:
+ * each one's data share and accepted updates); logs a one-line summary and, when json is set,
+ * prints the JSON summary as the last line of standard output. Errors: STRATA_EIO when the store
+ * cannot be read or a report file cannot be written (logged), or the store's errors. */
+/* Checks that state_dir holds a coordinator's store (its database exists)
+ * and that no coordinator has it open, without creating or changing
+ * anything there. Errors (logged): STRATA_ESTATE when there is no store,
+ * the store's (STRATA_ESTATE when it is locked: a coordinator runs). */
+int sim_report_check(const char *state_dir);
+
 int sim_report_write(const char *state_dir, const char *out_dir, const sim_run_info *info,
                      int json);
 
@@ -157,6 +164,10 @@ int sim_shards_write(const char *data_dir, const char *spec, long nclients, long
                      const char *base, strata_diag *diag);
 
 /* ---- the output directory (outdir.c) ------------------------------------ */
+
+/* Creates path and its missing parents (mode 0755). Errors: STRATA_EINVAL
+ * (path too long), STRATA_EIO. */
+int sim_mkdirs(const char *path);
 
 /* What a run keeps in --out. */
 enum {

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Static checks of the Docker files (no Docker engine here): the compose file
-# parses; the build context, Dockerfile and every host path it names exist;
-# every COPY source of the Dockerfile exists; the entry point is valid shell;
+# Static checks of the Docker files (no Docker engine needed; the
+# federation itself runs in test_docker_compose.sh): the compose files
+# parse; the build context, Dockerfile and every host path they name exist;
+# every COPY source of the Dockerfile exists; the scripts are valid shell;
 # and every option the compose commands pass exists in the executables' help.
 source "$(dirname "$0")/lib.sh"
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -11,7 +12,7 @@ perl -MYAML::XS -e '
     my $c = YAML::XS::LoadFile($ARGV[0]);
     my $dir = $ARGV[0]; $dir =~ s{/[^/]+$}{};
     my $s = $c->{services} or die "no services\n";
-    for my $name ("coordinator", "client") { $s->{$name} or die "service $name missing\n"; }
+    for my $name ("coordinator", "client", "report") { $s->{$name} or die "service $name missing\n"; }
     for my $name (sort keys %$s) {
         my $svc = $s->{$name};
         if (my $b = $svc->{build}) {
@@ -35,8 +36,16 @@ perl -MYAML::XS -e '
 while read -r src; do
     [ -e "$root/$src" ] || fail "Dockerfile COPY source $src missing"
 done < <(awk '$1 == "COPY" && $2 !~ /^--from/ { for (i = 2; i < NF; i++) print $i }' "$root/docker/Dockerfile")
-sh -n "$root/docker/entrypoint.sh" || fail "entrypoint.sh is not valid shell"
-[ -x "$root/docker/entrypoint.sh" ] || fail "entrypoint.sh is not executable"
+perl -MYAML::XS -e 'YAML::XS::LoadFile($ARGV[0])->{services}{coordinator} or die' \
+    "$root/docker/docker-compose.tls.yml" || fail "docker-compose.tls.yml"
+for f in entrypoint.sh apt-need.sh; do
+    sh -n "$root/docker/$f" || fail "$f is not valid shell"
+    [ -x "$root/docker/$f" ] || fail "$f is not executable"
+done
+for f in base-image.sh make-certs.sh; do
+    bash -n "$root/docker/$f" || fail "$f is not valid bash"
+    [ -x "$root/docker/$f" ] || fail "$f is not executable"
+done
 
 check_options() { # args-file binary
     local help
@@ -47,4 +56,5 @@ check_options() { # args-file binary
 }
 check_options "$WORK/coordinator.args" "$BUILD/strata-server"
 check_options "$WORK/client.args" "$BUILD/strata-client"
+check_options "$WORK/report.args" "$BUILD/strata-sim"
 echo "PASS: docker files"

@@ -87,6 +87,27 @@ static void test_identity(void)
                     STRATA_OK);
     CU_ASSERT_EQUAL(strata_client_state_load_identity(s, &id, NULL), STRATA_EPROTO);
     CU_ASSERT_EQUAL(id.client_id, 0);
+    /* A data share the coordinator assigned is kept with the identity. */
+    saved.data_share = 3;
+    saved.data_shares = 5;
+    CU_ASSERT_EQUAL(strata_client_state_save_identity(s, &saved, "http://x:1", NULL), STRATA_OK);
+    CU_ASSERT_EQUAL(strata_client_state_load_identity(s, &id, NULL), STRATA_OK);
+    CU_ASSERT_EQUAL(id.data_share, 3);
+    CU_ASSERT_EQUAL(id.data_shares, 5);
+    /* A share outside 0..N-1, or half of one, is refused. */
+    static const char *const bad[] = {
+        "{\"client_id\":1,\"token\":\"t\",\"data_share\":5,\"data_shares\":5}",
+        "{\"client_id\":1,\"token\":\"t\",\"data_share\":-1,\"data_shares\":5}",
+        "{\"client_id\":1,\"token\":\"t\",\"data_share\":0,\"data_shares\":0}",
+        "{\"client_id\":1,\"token\":\"t\",\"data_share\":0}",
+        "{\"client_id\":1,\"token\":\"t\",\"data_shares\":2}",
+        "{\"client_id\":1,\"token\":\"t\",\"data_share\":\"0\",\"data_shares\":2}",
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        CU_ASSERT_EQUAL(strata_file_write_atomic(p, bad[i], strlen(bad[i]), 0600, NULL), STRATA_OK);
+        CU_ASSERT_EQUAL(strata_client_state_load_identity(s, &id, NULL), STRATA_EPROTO);
+        CU_ASSERT_EQUAL(id.client_id + id.data_share + id.data_shares, 0);
+    }
     strata_client_state_free(s);
 }
 

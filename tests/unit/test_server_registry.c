@@ -67,6 +67,73 @@ static void test_register_and_auth(void)
     free(dir);
 }
 
+/* Registers with registration id reg; the answer's outcome, client id and
+ * data share (-1 when the answer has none). */
+static srv_outcome register_share(fix_engine *f, const char *reg, uint64_t *id, long *share)
+{
+    char body[256];
+    snprintf(body, sizeof(body), "{\"enrolment_secret\":\"%s\",\"registration_id\":\"%s\"}",
+             FIX_SECRET, reg);
+    srv_result r = {0};
+    srv_engine_register(f->e, "127.0.0.1", (const uint8_t *)body, strlen(body), &r);
+    srv_outcome o = r.outcome;
+    json_t *j = fix_json(&r);
+    *id = (uint64_t)json_integer_value(json_object_get(j, "client_id"));
+    json_t *sh = json_object_get(j, "data_share");
+    *share = json_is_integer(sh) ? (long)json_integer_value(sh) : -1;
+    if (sh != NULL)
+        CU_ASSERT_EQUAL(json_integer_value(json_object_get(j, "data_shares")), 3);
+    json_decref(j);
+    srv_result_cleanup(&r);
+    return o;
+}
+
+/* --data-shares 3: the first three clients get shares 0, 1, 2 in the order
+ * they registered; a repeated registration keeps its share, also after a
+ * restart; a fourth client is refused and nothing is stored. */
+static void test_data_shares(void)
+{
+    char *dir = strata_test_tmpdir();
+    CU_ASSERT_PTR_NOT_NULL_FATAL(dir);
+    fix_engine f;
+    const char *extra[] = {"--data-shares", "3", NULL};
+    CU_ASSERT_EQUAL_FATAL(fix_open(&f, dir, 0, extra), 0);
+    static const char *const regs[] = {"replica-aaaaaaaaaaaa", "replica-bbbbbbbbbbbb",
+                                       "replica-cccccccccccc"};
+    uint64_t ids[3] = {0}, id = 0;
+    long share = -2;
+    for (long i = 0; i < 3; i++) {
+        CU_ASSERT_EQUAL(register_share(&f, regs[i], &ids[i], &share), SRV_CREATED);
+        CU_ASSERT_EQUAL(share, i);
+    }
+    CU_ASSERT_EQUAL(register_share(&f, "replica-dddddddddddd", &id, &share), SRV_E_NO_DATA_SHARE);
+    CU_ASSERT_EQUAL(id, 0);
+    CU_ASSERT_EQUAL(fix_register(&f, FIX_SECRET, &id, NULL), SRV_E_NO_DATA_SHARE);
+    CU_ASSERT_EQUAL(register_share(&f, regs[1], &id, &share), SRV_OK);
+    CU_ASSERT_EQUAL(id, ids[1]);
+    CU_ASSERT_EQUAL(share, 1);
+    srv_result r = {0};
+    srv_engine_metrics(f.e, &r);
+    CU_ASSERT_PTR_NOT_NULL(strstr((char *)r.body, "strata_registered_clients 3\n"));
+    srv_result_cleanup(&r);
+    fix_close(&f);
+    /* After a restart the places are the same, and the refusal stands. */
+    CU_ASSERT_EQUAL_FATAL(fix_open(&f, dir, 0, extra), 0);
+    CU_ASSERT_EQUAL(register_share(&f, regs[2], &id, &share), SRV_OK);
+    CU_ASSERT_EQUAL(id, ids[2]);
+    CU_ASSERT_EQUAL(share, 2);
+    CU_ASSERT_EQUAL(register_share(&f, "replica-eeeeeeeeeeee", &id, &share), SRV_E_NO_DATA_SHARE);
+    fix_close(&f);
+    /* Without --data-shares the answer has no share. */
+    CU_ASSERT_EQUAL_FATAL(fix_open(&f, dir, 0, NULL), 0);
+    CU_ASSERT_EQUAL(register_share(&f, regs[0], &id, &share), SRV_OK);
+    CU_ASSERT_EQUAL(id, ids[0]);
+    CU_ASSERT_EQUAL(share, -1);
+    fix_close(&f);
+    strata_test_rmtree(dir);
+    free(dir);
+}
+
 static void test_rate_limit_and_capacity(void)
 {
     char *dir = strata_test_tmpdir();
@@ -245,6 +312,7 @@ int main(void)
                            {"last-seen times", test_last_seen},
                            {"enrolment limit per address", test_enrolment_limit},
                            {"idempotent registration", test_idempotent_registration},
+                           {"data shares", test_data_shares},
                            CU_TEST_INFO_NULL};
     CU_SuiteInfo suites[] = {{"server_registry", NULL, NULL, NULL, NULL, tests},
                              CU_SUITE_INFO_NULL};
