@@ -28,55 +28,84 @@ int srv__lgreco_candidates(const srv_engine *e, uint32_t r, strata_budget **out,
     return 0;
 }
 
-int srv__lgreco_table(const srv_engine *e, size_t ncands, const char *meta, double *table,
-                      char *msg, size_t mlen)
+/* Reads meta's error table: its shape and, when table is not NULL, its
+ * values (rows x cols, with cols == want_cols when want_cols > 0). */
+static void scan(const char *meta, size_t nlayers, size_t want_cols, double *table,
+                 srv_lgreco_scan *out)
 {
+    memset(out, 0, sizeof(*out));
     json_t *root = meta != NULL ? json_loads(meta, JSON_REJECT_DUPLICATES, NULL) : NULL;
     const json_t *t = root != NULL ? json_object_get(root, "error_table") : NULL;
-    int rc = STRATA_EPROTO;
-    if (ncands == 0) {
-        if (t == NULL)
-            rc = 0;
-        else
-            snprintf(msg, mlen, "metadata.error_table: this round's task asks for no error table");
+    out->present = t != NULL;
+    if (t == NULL)
+        goto out;
+    if (!json_is_array(t) || json_array_size(t) != nlayers) {
+        snprintf(out->bad, sizeof(out->bad),
+                 "metadata.error_table: expected an array of %zu rows (one per layer)", nlayers);
         goto out;
     }
-    if (t == NULL) {
-        snprintf(msg, mlen,
-                 "metadata.error_table: missing (the task asks for %zu candidates per layer)",
-                 ncands);
-        goto out;
-    }
-    if (!json_is_array(t) || json_array_size(t) != e->nlayers) {
-        snprintf(msg, mlen, "metadata.error_table: expected an array of %zu rows (one per layer)",
-                 e->nlayers);
-        goto out;
-    }
-    for (size_t l = 0; l < e->nlayers; l++) {
+    for (size_t l = 0; l < nlayers; l++) {
         const json_t *row = json_array_get(t, l);
-        if (!json_is_array(row) || json_array_size(row) != ncands) {
-            snprintf(msg, mlen,
+        size_t n = json_array_size(row);
+        if (l == 0)
+            out->cols = n;
+        if (!json_is_array(row) || n == 0 || n != out->cols || (want_cols > 0 && n != want_cols)) {
+            snprintf(out->bad, sizeof(out->bad),
                      "metadata.error_table[%zu]: expected an array of %zu numbers (one per "
                      "candidate)",
-                     l, ncands);
+                     l, want_cols > 0 ? want_cols : out->cols);
             goto out;
         }
-        for (size_t c = 0; c < ncands; c++) {
+        for (size_t c = 0; c < n; c++) {
             const json_t *v = json_array_get(row, c);
             double x = json_is_number(v) ? json_number_value(v) : -1.0;
             if (!(x >= 0.0 && isfinite(x))) {
-                snprintf(msg, mlen, "metadata.error_table[%zu][%zu]: expected a finite number >= 0",
-                         l, c);
+                snprintf(out->bad, sizeof(out->bad),
+                         "metadata.error_table[%zu][%zu]: expected a finite number >= 0", l, c);
                 goto out;
             }
             if (table != NULL)
-                table[l * ncands + c] = x;
+                table[l * n + c] = x;
         }
     }
-    rc = 0;
 out:
     json_decref(root);
-    return rc;
+}
+
+void srv__lgreco_scan(const char *meta, size_t nlayers, srv_lgreco_scan *out)
+{
+    scan(meta, nlayers, 0, NULL, out);
+}
+
+int srv__lgreco_check(const srv_lgreco_scan *s, size_t ncands, char *msg, size_t mlen)
+{
+    if (ncands == 0) {
+        if (!s->present)
+            return 0;
+        snprintf(msg, mlen, "metadata.error_table: this round's task asks for no error table");
+    } else if (!s->present) {
+        snprintf(msg, mlen,
+                 "metadata.error_table: missing (the task asks for %zu candidates per layer)",
+                 ncands);
+    } else if (s->bad[0] != '\0') {
+        snprintf(msg, mlen, "%s", s->bad);
+    } else if (s->cols != ncands) {
+        snprintf(msg, mlen,
+                 "metadata.error_table: rows of %zu numbers, expected %zu numbers (one per "
+                 "candidate)",
+                 s->cols, ncands);
+    } else {
+        return 0;
+    }
+    return STRATA_EPROTO;
+}
+
+int srv__lgreco_table(const srv_engine *e, size_t ncands, const char *meta, double *table,
+                      char *msg, size_t mlen)
+{
+    srv_lgreco_scan s;
+    scan(meta, e->nlayers, ncands, table, &s);
+    return srv__lgreco_check(&s, ncands, msg, mlen);
 }
 
 int srv__lgreco_solve(srv_engine *e, uint32_t r, const uint64_t *ids, const double *w,

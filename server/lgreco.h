@@ -12,12 +12,28 @@
  * multiple of lgreco_every). Errors: STRATA_ENOMEM. */
 int srv__lgreco_candidates(const srv_engine *e, uint32_t r, strata_budget **out, size_t *n);
 
-/* Checks the error table of an upload's metadata (meta, NUL-terminated JSON
- * object, may be NULL) against the open round: exactly e->nlayers rows of
- * e->ncands finite numbers >= 0 when the task asked for one (e->ncands >
- * 0), no "error_table" key otherwise. When table is not NULL it receives
- * the rows (nlayers x ncands). Returns 0, or STRATA_EPROTO with the reason
- * in msg. No lock needed for the parse; e->ncands is read. */
+/* What an upload's metadata holds of an error table, read once before the
+ * engine lock is taken (srv__lgreco_scan) and checked against the open
+ * round's task under it (srv__lgreco_check). */
+typedef struct srv_lgreco_scan {
+    int present;   /* an "error_table" key */
+    size_t cols;   /* numbers per row (when well formed) */
+    char bad[160]; /* why the table is malformed; "" when it is not */
+} srv_lgreco_scan;
+
+/* Reads the error table of an upload's metadata (meta, a NUL-terminated
+ * JSON object, may be NULL) into *out: well formed is exactly nlayers rows
+ * of one same number of finite numbers >= 0. No lock needed. */
+void srv__lgreco_scan(const char *meta, size_t nlayers, srv_lgreco_scan *out);
+
+/* Checks a scanned table against the open round's ncands candidates: a
+ * well-formed table of ncands columns when ncands > 0, none otherwise.
+ * Returns 0, or STRATA_EPROTO with the reason in msg. */
+int srv__lgreco_check(const srv_lgreco_scan *s, size_t ncands, char *msg, size_t mlen);
+
+/* Reads the error table of a stored update's metadata into table (nlayers x
+ * ncands) with the checks of srv__lgreco_scan and srv__lgreco_check.
+ * Returns 0, or STRATA_EPROTO with the reason in msg. */
 int srv__lgreco_table(const srv_engine *e, size_t ncands, const char *meta, double *table,
                       char *msg, size_t mlen);
 

@@ -78,7 +78,8 @@ static int validate_frame(const srv_engine *e, const strata_payload *p, uint32_t
 /* Checks an update that passed validate_frame against the open round's
  * task: model version, and each layer's compressor, value format and
  * budget. Lock held. Returns 0, or STRATA_EPROTO with the reason in msg. */
-static int validate_task(const srv_engine *e, const strata_payload *p, char *msg, size_t mlen)
+static int validate_task(const srv_engine *e, const strata_payload *p, const srv_lgreco_scan *ls,
+                         char *msg, size_t mlen)
 {
     if (p->model_version != e->version) {
         snprintf(msg, mlen, "header model_version %llu, the round's model is version %llu",
@@ -116,7 +117,7 @@ static int validate_task(const srv_engine *e, const strata_payload *p, char *msg
             return STRATA_EPROTO;
         }
     }
-    return srv__lgreco_table(e, e->ncands, p->metadata_json, NULL, msg, mlen);
+    return srv__lgreco_check(ls, e->ncands, msg, mlen);
 }
 
 /* The one accept step: an update the store just acknowledged (not a
@@ -266,8 +267,8 @@ static void group_commit(srv_engine *e, srv_pending_upload *u)
  * exit): pend is its prepared file or NULL (taken by a commit, or freed by
  * the caller when still set on return via *pend). */
 static void upload_alone(srv_engine *e, uint64_t cid, uint32_t round, const strata_payload *p,
-                         const uint8_t *body, size_t len, strata_store_pending **pend,
-                         srv_result *r)
+                         const srv_lgreco_scan *ls, const uint8_t *body, size_t len,
+                         strata_store_pending **pend, srv_result *r)
 {
     /* Never beside a group commit, so the store's order stays the
      * aggregation's. */
@@ -292,7 +293,7 @@ static void upload_alone(srv_engine *e, uint64_t cid, uint32_t round, const stra
             verdict_result(e, r, round, STRATA_STORE_REJECT_NOT_SELECTED, "");
             return;
         }
-        if (validate_task(e, p, msg, sizeof(msg)) < 0) {
+        if (validate_task(e, p, ls, msg, sizeof(msg)) < 0) {
             srv__ctr_add(e, SRV_CTR_UPD_INVALID, 1);
             srv_result_error(r, SRV_E_INVALID_UPDATE, "%s", msg);
             return;
@@ -354,6 +355,8 @@ void srv_engine_upload(srv_engine *e, uint64_t cid, uint32_t round, const uint8_
         strata_payload_free(p);
         return;
     }
+    srv_lgreco_scan ls; /* the metadata's error table, read before the lock */
+    srv__lgreco_scan(p->metadata_json, e->nlayers, &ls);
     /* The slow half of the durable write (the payload file, written and
      * fsync'ed) runs before the lock when the upload looks acceptable, so
      * uploads overlap their fsyncs; the commit under the lock decides. When
@@ -364,7 +367,7 @@ void srv_engine_upload(srv_engine *e, uint64_t cid, uint32_t round, const uint8_
     ptrdiff_t k = e->open && round == e->next_round && !e->closing
                       ? srv__id_find(e->selected, e->nselected, cid)
                       : -1;
-    int candidate = k >= 0 && !e->reported[k] && validate_task(e, p, msg, sizeof(msg)) == 0;
+    int candidate = k >= 0 && !e->reported[k] && validate_task(e, p, &ls, msg, sizeof(msg)) == 0;
     pthread_mutex_unlock(&e->mu);
     if (candidate && strata_store_update_prepare(e->store, round, cid, body, len, p->sample_count,
                                                  &pend, &d) < 0)
@@ -380,7 +383,7 @@ void srv_engine_upload(srv_engine *e, uint64_t cid, uint32_t round, const uint8_
             stored_result(e, r, round, u.rc, &u.rec, u.v, u.msg);
     }
     if (!taken)
-        upload_alone(e, cid, round, p, body, len, &pend, r);
+        upload_alone(e, cid, round, p, &ls, body, len, &pend, r);
     pthread_mutex_unlock(&e->mu);
     strata_store_pending_free(pend);
     strata_payload_free(p);
