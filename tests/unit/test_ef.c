@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 static uint32_t bits(float f)
 {
@@ -761,10 +762,95 @@ static void test_save_load(void)
     free(dir);
 }
 
+/* The lgreco error table: each entry is the squared error the step with
+ * that candidate leaves (the new residual's squared norm, for a step from
+ * the same state), for every family and values format; computing it moves
+ * nothing; bad candidates and a stale round are refused. */
+static void test_error_table(void)
+{
+    static const strata_budget cand[] = {
+        {STRATA_COMP_TOPK, 0.01, 0, 0, STRATA_VALUES_FP32},
+        {STRATA_COMP_TOPK, 0.1, 0, 0, STRATA_VALUES_INT8},
+        {STRATA_COMP_TOPK, 0.1, 0, 0, STRATA_VALUES_TERNARY},
+        {STRATA_COMP_RANDK, 0.05, 0, 0, STRATA_VALUES_FP16},
+        {STRATA_COMP_QSGD, 1.0, 4, 0, STRATA_VALUES_FP32},
+        {STRATA_COMP_SIGN, 1.0, 0, 0, STRATA_VALUES_FP32},
+        {STRATA_COMP_POWERSGD, 1.0, 0, 2, STRATA_VALUES_FP32},
+        {STRATA_COMP_FP16, 1.0, 0, 0, STRATA_VALUES_FP32},
+        {STRATA_COMP_NONE, 1.0, 0, 0, STRATA_VALUES_FP32},
+    };
+    const size_t C = sizeof(cand) / sizeof(cand[0]);
+    strata_tensor_list layout, delta;
+    make_layout(&layout, 1);
+    strata_tensor_list_init(&delta);
+    strata_tensor_list_copy(&delta, &layout);
+    strata_rng r;
+    strata_rng_seed(&r, 5, 0);
+    strata_ef *ef = NULL;
+    CU_ASSERT_EQUAL_FATAL(strata_ef_new(&layout, 0.5, 0, &ef), STRATA_OK);
+    /* a first step leaves a residual, and round 3 then misses round 2 (decay) */
+    strata_budget *b = budgets_for(layout.count, STRATA_COMP_TOPK);
+    strata_clayer *layers = NULL;
+    random_fill(&delta, &r, 1.0);
+    CU_ASSERT_EQUAL_FATAL(strata_ef_step(ef, &delta, b, 1, 7, &layers, NULL), STRATA_OK);
+    strata_clayers_free(layers, layout.count);
+    random_fill(&delta, &r, 1.0);
+    const size_t L = layout.count;
+    double *err = calloc(L * C, sizeof(double));
+    CU_ASSERT_EQUAL_FATAL(strata_ef_error_table(ef, &delta, 3, 11, cand, C, err, NULL), STRATA_OK);
+    /* a real step with candidate c leaves exactly err[.][c] as its residual */
+    for (size_t c = 0; c < C; c++) {
+        char path[] = "/tmp/strata-ef-table-XXXXXX";
+        int fd = mkstemp(path);
+        CU_ASSERT_FATAL(fd >= 0);
+        close(fd);
+        CU_ASSERT_EQUAL_FATAL(strata_ef_save(ef, path, NULL), STRATA_OK);
+        strata_ef *copy = NULL;
+        CU_ASSERT_EQUAL_FATAL(strata_ef_load(path, &layout, &copy, NULL), STRATA_OK);
+        unlink(path);
+        strata_budget one[8];
+        for (size_t l = 0; l < L; l++)
+            one[l] = cand[c];
+        CU_ASSERT_EQUAL_FATAL(strata_ef_step(copy, &delta, one, 3, 11, &layers, NULL), STRATA_OK);
+        strata_clayers_free(layers, L);
+        double norms[8];
+        CU_ASSERT_EQUAL_FATAL(strata_ef_residual_norms(copy, norms, L), STRATA_OK);
+        for (size_t l = 0; l < L; l++) {
+            double want = norms[l] * norms[l], got = err[l * C + c];
+            if (cand[c].comp == STRATA_COMP_POWERSGD) /* the copy starts without warm Q */
+                continue;
+            if (fabs(got - want) > 1e-6 * (want + 1e-12))
+                fprintf(stderr, "\ncandidate %zu layer %zu: table %.9g, step %.9g\n", c, l, got,
+                        want);
+            CU_ASSERT(fabs(got - want) <= 1e-6 * (want + 1e-12));
+        }
+        strata_ef_free(copy);
+    }
+    /* dense fp32 leaves nothing; top-k at 1% leaves more than at 10% int8 */
+    CU_ASSERT_EQUAL(err[4 * C + 8], 0.0);
+    CU_ASSERT(err[4 * C + 0] > err[4 * C + 1]);
+    /* nothing moved: the step of round 3 still works, and a round not after
+     * the last step or a bad candidate is refused */
+    uint32_t last = 0;
+    CU_ASSERT_EQUAL(strata_ef_last_round(ef, &last), STRATA_OK);
+    CU_ASSERT_EQUAL(last, 1);
+    CU_ASSERT_EQUAL(strata_ef_error_table(ef, &delta, 1, 11, cand, C, err, NULL), STRATA_ESTATE);
+    strata_budget badc = {STRATA_COMP_SIGN, 1.0, 0, 0, STRATA_VALUES_INT8};
+    strata_diag d = {{0}};
+    CU_ASSERT_EQUAL(strata_ef_error_table(ef, &delta, 3, 11, &badc, 1, err, &d), STRATA_EINVAL);
+    CU_ASSERT_PTR_NOT_NULL(strstr(d.msg, "candidate 0"));
+    free(err);
+    free(b);
+    strata_ef_free(ef);
+    strata_tensor_list_cleanup(&delta);
+    strata_tensor_list_cleanup(&layout);
+}
+
 int main(void)
 {
     CU_TestInfo tests[] = {
         {"identity for every compressor", test_identity_all_compressors},
+        {"lgreco error table equals each candidate's residual", test_error_table},
         {"identity: top-k int8 and ternary, Gaussian and heavy-tailed",
          test_identity_quantised_topk},
         {"EF tracks the input sum, no EF drifts", test_tracking},

@@ -573,6 +573,82 @@ static void test_encode_refusals(void)
     free(json);
 }
 
+/* The round's budgets ("compressors") and an lgreco solve: the exact text,
+ * a round trip, and refusals of each part. */
+static void test_compressors_lgreco(void)
+{
+    static char *SPECS[] = {"topk:0.0089:int8", "none"};
+    static char *ALLOC[] = {"topk:0.001:fp16", "fp16"};
+    strata_round_summary s = closed_summary();
+    s.compressors = SPECS;
+    s.has_lgreco = 1;
+    s.lg_error_budget = 10.5;
+    s.lg_chosen_error = 10.25;
+    s.lg_bytes = 1702.5;
+    s.lg_uniform_bytes = 11959.5;
+    s.lg_allocation = ALLOC;
+    char *json = encode(&s);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(json);
+    CU_ASSERT_PTR_NOT_NULL(
+        strstr(json, "\"compressors\":{\"fc1.weight\":\"topk:0.0089:int8\",\"fc1.bias\":\"none\"},"
+                     "\"lgreco\":{\"fell_back\":false,\"error_budget\":10.5,\"chosen_error\":10.25,"
+                     "\"bytes\":1702.5,\"uniform_bytes\":11959.5,\"allocation\":{\"fc1.weight\":"
+                     "\"topk:0.001:fp16\",\"fc1.bias\":\"fp16\"}}"));
+    strata_round_summary back;
+    strata_diag d = {{0}};
+    CU_ASSERT_EQUAL_FATAL(strata_round_summary_decode(json, strlen(json), NULL, &back, &d),
+                          STRATA_OK);
+    CU_ASSERT(back.has_lgreco && !back.lg_fell_back);
+    CU_ASSERT_EQUAL(back.lg_chosen_error, 10.25);
+    CU_ASSERT_STRING_EQUAL(back.compressors[0], "topk:0.0089:int8");
+    CU_ASSERT_STRING_EQUAL(back.lg_allocation[1], "fp16");
+    strata_round_summary_cleanup(&back);
+
+    static const struct {
+        const char *from, *to, *msg;
+    } bad[] = {
+        {"\"topk:0.0089:int8\"", "\"topk:2\"", "summary.compressors: layer 0"},
+        {"\"fc1.bias\":\"none\"}", "\"fc1.bias\":\"none\",\"x\":\"none\"}",
+         "expected the 2 layers"},
+        {"\"compressors\":{\"fc1.weight\"", "\"compressors\":{\"fc2.weight\"", "not layer 0"},
+        {"\"fell_back\":false", "\"fell_back\":0", "fell_back: expected a boolean"},
+        {"\"chosen_error\":10.25", "\"chosen_error\":-1", "summary.lgreco.chosen_error"},
+        {"\"bytes\":1702.5,", "", "summary.lgreco.bytes: missing"},
+        {"\"fc1.bias\":\"fp16\"}}", "\"fc1.bias\":\"qsgd:0\"}}", "lgreco.allocation: layer 1"},
+        {"\"uniform_bytes\":11959.5", "\"uniform_bytes\":1,\"more\":1", "unknown key \"more\""},
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        const char *at = strstr(json, bad[i].from);
+        CU_ASSERT_PTR_NOT_NULL_FATAL(at);
+        size_t pre = (size_t)(at - json), nf = strlen(bad[i].from), nt = strlen(bad[i].to);
+        char *t = malloc(strlen(json) - nf + nt + 1);
+        memcpy(t, json, pre);
+        memcpy(t + pre, bad[i].to, nt);
+        strcpy(t + pre + nt, at + nf);
+        memset(&d, 0, sizeof(d));
+        int rc = strata_round_summary_decode(t, strlen(t), NULL, &back, &d);
+        CU_ASSERT_EQUAL(rc, STRATA_EPROTO);
+        if (strstr(d.msg, bad[i].msg) == NULL)
+            fprintf(stderr, "\ncase %zu: %s\n", i, d.msg);
+        CU_ASSERT_PTR_NOT_NULL(strstr(d.msg, bad[i].msg));
+        free(t);
+    }
+    free(json);
+    /* the encoder refuses what the decoder would */
+    char *out = NULL;
+    size_t len = 0;
+    s.lg_bytes = NAN;
+    CU_ASSERT_EQUAL(strata_round_summary_encode(&s, &out, &len, &d), STRATA_EINVAL);
+    s.lg_bytes = 1.0;
+    s.has_densities = 0;
+    CU_ASSERT_EQUAL(strata_round_summary_encode(&s, &out, &len, &d), STRATA_EINVAL);
+    s.has_densities = 1;
+    ALLOC[0] = "topk";
+    CU_ASSERT_EQUAL(strata_round_summary_encode(&s, &out, &len, &d), STRATA_EINVAL);
+    ALLOC[0] = "topk:0.001:fp16";
+    CU_ASSERT_PTR_NULL(out);
+}
+
 int main(void)
 {
     CU_TestInfo tests[] = {
@@ -581,6 +657,7 @@ int main(void)
         {"quarantined updates and failed rounds", test_quarantined_failed},
         {"refusals: types, ranges, keys, JSON, limits", test_refusals},
         {"encoder refuses what the decoder would", test_encode_refusals},
+        {"budgets and lgreco solves", test_compressors_lgreco},
         CU_TEST_INFO_NULL,
     };
     CU_SuiteInfo suites[] = {
