@@ -108,14 +108,47 @@ int srv__lgreco_table(const srv_engine *e, size_t ncands, const char *meta, doub
     return srv__lgreco_check(&s, ncands, msg, mlen);
 }
 
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* Combines m tables (row-major m x cells in all, weights w) into out: with
+ * one or two tables their weighted mean, with three or more the
+ * coordinate-wise median, which no single table can move by much (a client
+ * that lies about its errors cannot steer the allocation). col is scratch
+ * (m). Non-finite results are left to the policy to refuse. */
+static void combine(const double *all, const double *w, size_t m, size_t cells, double *col,
+                    double *out)
+{
+    for (size_t k = 0; k < cells; k++) {
+        if (m <= 2) {
+            double s = 0.0, ws = 0.0;
+            for (size_t i = 0; i < m; i++) {
+                s += w[i] * all[i * cells + k];
+                ws += w[i];
+            }
+            out[k] = s / ws;
+            continue;
+        }
+        for (size_t i = 0; i < m; i++)
+            col[i] = all[i * cells + k];
+        qsort(col, m, sizeof(double), cmp_double);
+        out[k] = m % 2 ? col[m / 2] : 0.5 * (col[m / 2 - 1] + col[m / 2]);
+    }
+}
+
 int srv__lgreco_solve(srv_engine *e, uint32_t r, const uint64_t *ids, const double *w,
                       const int *kept, size_t n, strata_diag *d)
 {
-    size_t nc = e->ncands, cells = e->nlayers * nc;
-    double *sum = calloc(cells + 1, sizeof(double)), *one = calloc(cells + 1, sizeof(double));
-    double wsum = 0.0;
+    size_t nc = e->ncands, cells = e->nlayers * nc, m = 0;
+    if (n > 0 && cells > SIZE_MAX / sizeof(double) / n)
+        return strata_diag_set(d, STRATA_ENOMEM, "out of memory (the error tables)");
+    double *all = calloc(n * cells + 1, sizeof(double)), *ws = calloc(n + 1, sizeof(double));
+    double *col = calloc(n + 1, sizeof(double)), *table = calloc(cells + 1, sizeof(double));
     int rc = 0;
-    if (sum == NULL || one == NULL) {
+    if (all == NULL || ws == NULL || col == NULL || table == NULL) {
         rc = strata_diag_set(d, STRATA_ENOMEM, "out of memory (the error tables)");
         goto out;
     }
@@ -128,36 +161,38 @@ int srv__lgreco_solve(srv_engine *e, uint32_t r, const uint64_t *ids, const doub
         char msg[256] = "";
         rc = strata_store_update_read(e->wstore, r, ids[i], &buf, &len, d);
         if (rc == 0 && (rc = strata_payload_decode(buf, len, &e->limits, &p, d)) == 0 &&
-            srv__lgreco_table(e, nc, p->metadata_json, one, msg, sizeof(msg)) < 0)
+            srv__lgreco_table(e, nc, p->metadata_json, all + m * cells, msg, sizeof(msg)) < 0)
             rc = strata_diag_set(d, STRATA_EPROTO, "client %llu: %s", (unsigned long long)ids[i],
                                  msg);
-        if (rc == 0) {
-            for (size_t k = 0; k < cells; k++)
-                sum[k] += w[i] * one[k];
-            wsum += w[i];
-        }
+        if (rc == 0)
+            ws[m++] = w[i];
         strata_payload_free(p);
         free(buf);
     }
-    if (rc < 0 || wsum <= 0.0)
+    if (rc < 0 || m == 0)
         goto out;
-    for (size_t k = 0; k < cells; k++)
-        sum[k] /= wsum;
+    combine(all, ws, m, cells, col, table);
+    /* A table the policy cannot use (its errors overflowed) leaves the last
+     * allocation in place: the round closes all the same. */
     strata_diag pd = {{0}};
-    rc = strata_policy_set_lgreco_table(e->policy, sum, e->numel, e->nlayers, e->cfg->density, &pd);
-    if (rc < 0) {
-        rc = strata_diag_set(d, rc, "lgreco: %s", strata_diag_msg(&pd, rc));
+    if (strata_policy_set_lgreco_table(e->policy, table, e->numel, e->nlayers, e->cfg->density,
+                                       &pd) < 0) {
+        strata_log_warn("round %u: lgreco keeps its allocation: the clients' tables give no "
+                        "usable table (%s)",
+                        r, pd.msg);
         goto out;
     }
     e->lg_solved = 1;
     strata_lgreco_report rep = strata_policy_lgreco_report(e->policy);
-    strata_log_info("round %u: lgreco solved: estimated %.0f bytes per update (uniform %.0f), "
-                    "error %.4g within %.4g%s",
-                    r, rep.bytes, rep.uniform_bytes, rep.chosen_error, rep.error_budget,
+    strata_log_info("round %u: lgreco solved %zu tables: estimated %.0f bytes per update "
+                    "(uniform %.0f), error %.4g within %.4g%s",
+                    r, m, rep.bytes, rep.uniform_bytes, rep.chosen_error, rep.error_budget,
                     rep.fell_back ? " (uniform kept: nothing cheaper fits)" : "");
 out:
-    free(sum);
-    free(one);
+    free(all);
+    free(ws);
+    free(col);
+    free(table);
     return rc;
 }
 

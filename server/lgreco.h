@@ -37,10 +37,13 @@ int srv__lgreco_check(const srv_lgreco_scan *s, size_t ncands, char *msg, size_t
 int srv__lgreco_table(const srv_engine *e, size_t ncands, const char *meta, double *table,
                       char *msg, size_t mlen);
 
-/* At the close of round r, which asked for tables: the sample-weighted mean
- * of the tables of the n updates (client ids, weights; those with kept[i]
- * == 0 are left out), read from the store, solved by the policy. Called
- * without the lock (the round's updates are final). Sets e->lg_solved.
+/* At the close of round r, which asked for tables: the tables of the n
+ * updates (client ids, weights; those with kept[i] == 0 are left out), read
+ * from the store and combined (one or two: their sample-weighted mean;
+ * more: the coordinate-wise median, which one lying client cannot steer),
+ * solved by the policy. A combined table the policy refuses (errors that
+ * overflowed) keeps the last allocation, logged. Called without the lock
+ * (the round's updates are final). Sets e->lg_solved when it solved.
  * Errors: those of reading the store, STRATA_ENOMEM. */
 int srv__lgreco_solve(srv_engine *e, uint32_t r, const uint64_t *ids, const double *w,
                       const int *kept, size_t n, strata_diag *d);

@@ -13,6 +13,9 @@
 # uniform run's (same seed, same clients); after a restart the coordinator
 # puts the last allocation back.
 #
+# Part 3: three clients over curl, one of them lying (errors of 1e300): the
+# combined table is the coordinate-wise median and ignores it.
+#
 # Part 2: one client over curl against a fresh coordinator: uploads whose
 # metadata has no table, a table with a missing row, a negative, NaN-free
 # but out-of-range entry, a row too long (oversized), or a table in a round
@@ -213,4 +216,45 @@ echo "$body" | grep -q '"lgreco":{' || fail "round 0 closed without a solve: $bo
 # Round 1 asks for no table: one is refused.
 task=$("${C[@]}" -f -H "Authorization: Bearer $tok" "$URL/v1/tasks/next?wait=10") || fail "task 1"
 echo "$task" | grep -q '"error_candidates":\[\]' || fail "round 1 asks for a table: $task"
+stop_server "$dir"
+
+# --- part 3 -------------------------------------------------------------------
+# Three clients over curl; one claims errors of 1e300 everywhere. The
+# coordinate-wise median of the three tables ignores it: the error budget
+# stays on the honest tables' scale and the round closes.
+dir="$WORK/liar"
+mkdir -p "$dir"
+start_server "$dir" "$LG" 3 3
+toks=()
+for i in 0 1 2; do
+    body=$("${C[@]}" -f -X POST -H 'Content-Type: application/json' \
+        -d "{\"name\":\"lg-$i\",\"enrolment_secret\":\"lg-s3cret\"}" "$URL/v1/clients") ||
+        fail "register $i"
+    ids[i]=$(json_field "$body" client_id)
+    toks[i]=$(json_field "$body" token)
+done
+for i in 0 1 2; do
+    tok=${toks[i]}
+    "${C[@]}" -f -H "Authorization: Bearer $tok" "$URL/v1/tasks/next?wait=10" >/dev/null ||
+        fail "task $i"
+    "$TOOL" compress --in "$WORK/bad/delta.safetensors" --policy "$LG" --density 0.01 --round 0 \
+        --rounds 3 --out "$dir/up$i.bin" --client-id "${ids[i]}" --model-version 0 \
+        --samples 100 >/dev/null || fail "compress $i"
+    v=0.5
+    [ "$i" = 2 ] && v=1e300
+    "$FORGE" --in "$dir/up$i.bin" --out "$dir/t$i.bin" --metadata "$(table "$nlayers" "$ncand" $v)" ||
+        fail "forge $i"
+    out=$(upload "$dir/t$i.bin" 0)
+    [ "${out##* }" = 200 ] || fail "upload $i: $out"
+done
+for _ in $(seq 1 100); do
+    body=$("${C[@]}" "$URL/v1/rounds/0")
+    [ "$(json_field "$body" state)" = closed ] && break
+    sleep 0.2
+done
+lg=$(printf '%s' "$body" | grep -o '"lgreco":{[^{]*') || fail "no solve with a lying client: $body"
+eb=$(json_field "$lg" error_budget)
+echo "error budget with one client claiming 1e300: $eb"
+awk -v e="$eb" 'BEGIN { exit !(e < 1e6) }' || fail "the lying table moved the budget to $eb"
+stop_server "$dir"
 echo "PASS test_lgreco (uplink: uniform $uni_bytes, lgreco $lg_bytes bytes)"
