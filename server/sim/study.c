@@ -313,12 +313,14 @@ int sim_study_run(const char *spec_path, const char *out, const char *self,
     s.out = out;
     strata_diag d = {{0}};
     int code = 2, rc = load_spec(&s, spec_path, &d);
-    if (rc == 0)
-        rc = build_grid(&s, &d);
+    /* The grid needs to know which keys are the policy, density and values
+     * (dense runs collapse onto one per seed). */
     s.k_policy = find_key(&s, "policy");
     s.k_seed = find_key(&s, "seed");
     s.k_density = find_key(&s, "density");
     s.k_values = find_key(&s, "values");
+    if (rc == 0)
+        rc = build_grid(&s, &d);
     for (size_t i = 0; rc == 0 && i < s.nruns; i++) {
         char *argv[MAX_ARGS + 1];
         int n = run_args(&s, &s.runs[i], argv, MAX_ARGS);
