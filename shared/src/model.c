@@ -1,4 +1,5 @@
 #include "strata/model.h"
+#include "model_internal.h"
 #include "strata/fileio.h"
 
 #include <cblas.h>
@@ -8,48 +9,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-#define MAX_LAYERS 64
-#define MAX_ARCH_BYTES (1u << 20)
-#define MAX_DIM_SIZE 65536
-/* Loops over fewer elements run on one thread: a parallel region costs more
- * than it saves there, and far more when a core is busy with another process. */
-#define PAR_MIN ((size_t)1 << 16)
-
-typedef enum { L_LINEAR, L_CONV2D, L_MAXPOOL, L_RELU, L_FLATTEN, L_DROPOUT } layer_kind;
-
-typedef struct layer {
-    layer_kind kind;
-    int in_c, in_h, in_w; /* per-sample input geometry (flat: in_c features) */
-    int out_c, out_h, out_w;
-    size_t in_dim, out_dim;
-    int k, stride, pad; /* conv2d, maxpool2d */
-    int has_bias;
-    float p;         /* dropout probability */
-    int w, b;        /* indices into params/grads, -1 when absent */
-    float *cols;     /* conv2d: im2col of the last forward, K x (B*P) */
-    int32_t *argmax; /* maxpool2d: flat input offset per output */
-    float *mask;     /* dropout: scale per element of the last forward */
-} layer;
-
-struct strata_model {
-    char *arch;
-    int nlayers;
-    layer layers[MAX_LAYERS];
-    strata_tensor_list params, grads;
-    float mean, std;
-    size_t cap_batch;  /* buffers sized for this many samples */
-    size_t batch;      /* samples in the last forward */
-    float **act;       /* act[i]: input of layer i; act[nlayers]: logits */
-    float *gbuf[2];    /* ping-pong gradient buffers */
-    float *scratch[2]; /* conv2d workspaces */
-    size_t max_dim, max_scratch;
-    float *probs; /* softmax of the last loss computation */
-    int input_grad;
-    float *dinput;
-    int dry; /* parsing only: count parameters, allocate nothing */
-    size_t nparams;
-};
 
 static const char MLP_JSON[] =
     "{\"name\":\"mlp\",\"input\":[1,28,28],\"layers\":["
@@ -476,6 +435,7 @@ void strata_model_free(strata_model *m)
     if (m == NULL)
         return;
     free_buffers(m);
+    strata__dnnl_free(m->dnnl);
     strata_tensor_list_cleanup(&m->params);
     strata_tensor_list_cleanup(&m->grads);
     free(m->arch);
@@ -551,6 +511,16 @@ void strata_model_set_input_grad(strata_model *m, int on)
 const float *strata_model_input_grad(const strata_model *m)
 {
     return m->dinput;
+}
+
+void strata__model_set_reference(strata_model *m, int on)
+{
+    m->reference = on != 0;
+}
+
+const char *strata__model_kernels(const strata_model *m)
+{
+    return m->dnnl_active ? "onednn" : "reference";
 }
 
 static size_t conv_k(const layer *L)
@@ -849,6 +819,16 @@ int strata_model_forward(strata_model *m, const float *x, size_t batch, int trai
     int rc = ensure_batch(m, batch);
     if (rc < 0)
         return rc;
+    int dn = 0;
+    if (!m->reference && !m->dnnl_unusable) {
+        rc = strata__dnnl_prepare(m, batch);
+        if (rc == STRATA_ENOMEM)
+            return rc;
+        m->dnnl_unusable = rc < 0;
+        dn = rc == STRATA_OK;
+    }
+    m->dnnl_active = dn;
+    rc = STRATA_OK;
     const size_t n0 = batch * m->layers[0].in_dim;
     const float mean = m->mean, inv = 1.0f / m->std;
     float *a0 = m->act[0];
@@ -865,10 +845,16 @@ int strata_model_forward(strata_model *m, const float *x, size_t batch, int trai
             linear_forward(m, L, in, o, batch);
             break;
         case L_CONV2D:
-            conv_forward(m, L, in, o, batch);
+            if (dn)
+                rc = strata__dnnl_conv_forward(m, li, in, o);
+            else
+                conv_forward(m, L, in, o, batch);
             break;
         case L_MAXPOOL:
-            maxpool_forward(L, in, o, batch);
+            if (dn)
+                rc = strata__dnnl_pool_forward(m, li, in, o);
+            else
+                maxpool_forward(L, in, o, batch);
             break;
         case L_RELU:
 #pragma omp parallel for schedule(static) if (n >= PAR_MIN)
@@ -876,7 +862,10 @@ int strata_model_forward(strata_model *m, const float *x, size_t batch, int trai
                 o[i] = in[i] > 0.0f ? in[i] : 0.0f;
             break;
         case L_FLATTEN:
-            memcpy(o, in, n * sizeof(float));
+            if (dn)
+                rc = strata__dnnl_flatten_forward(m, li, in, o);
+            else
+                memcpy(o, in, n * sizeof(float));
             break;
         case L_DROPOUT:
             if (!training || L->p == 0.0f) {
@@ -893,6 +882,8 @@ int strata_model_forward(strata_model *m, const float *x, size_t batch, int trai
                 o[i] = in[i] * L->mask[i];
             break;
         }
+        if (rc < 0)
+            return rc;
     }
     m->batch = batch;
     *logits = m->act[m->nlayers];
@@ -906,7 +897,8 @@ int strata_model_backward_from(strata_model *m, const float *dlogits)
     const size_t B = m->batch;
     float *dy = m->gbuf[0];
     memcpy(dy, dlogits, B * strata_model_output_dim(m) * sizeof(float));
-    int cur = 0;
+    int cur = 0, rc = STRATA_OK;
+    const int dn = m->dnnl_active;
     for (int li = m->nlayers - 1; li >= 0; li--) {
         layer *L = &m->layers[li];
         float *dx = li == 0 ? (m->input_grad ? m->dinput : NULL) : m->gbuf[1 - cur];
@@ -917,21 +909,30 @@ int strata_model_backward_from(strata_model *m, const float *dlogits)
             linear_backward(m, L, in, dy, dx, B);
             break;
         case L_CONV2D:
-            conv_backward(m, L, dy, dx, B);
+            if (dn)
+                rc = strata__dnnl_conv_backward(m, li, in, dy, dx);
+            else
+                conv_backward(m, L, dy, dx, B);
             break;
         case L_MAXPOOL:
-            if (dx)
+            if (dx && dn)
+                rc = strata__dnnl_pool_backward(m, li, dy, dx);
+            else if (dx)
                 maxpool_backward(L, dy, dx, B);
             break;
         case L_RELU:
             if (dx) {
 #pragma omp parallel for schedule(static) if (n >= PAR_MIN)
-                for (size_t i = 0; i < n; i++)
-                    dx[i] = out[i] > 0.0f ? dy[i] : 0.0f;
+                for (size_t i = 0; i < n; i++) {
+                    const float g = dy[i]; /* loaded unconditionally: the loop vectorises */
+                    dx[i] = out[i] > 0.0f ? g : 0.0f;
+                }
             }
             break;
         case L_FLATTEN:
-            if (dx)
+            if (dx && dn)
+                rc = strata__dnnl_flatten_backward(m, li, dy, dx);
+            else if (dx)
                 memcpy(dx, dy, n * sizeof(float));
             break;
         case L_DROPOUT:
@@ -940,6 +941,8 @@ int strata_model_backward_from(strata_model *m, const float *dlogits)
                     dx[i] = dy[i] * L->mask[i];
             break;
         }
+        if (rc < 0)
+            return rc;
         if (dx == NULL)
             break;
         dy = dx;
