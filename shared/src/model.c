@@ -874,9 +874,12 @@ int strata_model_forward(strata_model *m, const float *x, size_t batch, int trai
             } else {
                 if (rng == NULL)
                     return STRATA_EINVAL;
+                /* Drawn in plain element order whatever the layout, so that
+                 * both kernel sets drop the same elements. */
                 const float keep = 1.0f / (1.0f - L->p);
                 for (size_t i = 0; i < n; i++)
-                    L->mask[i] = strata_rng_uniform(rng) < L->p ? 0.0f : keep;
+                    L->mask[dn ? strata__dnnl_index(m, li, i) : i] =
+                        strata_rng_uniform(rng) < L->p ? 0.0f : keep;
             }
             for (size_t i = 0; i < n; i++)
                 o[i] = in[i] * L->mask[i];

@@ -27,7 +27,8 @@ typedef struct dlayer {
 
 typedef struct plan {
     size_t batch;
-    unsigned long used; /* last use, for replacing the older plan */
+    unsigned long used;          /* last use, for replacing the older plan */
+    int blocked[MAX_LAYERS + 1]; /* act[i] is nChw16c */
     dlayer L[MAX_LAYERS];
 } plan;
 
@@ -233,7 +234,7 @@ static int plan_new(strata__dnnl *d, const strata_model *m, size_t B, plan **out
     if (p == NULL)
         return STRATA_ENOMEM;
     p->batch = B;
-    int blocked[MAX_LAYERS + 1] = {0};
+    int *blocked = p->blocked;
     for (int i = 0; i < m->nlayers; i++) {
         const layer *L = &m->layers[i];
         if (L->kind == L_CONV2D)
@@ -447,4 +448,14 @@ int strata__dnnl_flatten_backward(strata_model *m, int li, const float *dy, floa
     dnnl_memory_desc_t plain;
     md4(&plain, m->dnnl->cur->batch, L->in_c, L->in_h, L->in_w, dnnl_nchw);
     return reorder(m->dnnl, dl->to_blocked, &plain, dy, &dl->x_md, dx);
+}
+
+size_t strata__dnnl_index(const strata_model *m, int li, size_t i)
+{
+    if (!m->dnnl->cur->blocked[li])
+        return i;
+    const layer *L = &m->layers[li];
+    const size_t C = (size_t)L->in_c, HW = (size_t)L->in_h * L->in_w;
+    const size_t b = i / (C * HW), c = i / HW % C, s = i % HW;
+    return ((b * (C / 16) + c / 16) * HW + s) * 16 + c % 16;
 }

@@ -90,6 +90,10 @@ int strata__dnnl_pool_backward(strata_model *m, int li, const float *dy, float *
 int strata__dnnl_flatten_forward(strata_model *m, int li, const float *x, float *y);
 int strata__dnnl_flatten_backward(strata_model *m, int li, const float *dy, float *dx);
 
+/* Where plain element i (in NCHW order) of act[li] lies in the layout the
+ * plan chose for it. */
+size_t strata__dnnl_index(const strata_model *m, int li, size_t i);
+
 /* Chooses the kernels of m: on = 1 forces the reference kernels (im2col +
  * sgemm, plain layouts), on = 0 (the default) uses oneDNN wherever it has
  * an implementation. Tests and benchmarks compare the two with it. */
