@@ -846,7 +846,8 @@ int strata_model_forward(strata_model *m, const float *x, size_t batch, int trai
             break;
         case L_CONV2D:
             if (dn)
-                rc = strata__dnnl_conv_forward(m, li, in, o);
+                rc = strata__dnnl_conv_forward(m, li, in,
+                                               strata__dnnl_fused_relu(m, li) ? m->act[li + 2] : o);
             else
                 conv_forward(m, L, in, o, batch);
             break;
@@ -857,6 +858,8 @@ int strata_model_forward(strata_model *m, const float *x, size_t batch, int trai
                 maxpool_forward(L, in, o, batch);
             break;
         case L_RELU:
+            if (dn && strata__dnnl_fused_relu(m, li - 1))
+                break; /* computed by the convolution before it */
 #pragma omp parallel for schedule(static) if (n >= PAR_MIN)
             for (size_t i = 0; i < n; i++)
                 o[i] = in[i] > 0.0f ? in[i] : 0.0f;

@@ -1,9 +1,10 @@
-/* The model's layers on oneDNN: convolution (bias fused) and max pooling,
- * forward and backward, as primitives created once per batch size and
- * reused across steps, with images kept in oneDNN's blocked layout between
- * them (model_internal.h says where layouts change). Linear layers stay on
- * BLAS sgemm and element-wise layers on the model's own loops (model.c);
- * all of them share the one OpenMP thread pool set by strata_set_threads().
+/* The model's layers on oneDNN: convolution (bias and a following ReLU
+ * fused) and max pooling, forward and backward, as primitives created once
+ * per batch size and reused across steps, with images kept in oneDNN's
+ * blocked layout between them (model_internal.h says where layouts change).
+ * Linear layers stay on BLAS sgemm and element-wise layers on the model's
+ * own loops (model.c); all of them share the one OpenMP thread pool set by
+ * strata_set_threads().
  *
  * At a fixed thread count oneDNN's CPU kernels are deterministic, so a
  * seeded run stays bit-for-bit reproducible. */
@@ -29,6 +30,7 @@ typedef struct plan {
     size_t batch;
     unsigned long used;          /* last use, for replacing the older plan */
     int blocked[MAX_LAYERS + 1]; /* act[i] is nChw16c */
+    int fused[MAX_LAYERS];       /* conv2d i computes the ReLU i + 1 too */
     dlayer L[MAX_LAYERS];
 } plan;
 
@@ -79,11 +81,12 @@ static int err(dnnl_status_t s)
 
 /* Creates the primitive of an operation descriptor; *pd_out (optional)
  * receives its primitive descriptor, which the caller destroys. */
-static int make(strata__dnnl *d, const void *desc, const_dnnl_primitive_desc_t hint,
-                dnnl_primitive_t *prim, dnnl_primitive_desc_t *pd_out)
+static int make(strata__dnnl *d, const void *desc, const_dnnl_primitive_attr_t attr,
+                const_dnnl_primitive_desc_t hint, dnnl_primitive_t *prim,
+                dnnl_primitive_desc_t *pd_out)
 {
     dnnl_primitive_desc_t pd;
-    dnnl_status_t s = dnnl_primitive_desc_create(&pd, desc, NULL, d->eng, hint);
+    dnnl_status_t s = dnnl_primitive_desc_create(&pd, desc, attr, d->eng, hint);
     if (s != dnnl_success)
         return err(s);
     s = dnnl_primitive_create(prim, pd);
@@ -140,8 +143,30 @@ static int weights_reorder(strata__dnnl *d, const dnnl_memory_desc_t *plain,
     return rc < 0 ? rc : alloc_md(want, buf);
 }
 
+/* A ReLU fused into the forward convolution (relu = 1): the convolution then
+ * writes the ReLU's output. */
+static int relu_attr(int relu, dnnl_primitive_attr_t *attr)
+{
+    *attr = NULL;
+    if (!relu)
+        return STRATA_OK;
+    dnnl_post_ops_t po = NULL;
+    int ok =
+        dnnl_primitive_attr_create(attr) == dnnl_success &&
+        dnnl_post_ops_create(&po) == dnnl_success &&
+        dnnl_post_ops_append_eltwise(po, 1.0f, dnnl_eltwise_relu, 0.0f, 0.0f) == dnnl_success &&
+        dnnl_primitive_attr_set_post_ops(*attr, po) == dnnl_success;
+    if (po != NULL)
+        dnnl_post_ops_destroy(po);
+    if (!ok && *attr != NULL) {
+        dnnl_primitive_attr_destroy(*attr);
+        *attr = NULL;
+    }
+    return ok ? STRATA_OK : STRATA_ENOMEM;
+}
+
 static int plan_conv(strata__dnnl *d, const layer *L, dlayer *dl, dnnl_format_tag_t xt,
-                     dnnl_format_tag_t yt, size_t B)
+                     dnnl_format_tag_t yt, int relu, size_t B)
 {
     md4(&dl->x_md, B, L->in_c, L->in_h, L->in_w, xt);
     md4(&dl->y_md, B, L->out_c, L->out_h, L->out_w, yt);
@@ -158,7 +183,12 @@ static int plan_conv(strata__dnnl *d, const layer *L, dlayer *dl, dnnl_format_ta
                                            &dl->x_md, &w_any, bp, &dl->y_md, strides, pad,
                                            pad) != dnnl_success)
         return STRATA_EINVAL;
-    int rc = make(d, &cd, NULL, &dl->fwd, &fpd);
+    dnnl_primitive_attr_t attr;
+    int rc = relu_attr(relu, &attr);
+    if (rc == STRATA_OK)
+        rc = make(d, &cd, attr, NULL, &dl->fwd, &fpd);
+    if (attr != NULL)
+        dnnl_primitive_attr_destroy(attr);
     if (rc == STRATA_OK)
         rc = weights_reorder(d, &w_plain, fpd, dnnl_query_weights_md, 0, &dl->wf_md, &dl->w_to_f,
                              &dl->wf);
@@ -167,7 +197,7 @@ static int plan_conv(strata__dnnl *d, const layer *L, dlayer *dl, dnnl_format_ta
                                                  &dl->y_md, strides, pad, pad) != dnnl_success)
         rc = STRATA_EINVAL;
     if (rc == STRATA_OK)
-        rc = make(d, &cd, fpd, &dl->bwd_data, &pd);
+        rc = make(d, &cd, NULL, fpd, &dl->bwd_data, &pd);
     if (rc == STRATA_OK)
         rc = weights_reorder(d, &w_plain, pd, dnnl_query_weights_md, 0, &dl->wb_md, &dl->w_to_b,
                              &dl->wb);
@@ -179,7 +209,7 @@ static int plan_conv(strata__dnnl *d, const layer *L, dlayer *dl, dnnl_format_ta
                                strides, pad, pad) != dnnl_success)
         rc = STRATA_EINVAL;
     if (rc == STRATA_OK)
-        rc = make(d, &cd, fpd, &dl->bwd_w, &pd);
+        rc = make(d, &cd, NULL, fpd, &dl->bwd_w, &pd);
     if (rc == STRATA_OK)
         rc = weights_reorder(d, &w_plain, pd, dnnl_query_diff_weights_md, 1, &dl->gw_md,
                              &dl->gw_to_plain, &dl->gw);
@@ -200,7 +230,7 @@ static int plan_pool(strata__dnnl *d, const layer *L, dlayer *dl, dnnl_format_ta
     if (dnnl_pooling_forward_desc_init(&pdesc, dnnl_forward_training, dnnl_pooling_max, &dl->x_md,
                                        &dl->y_md, strides, kernel, zero, zero) != dnnl_success)
         return STRATA_EINVAL;
-    int rc = make(d, &pdesc, NULL, &dl->fwd, &fpd);
+    int rc = make(d, &pdesc, NULL, NULL, &dl->fwd, &fpd);
     if (rc == STRATA_OK) {
         dl->ws_md = *dnnl_primitive_desc_query_md(fpd, dnnl_query_workspace_md, 0);
         rc = alloc_md(&dl->ws_md, &dl->ws);
@@ -210,7 +240,7 @@ static int plan_pool(strata__dnnl *d, const layer *L, dlayer *dl, dnnl_format_ta
                                         kernel, zero, zero) != dnnl_success)
         rc = STRATA_EINVAL;
     if (rc == STRATA_OK)
-        rc = make(d, &pdesc, fpd, &dl->bwd_data, NULL);
+        rc = make(d, &pdesc, NULL, fpd, &dl->bwd_data, NULL);
     if (fpd != NULL)
         dnnl_primitive_desc_destroy(fpd);
     return rc;
@@ -255,8 +285,9 @@ static int plan_new(strata__dnnl *d, const strata_model *m, size_t B, plan **out
         const layer *L = &m->layers[i];
         dnnl_format_tag_t xt = blocked[i] ? dnnl_nChw16c : dnnl_nchw;
         dnnl_format_tag_t yt = blocked[i + 1] ? dnnl_nChw16c : dnnl_nchw;
+        p->fused[i] = L->kind == L_CONV2D && i + 1 < m->nlayers && m->layers[i + 1].kind == L_RELU;
         if (L->kind == L_CONV2D)
-            rc = plan_conv(d, L, &p->L[i], xt, yt, B);
+            rc = plan_conv(d, L, &p->L[i], xt, yt, p->fused[i], B);
         else if (L->kind == L_MAXPOOL)
             rc = xt == yt ? plan_pool(d, L, &p->L[i], xt, B) : STRATA_EINVAL;
         else if (L->kind == L_FLATTEN && blocked[i])
@@ -458,4 +489,9 @@ size_t strata__dnnl_index(const strata_model *m, int li, size_t i)
     const size_t C = (size_t)L->in_c, HW = (size_t)L->in_h * L->in_w;
     const size_t b = i / (C * HW), c = i / HW % C, s = i % HW;
     return ((b * (C / 16) + c / 16) * HW + s) * 16 + c % 16;
+}
+
+int strata__dnnl_fused_relu(const strata_model *m, int li)
+{
+    return li >= 0 && m->dnnl->cur->fused[li];
 }

@@ -90,6 +90,11 @@ int strata__dnnl_pool_backward(strata_model *m, int li, const float *dy, float *
 int strata__dnnl_flatten_forward(strata_model *m, int li, const float *x, float *y);
 int strata__dnnl_flatten_backward(strata_model *m, int li, const float *dy, float *dx);
 
+/* 1 when the convolution li of the last prepare also computes the ReLU
+ * li + 1 (oneDNN post-op): it then writes act[li + 2], and the ReLU's
+ * forward has nothing left to do; its backward runs as usual. */
+int strata__dnnl_fused_relu(const strata_model *m, int li);
+
 /* Where plain element i (in NCHW order) of act[li] lies in the layout the
  * plan chose for it. */
 size_t strata__dnnl_index(const strata_model *m, int li, size_t i);
