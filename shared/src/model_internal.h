@@ -1,6 +1,7 @@
-/* Internals of the model engine shared by its two files: model.c (the
- * architecture, buffers, reference kernels and the forward/backward
- * drivers) and model_dnnl.c (the same layers on oneDNN primitives).
+/* Internals of the model engine shared by its files: model.c (the
+ * architecture, buffers, linear and element-wise layers, the loss and the
+ * forward/backward drivers), model_ref.c (the reference convolution and
+ * pooling kernels) and model_dnnl.c (the same layers on oneDNN primitives).
  *
  * Activation buffers act[i] hold batch * dim floats. On the reference path
  * they are plain (NCHW for images, row-major for flat vectors). On the
@@ -39,6 +40,18 @@ typedef struct layer {
     float *mask;     /* dropout: scale per element of the last forward */
 } layer;
 
+/* Rows (C*K*K) and columns per sample (OH*OW) of a convolution's im2col
+ * matrix. */
+static inline size_t strata__conv_k(const layer *L)
+{
+    return (size_t)L->in_c * L->k * L->k;
+}
+
+static inline size_t strata__conv_p(const layer *L)
+{
+    return (size_t)L->out_h * L->out_w;
+}
+
 /* The oneDNN state of one model: engine, stream and the primitives of the
  * batch sizes in use (model_dnnl.c). */
 typedef struct strata__dnnl strata__dnnl;
@@ -65,6 +78,17 @@ struct strata_model {
     strata__dnnl *dnnl; /* NULL until the first oneDNN forward */
     int dnnl_unusable;  /* oneDNN refused this architecture: reference kernels */
 };
+
+/* The reference kernels (model_ref.c), on plain layouts. ensure makes
+ * their buffers for m->cap_batch samples on first use (STRATA_ENOMEM, with
+ * none kept, when it cannot); free releases them. The convolution keeps its
+ * im2col matrix from forward to backward; dx may be NULL in conv_backward. */
+int strata__ref_ensure(strata_model *m);
+void strata__ref_free(strata_model *m);
+void strata__ref_conv_forward(strata_model *m, layer *L, const float *x, float *y, size_t B);
+void strata__ref_conv_backward(strata_model *m, layer *L, const float *dy, float *dx, size_t B);
+void strata__ref_maxpool_forward(layer *L, const float *x, float *y, size_t B);
+void strata__ref_maxpool_backward(layer *L, const float *dy, float *dx, size_t B);
 
 /* Makes the oneDNN primitives for batch samples ready (created once per
  * batch size; the two most recent sizes are kept). Returns STRATA_OK when
