@@ -11,10 +11,13 @@
 #include "model_internal.h"
 
 #include <oneapi/dnnl/dnnl.h>
+#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
-#define PLANS 2 /* batch sizes kept: the training batch and a remainder */
+/* Batch sizes kept (the training batch and a remainder); a plan is made
+ * again when the thread count changed. */
+#define PLANS 2
 
 typedef struct dlayer {
     dnnl_memory_desc_t x_md, y_md;   /* activations in their chosen layouts */
@@ -28,6 +31,7 @@ typedef struct dlayer {
 
 typedef struct plan {
     size_t batch;
+    int threads;                 /* OpenMP threads when made: oneDNN splits work for them */
     unsigned long used;          /* last use, for replacing the older plan */
     int blocked[MAX_LAYERS + 1]; /* act[i] is nChw16c */
     int fused[MAX_LAYERS];       /* conv2d i computes the ReLU i + 1 too */
@@ -264,6 +268,7 @@ static int plan_new(strata__dnnl *d, const strata_model *m, size_t B, plan **out
     if (p == NULL)
         return STRATA_ENOMEM;
     p->batch = B;
+    p->threads = omp_get_max_threads();
     int *blocked = p->blocked;
     for (int i = 0; i < m->nlayers; i++) {
         const layer *L = &m->layers[i];
@@ -318,7 +323,8 @@ int strata__dnnl_prepare(strata_model *m, size_t batch)
     d->clock++;
     int slot = 0;
     for (int i = 0; i < PLANS; i++) {
-        if (d->plans[i] != NULL && d->plans[i]->batch == batch) {
+        if (d->plans[i] != NULL && d->plans[i]->batch == batch &&
+            d->plans[i]->threads == omp_get_max_threads()) {
             d->cur = d->plans[i];
             d->cur->used = d->clock;
             return STRATA_OK;
