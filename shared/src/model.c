@@ -618,8 +618,10 @@ int strata_model_forward(strata_model *m, const float *x, size_t batch, int trai
     int rc = ensure_batch(m, batch);
     if (rc < 0)
         return rc;
-    int dn = 0;
-    if (!m->reference && !m->dnnl_unusable) {
+    int dn = 0, spatial = 0;
+    for (int li = 0; li < m->nlayers; li++)
+        spatial |= m->layers[li].kind == L_CONV2D || m->layers[li].kind == L_MAXPOOL;
+    if (spatial && !m->reference && !m->dnnl_unusable) {
         rc = strata__dnnl_prepare(m, batch);
         if (rc == STRATA_ENOMEM)
             return rc;

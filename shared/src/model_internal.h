@@ -128,7 +128,9 @@ size_t strata__dnnl_index(const strata_model *m, int li, size_t i);
  * an implementation. Tests and benchmarks compare the two with it. */
 void strata__model_set_reference(strata_model *m, int on);
 
-/* "onednn" when the last forward pass ran on oneDNN, else "reference". */
+/* "onednn" when the last forward pass ran on oneDNN, else "reference"
+ * (also for models without convolutions or pooling, which never need
+ * oneDNN: their layers are the same on both kernel sets). */
 const char *strata__model_kernels(const strata_model *m);
 
 #endif
