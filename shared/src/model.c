@@ -1,7 +1,8 @@
 /* Models (strata/model.h): architecture parsing, parameters, activation
- * buffers, the linear (BLAS sgemm) and element-wise layers, the loss, and
- * the forward and backward passes, which run convolutions and pooling on
- * oneDNN (model_dnnl.c) or on the reference kernels (model_ref.c). */
+ * buffers, the element-wise layers, the loss, the reference linear layer
+ * (BLAS sgemm), and the forward and backward passes, which run
+ * convolutions, linear layers and pooling on oneDNN (model_dnnl.c) or on
+ * the reference kernels (model_ref.c and the linear layer here). */
 #include "strata/model.h"
 #include "model_internal.h"
 #include "strata/fileio.h"
@@ -620,7 +621,8 @@ int strata_model_forward(strata_model *m, const float *x, size_t batch, int trai
         return rc;
     int dn = 0, spatial = 0;
     for (int li = 0; li < m->nlayers; li++)
-        spatial |= m->layers[li].kind == L_CONV2D || m->layers[li].kind == L_MAXPOOL;
+        spatial |= m->layers[li].kind != L_RELU && m->layers[li].kind != L_FLATTEN &&
+                   m->layers[li].kind != L_DROPOUT;
     if (spatial && !m->reference && !m->dnnl_unusable) {
         rc = strata__dnnl_prepare(m, batch);
         if (rc == STRATA_ENOMEM)
@@ -644,7 +646,11 @@ int strata_model_forward(strata_model *m, const float *x, size_t batch, int trai
         const size_t n = batch * L->out_dim;
         switch (L->kind) {
         case L_LINEAR:
-            linear_forward(m, L, in, o, batch);
+            if (dn)
+                rc = strata__dnnl_linear_forward(
+                    m, li, in, strata__dnnl_fused_relu(m, li) ? m->act[li + 2] : o);
+            else
+                linear_forward(m, L, in, o, batch);
             break;
         case L_CONV2D:
             if (dn)
@@ -661,7 +667,7 @@ int strata_model_forward(strata_model *m, const float *x, size_t batch, int trai
             break;
         case L_RELU:
             if (dn && strata__dnnl_fused_relu(m, li - 1))
-                break; /* computed by the convolution before it */
+                break; /* computed by the layer before it */
 #pragma omp parallel for schedule(static) if (n >= PAR_MIN)
             for (size_t i = 0; i < n; i++)
                 o[i] = in[i] > 0.0f ? in[i] : 0.0f;
@@ -714,7 +720,10 @@ int strata_model_backward_from(strata_model *m, const float *dlogits)
         const size_t n = B * L->in_dim;
         switch (L->kind) {
         case L_LINEAR:
-            linear_backward(m, L, in, dy, dx, B);
+            if (dn)
+                rc = strata__dnnl_linear_backward(m, li, in, dy, dx);
+            else
+                linear_backward(m, L, in, dy, dx, B);
             break;
         case L_CONV2D:
             if (dn)

@@ -1,10 +1,10 @@
-/* The model's layers on oneDNN: convolution (bias and a following ReLU
- * fused) and max pooling, forward and backward, as primitives created once
- * per batch size and reused across steps, with images kept in oneDNN's
- * blocked layout between them (model_internal.h says where layouts change).
- * Linear layers stay on BLAS sgemm and element-wise layers on the model's
- * own loops (model.c); all of them share the one OpenMP thread pool set by
- * strata_set_threads().
+/* The model's layers on oneDNN: convolution, linear (inner product) and
+ * max pooling, forward and backward, with the bias and a following ReLU
+ * fused into the forward primitive. Primitives are created once per batch
+ * size and reused across steps; images stay in oneDNN's blocked layout
+ * between them (model_internal.h says where layouts change). Element-wise
+ * layers stay on the model's own loops (model.c); all of them share the one
+ * OpenMP thread pool set by strata_set_threads().
  *
  * At a fixed thread count oneDNN's CPU kernels are deterministic, so a
  * seeded run stays bit-for-bit reproducible. */
@@ -224,6 +224,45 @@ static int plan_conv(strata__dnnl *d, const layer *L, dlayer *dl, dnnl_format_ta
     return rc;
 }
 
+/* Linear: an inner product on plain (batch x features) activations and
+ * plain (out x in) weights, so that no reorder is needed. */
+static int plan_linear(strata__dnnl *d, const layer *L, dlayer *dl, int relu, size_t B)
+{
+    dnnl_dims_t xd = {(dnnl_dim_t)B, (dnnl_dim_t)L->in_dim}, yd = {(dnnl_dim_t)B, L->out_c};
+    dnnl_dims_t wd = {L->out_c, (dnnl_dim_t)L->in_dim}, bd = {L->out_c};
+    dnnl_memory_desc_t b_md;
+    dnnl_memory_desc_init_by_tag(&dl->x_md, 2, xd, dnnl_f32, dnnl_ab);
+    dnnl_memory_desc_init_by_tag(&dl->y_md, 2, yd, dnnl_f32, dnnl_ab);
+    dnnl_memory_desc_init_by_tag(&dl->wf_md, 2, wd, dnnl_f32, dnnl_ab);
+    dnnl_memory_desc_init_by_tag(&b_md, 1, bd, dnnl_f32, dnnl_a);
+    dl->wb_md = dl->gw_md = dl->wf_md;
+    const dnnl_memory_desc_t *bp = L->has_bias ? &b_md : NULL;
+    dnnl_inner_product_desc_t ipd;
+    dnnl_primitive_desc_t fpd = NULL;
+    if (dnnl_inner_product_forward_desc_init(&ipd, dnnl_forward_training, &dl->x_md, &dl->wf_md, bp,
+                                             &dl->y_md) != dnnl_success)
+        return STRATA_EINVAL;
+    dnnl_primitive_attr_t attr;
+    int rc = relu_attr(relu, &attr);
+    if (rc == STRATA_OK)
+        rc = make(d, &ipd, attr, NULL, &dl->fwd, &fpd);
+    if (attr != NULL)
+        dnnl_primitive_attr_destroy(attr);
+    if (rc == STRATA_OK && dnnl_inner_product_backward_data_desc_init(&ipd, &dl->x_md, &dl->wb_md,
+                                                                      &dl->y_md) != dnnl_success)
+        rc = STRATA_EINVAL;
+    if (rc == STRATA_OK)
+        rc = make(d, &ipd, NULL, fpd, &dl->bwd_data, NULL);
+    if (rc == STRATA_OK && dnnl_inner_product_backward_weights_desc_init(
+                               &ipd, &dl->x_md, &dl->gw_md, bp, &dl->y_md) != dnnl_success)
+        rc = STRATA_EINVAL;
+    if (rc == STRATA_OK)
+        rc = make(d, &ipd, NULL, fpd, &dl->bwd_w, NULL);
+    if (fpd != NULL)
+        dnnl_primitive_desc_destroy(fpd);
+    return rc;
+}
+
 static int plan_pool(strata__dnnl *d, const layer *L, dlayer *dl, dnnl_format_tag_t t, size_t B)
 {
     md4(&dl->x_md, B, L->in_c, L->in_h, L->in_w, t);
@@ -290,8 +329,11 @@ static int plan_new(strata__dnnl *d, const strata_model *m, size_t B, plan **out
         const layer *L = &m->layers[i];
         dnnl_format_tag_t xt = blocked[i] ? dnnl_nChw16c : dnnl_nchw;
         dnnl_format_tag_t yt = blocked[i + 1] ? dnnl_nChw16c : dnnl_nchw;
-        p->fused[i] = L->kind == L_CONV2D && i + 1 < m->nlayers && m->layers[i + 1].kind == L_RELU;
-        if (L->kind == L_CONV2D)
+        p->fused[i] = (L->kind == L_CONV2D || L->kind == L_LINEAR) && i + 1 < m->nlayers &&
+                      m->layers[i + 1].kind == L_RELU;
+        if (L->kind == L_LINEAR)
+            rc = plan_linear(d, L, &p->L[i], p->fused[i], B);
+        else if (L->kind == L_CONV2D)
             rc = plan_conv(d, L, &p->L[i], xt, yt, p->fused[i], B);
         else if (L->kind == L_MAXPOOL)
             rc = xt == yt ? plan_pool(d, L, &p->L[i], xt, B) : STRATA_EINVAL;
@@ -441,6 +483,45 @@ int strata__dnnl_conv_backward(strata_model *m, int li, const float *x, const fl
         {DNNL_ARG_WEIGHTS, &dl->wb_md, dl->w_to_b ? dl->wb : m->params.items[L->w].data},
         {DNNL_ARG_DIFF_SRC, &dl->x_md, dx}};
     return run(d, dl->bwd_data, 3, b);
+}
+
+int strata__dnnl_linear_forward(strata_model *m, int li, const float *x, float *y)
+{
+    dlayer *dl = &m->dnnl->cur->L[li];
+    const layer *L = &m->layers[li];
+    dnnl_memory_desc_t b_md;
+    dnnl_dims_t bd = {L->out_c};
+    dnnl_memory_desc_init_by_tag(&b_md, 1, bd, dnnl_f32, dnnl_a);
+    arg a[4] = {{DNNL_ARG_SRC, &dl->x_md, x},
+                {DNNL_ARG_WEIGHTS, &dl->wf_md, m->params.items[L->w].data},
+                {DNNL_ARG_DST, &dl->y_md, y},
+                {DNNL_ARG_BIAS, &b_md, NULL}};
+    if (L->b >= 0)
+        a[3].ptr = m->params.items[L->b].data;
+    return run(m->dnnl, dl->fwd, L->b >= 0 ? 4 : 3, a);
+}
+
+int strata__dnnl_linear_backward(strata_model *m, int li, const float *x, const float *dy,
+                                 float *dx)
+{
+    dlayer *dl = &m->dnnl->cur->L[li];
+    const layer *L = &m->layers[li];
+    dnnl_memory_desc_t b_md;
+    dnnl_dims_t bd = {L->out_c};
+    dnnl_memory_desc_init_by_tag(&b_md, 1, bd, dnnl_f32, dnnl_a);
+    arg a[4] = {{DNNL_ARG_SRC, &dl->x_md, x},
+                {DNNL_ARG_DIFF_DST, &dl->y_md, dy},
+                {DNNL_ARG_DIFF_WEIGHTS, &dl->gw_md, m->grads.items[L->w].data},
+                {DNNL_ARG_DIFF_BIAS, &b_md, NULL}};
+    if (L->b >= 0)
+        a[3].ptr = m->grads.items[L->b].data;
+    int rc = run(m->dnnl, dl->bwd_w, L->b >= 0 ? 4 : 3, a);
+    if (rc < 0 || dx == NULL)
+        return rc;
+    const arg b[3] = {{DNNL_ARG_DIFF_DST, &dl->y_md, dy},
+                      {DNNL_ARG_WEIGHTS, &dl->wb_md, m->params.items[L->w].data},
+                      {DNNL_ARG_DIFF_SRC, &dl->x_md, dx}};
+    return run(m->dnnl, dl->bwd_data, 3, b);
 }
 
 int strata__dnnl_pool_forward(strata_model *m, int li, const float *x, float *y)

@@ -1,7 +1,8 @@
 /* Internals of the model engine shared by its files: model.c (the
- * architecture, buffers, linear and element-wise layers, the loss and the
- * forward/backward drivers), model_ref.c (the reference convolution and
- * pooling kernels) and model_dnnl.c (the same layers on oneDNN primitives).
+ * architecture, buffers, element-wise layers, the reference linear layer,
+ * the loss and the forward/backward drivers), model_ref.c (the reference
+ * convolution and pooling kernels) and model_dnnl.c (convolution, linear
+ * and pooling on oneDNN primitives).
  *
  * Activation buffers act[i] hold batch * dim floats. On the reference path
  * they are plain (NCHW for images, row-major for flat vectors). On the
@@ -107,6 +108,9 @@ void strata__dnnl_free(strata__dnnl *d);
  * STRATA_OK or STRATA_EIO when oneDNN fails to execute. */
 int strata__dnnl_conv_forward(strata_model *m, int li, const float *x, float *y);
 int strata__dnnl_conv_backward(strata_model *m, int li, const float *x, const float *dy, float *dx);
+int strata__dnnl_linear_forward(strata_model *m, int li, const float *x, float *y);
+int strata__dnnl_linear_backward(strata_model *m, int li, const float *x, const float *dy,
+                                 float *dx);
 int strata__dnnl_pool_forward(strata_model *m, int li, const float *x, float *y);
 int strata__dnnl_pool_backward(strata_model *m, int li, const float *dy, float *dx);
 /* Flatten: blocked image to plain vector (forward) and back (backward); a
@@ -129,8 +133,8 @@ size_t strata__dnnl_index(const strata_model *m, int li, size_t i);
 void strata__model_set_reference(strata_model *m, int on);
 
 /* "onednn" when the last forward pass ran on oneDNN, else "reference"
- * (also for models without convolutions or pooling, which never need
- * oneDNN: their layers are the same on both kernel sets). */
+ * (also for models of element-wise layers only, which never need oneDNN:
+ * their layers are the same on both kernel sets). */
 const char *strata__model_kernels(const strata_model *m);
 
 #endif

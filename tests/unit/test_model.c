@@ -207,7 +207,8 @@ static double gradcheck(const char *json, size_t B, enum input_kind kind, int us
         labels[b] = (uint8_t)strata_rng_below(&r, strata_model_output_dim(m));
 
     eval_loss(m, x, B, R, labels);
-    int spatial = strstr(json, "conv2d") != NULL || strstr(json, "maxpool2d") != NULL;
+    int spatial = strstr(json, "conv2d") != NULL || strstr(json, "maxpool2d") != NULL ||
+                  strstr(json, "linear") != NULL;
     CU_ASSERT_STRING_EQUAL(strata__model_kernels(m),
                            !reference && spatial ? "onednn" : "reference");
     int brc =
@@ -455,6 +456,7 @@ static void test_onednn_matches_reference(void)
     const char *cnn = strata_model_builtin_json("cnn");
     compare_kernels("cnn", cnn, 8, 1);
     compare_kernels("cnn", cnn, 3, 1);
+    compare_kernels("mlp", strata_model_builtin_json("mlp"), 8, 1);
     /* Stride, padding, overlapping and uneven pooling, dropout on blocked
      * images, 3 input channels. */
     compare_kernels("strided stack",
