@@ -3,8 +3,8 @@
 #   training throughput: mlp and cnn, batch 32, 1 and 2 threads, median of
 #   STRATA_BENCH_REPS (default 5) runs; when Debian's python3-torch is
 #   installed (scripts/setup.sh --bench), PyTorch on the same data,
-#   interleaved with Strata's runs, and the ratio Strata / PyTorch; for cnn
-#   also Strata's reference kernels (im2col + sgemm).
+#   interleaved with Strata's runs, and the ratio Strata / PyTorch; also
+#   Strata's reference kernels (OpenBLAS sgemm, im2col) instead of oneDNN.
 #   payload: bytes per kept element and encode/decode throughput of the codec
 #   at 1% density on a 1,000,000-element Gaussian tensor.
 #   topk: top-k + error feedback at 1% density on 25,000,000 elements, 1 and
@@ -62,11 +62,9 @@ if [ "$what" = all ] || [ "$what" = train ]; then
                         --threads $threads --batch 32 --data "$DATA")
                     t_all="$t_all $(field "$t" images_per_second)"
                 fi
-                if [ $model = cnn ]; then
-                    r=$(./build/bench_train --model $model --threads $threads --batch 32 \
-                        --data "$DATA" --kernels reference)
-                    r_all="$r_all $(field "$r" images_per_second)"
-                fi
+                r=$(./build/bench_train --model $model --threads $threads --batch 32 \
+                    --data "$DATA" --kernels reference)
+                r_all="$r_all $(field "$r" images_per_second)"
                 if [ $auto = 1 ]; then
                     a=$(env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE ./build/bench_train \
                         --model $model --threads $threads --batch 32 --data "$DATA")
@@ -88,8 +86,8 @@ if [ "$what" = all ] || [ "$what" = train ]; then
             printf '\n'
         done
     done
-    echo "(ratio: Strata / PyTorch; strata(ref): Strata's reference kernels, im2col + sgemm," \
-        "for the convolutional model)"
+    echo "(ratio: Strata / PyTorch; strata(ref): Strata's reference kernels (OpenBLAS sgemm," \
+        "im2col for convolutions) instead of oneDNN)"
     if [ $auto = 1 ]; then
         echo "(strata(auto): the same run with OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE} unset)"
     fi

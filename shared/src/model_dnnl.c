@@ -34,7 +34,7 @@ typedef struct plan {
     int threads;                 /* OpenMP threads when made: oneDNN splits work for them */
     unsigned long used;          /* last use, for replacing the older plan */
     int blocked[MAX_LAYERS + 1]; /* act[i] is nChw16c */
-    int fused[MAX_LAYERS];       /* conv2d i computes the ReLU i + 1 too */
+    int fused[MAX_LAYERS];       /* layer i (conv2d, linear) computes the ReLU i + 1 too */
     dlayer L[MAX_LAYERS];
 } plan;
 
