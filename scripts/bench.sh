@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Benchmarks (not part of the tests). Builds in Release, then runs:
-#   training throughput: mlp and cnn, batch 32, 1 and 2 threads, median of
-#   STRATA_BENCH_REPS (default 5) runs; when Debian's python3-torch is
-#   installed (scripts/setup.sh --bench), PyTorch on the same data,
-#   interleaved with Strata's runs, and the ratio Strata / PyTorch; also
-#   Strata's reference kernels (OpenBLAS sgemm, im2col) instead of oneDNN.
+#   training throughput: mlp and cnn (STRATA_BENCH_MODELS), batch 32, 1 and
+#   2 threads (STRATA_BENCH_THREADS), median of STRATA_BENCH_REPS (default 5)
+#   repetitions; when Debian's python3-torch is installed (scripts/setup.sh
+#   --bench), PyTorch on the same data, interleaved with Strata's runs, and
+#   the median ratio Strata / PyTorch; also Strata's reference kernels
+#   (OpenBLAS sgemm, im2col) instead of oneDNN.
 #   payload: bytes per kept element and encode/decode throughput of the codec
 #   at 1% density on a 1,000,000-element Gaussian tensor.
 #   topk: top-k + error feedback at 1% density on 25,000,000 elements, 1 and
@@ -43,14 +44,20 @@ if [ "$what" = all ] || [ "$what" = train ]; then
     median() { tr ' ' '\n' | awk 'NF' | sort -g | awk '{ v[NR] = $1 }
         END { if (NR == 0) print "-"; else if (NR % 2) print v[(NR + 1) / 2];
               else print (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
-    ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b == "-" || a == "-") print "-";
-        else printf "%.2f", a / b }'; }
+    # Median of the per-repetition ratios of two lists ("-" when one is
+    # empty): each pair ran back to back, under the same load.
+    ratio() { awk -v a="$1" -v b="$2" 'BEGIN { n = split(a, x, " "); m = split(b, y, " ");
+        if (n == 0 || n != m) { print "-"; exit }
+        for (i = 1; i <= n; i++) r[i] = x[i] / y[i];
+        for (i = 2; i <= n; i++) for (j = i; j > 1 && r[j - 1] > r[j]; j--) {
+            t = r[j]; r[j] = r[j - 1]; r[j - 1] = t }
+        printf "%.2f", n % 2 ? r[(n + 1) / 2] : (r[n / 2] + r[n / 2 + 1]) / 2 }'; }
     printf '%-5s %-8s %12s %12s %8s %14s %8s' model threads strata pytorch ratio \
         "strata(ref)" "onednn/ref"
     if [ $auto = 1 ]; then printf ' %14s %8s' "strata(auto)" "ratio"; fi
     printf '\n'
-    for model in mlp cnn; do
-        for threads in 1 2; do
+    for model in ${STRATA_BENCH_MODELS:-mlp cnn}; do
+        for threads in ${STRATA_BENCH_THREADS:-1 2}; do
             s_all="" t_all="" r_all="" a_all=""
             # One repetition runs every variant once, in turn, so that load
             # from other processes falls on all of them alike.
@@ -76,18 +83,19 @@ if [ "$what" = all ] || [ "$what" = train ]; then
             rips=$(echo "$r_all" | median)
             printf '%-5s %-8s %12.0f %12s %8s %14s %8s' $model $threads "$sips" \
                 "$(printf '%s' "$tips" | awk '{ if ($1 == "-") print; else printf "%.0f", $1 }')" \
-                "$(ratio "$sips" "$tips")" \
+                "$(ratio "$s_all" "$t_all")" \
                 "$(printf '%s' "$rips" | awk '{ if ($1 == "-") print; else printf "%.0f", $1 }')" \
-                "$(ratio "$sips" "$rips")"
+                "$(ratio "$s_all" "$r_all")"
             if [ $auto = 1 ]; then
                 aips=$(echo "$a_all" | median)
-                printf ' %14.0f %8s' "$aips" "$(ratio "$aips" "$tips")"
+                printf ' %14.0f %8s' "$aips" "$(ratio "$a_all" "$t_all")"
             fi
             printf '\n'
         done
     done
-    echo "(ratio: Strata / PyTorch; strata(ref): Strata's reference kernels (OpenBLAS sgemm," \
-        "im2col for convolutions) instead of oneDNN)"
+    echo "(ratio: median of the per-repetition ratios Strata / PyTorch; strata(ref): Strata's" \
+        "reference kernels (OpenBLAS sgemm, im2col for convolutions) instead of oneDNN," \
+        "onednn/ref likewise)"
     if [ $auto = 1 ]; then
         echo "(strata(auto): the same run with OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE} unset)"
     fi
