@@ -619,11 +619,11 @@ int strata_model_forward(strata_model *m, const float *x, size_t batch, int trai
     int rc = ensure_batch(m, batch);
     if (rc < 0)
         return rc;
-    int dn = 0, spatial = 0;
+    int dn = 0, dnnl_layers = 0; /* conv2d, linear or maxpool2d present */
     for (int li = 0; li < m->nlayers; li++)
-        spatial |= m->layers[li].kind != L_RELU && m->layers[li].kind != L_FLATTEN &&
-                   m->layers[li].kind != L_DROPOUT;
-    if (spatial && !m->reference && !m->dnnl_unusable) {
+        dnnl_layers |= m->layers[li].kind != L_RELU && m->layers[li].kind != L_FLATTEN &&
+                       m->layers[li].kind != L_DROPOUT;
+    if (dnnl_layers && !m->reference && !m->dnnl_unusable) {
         rc = strata__dnnl_prepare(m, batch);
         if (rc == STRATA_ENOMEM)
             return rc;
