@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # Benchmarks (not part of the tests). Builds in Release, then runs:
-#   training throughput: mlp and cnn, batch 32, 1 and 2 threads; when Debian's
-#   python3-torch is installed, PyTorch on the same data in the same run and
-#   the ratio Strata / PyTorch.
+#   training throughput: mlp and cnn (STRATA_BENCH_MODELS), batch 32, 1 and
+#   2 threads (STRATA_BENCH_THREADS), median of STRATA_BENCH_REPS (default 5)
+#   repetitions; when Debian's python3-torch is installed (scripts/setup.sh
+#   --bench), PyTorch on the same data, interleaved with Strata's runs, and
+#   the median ratio Strata / PyTorch; also Strata's reference kernels
+#   (OpenBLAS sgemm, im2col) instead of oneDNN.
 #   payload: bytes per kept element and encode/decode throughput of the codec
 #   at 1% density on a 1,000,000-element Gaussian tensor.
 #   topk: top-k + error feedback at 1% density on 25,000,000 elements, 1 and
@@ -31,42 +34,72 @@ have_torch=0
 if /usr/bin/python3 -c "import torch" >/dev/null 2>&1; then have_torch=1; fi
 
 if [ "$what" = all ] || [ "$what" = train ]; then
-    echo "== training throughput (images/s, batch 32, real Fashion-MNIST images)"
+    reps=${STRATA_BENCH_REPS:-5}
+    echo "== training throughput (images/s, batch 32, real Fashion-MNIST images;" \
+        "median of $reps interleaved runs)"
+    if [ $have_torch = 0 ]; then
+        echo "(python3-torch is not installed: no PyTorch baseline in this run;" \
+            "scripts/setup.sh --bench installs it)"
+    fi
     # When the environment pins OpenBLAS's kernel (OPENBLAS_CORETYPE), also
     # measure with OpenBLAS's own CPU detection, for this command alone.
     auto=0
     if [ -n "${OPENBLAS_CORETYPE:-}" ]; then auto=1; fi
-    printf '%-5s %-8s %12s %12s %8s' model threads strata pytorch ratio
+    median() { tr ' ' '\n' | awk 'NF' | sort -g | awk '{ v[NR] = $1 }
+        END { if (NR == 0) print "-"; else if (NR % 2) print v[(NR + 1) / 2];
+              else print (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
+    # Median of the per-repetition ratios of two lists ("-" when one is
+    # empty): each pair ran back to back, under the same load.
+    ratio() { awk -v a="$1" -v b="$2" 'BEGIN { n = split(a, x, " "); m = split(b, y, " ");
+        if (n == 0 || n != m) { print "-"; exit }
+        for (i = 1; i <= n; i++) r[i] = x[i] / y[i];
+        for (i = 2; i <= n; i++) for (j = i; j > 1 && r[j - 1] > r[j]; j--) {
+            t = r[j]; r[j] = r[j - 1]; r[j - 1] = t }
+        printf "%.2f", n % 2 ? r[(n + 1) / 2] : (r[n / 2] + r[n / 2 + 1]) / 2 }'; }
+    printf '%-5s %-8s %12s %12s %8s %14s %8s' model threads strata pytorch ratio \
+        "strata(ref)" "onednn/ref"
     if [ $auto = 1 ]; then printf ' %14s %8s' "strata(auto)" "ratio"; fi
     printf '\n'
-    for model in mlp cnn; do
-        for threads in 1 2; do
-            s=$(./build/bench_train --model $model --threads $threads --batch 32 --data "$DATA")
-            sips=$(field "$s" images_per_second)
-            tips="-" ratio="-"
-            if [ $have_torch = 1 ]; then
-                t=$(/usr/bin/python3 tests/bench/torch_train.py --model $model --threads $threads \
-                    --batch 32 --data "$DATA")
-                tips=$(printf '%.0f' "$(field "$t" images_per_second)")
-                ratio=$(awk -v a="$sips" -v b="$tips" 'BEGIN { printf "%.2f", a / b }')
-            fi
-            printf '%-5s %-8s %12.0f %12s %8s' $model $threads "$sips" "$tips" "$ratio"
-            if [ $auto = 1 ]; then
-                a=$(env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE ./build/bench_train --model $model \
-                    --threads $threads --batch 32 --data "$DATA")
-                aips=$(field "$a" images_per_second)
-                aratio="-"
+    for model in ${STRATA_BENCH_MODELS:-mlp cnn}; do
+        for threads in ${STRATA_BENCH_THREADS:-1 2}; do
+            s_all="" t_all="" r_all="" a_all=""
+            # One repetition runs every variant once, in turn, so that load
+            # from other processes falls on all of them alike.
+            for _ in $(seq "$reps"); do
+                s=$(./build/bench_train --model $model --threads $threads --batch 32 --data "$DATA")
+                s_all="$s_all $(field "$s" images_per_second)"
                 if [ $have_torch = 1 ]; then
-                    aratio=$(awk -v a="$aips" -v b="$tips" 'BEGIN { printf "%.2f", a / b }')
+                    t=$(/usr/bin/python3 tests/bench/torch_train.py --model $model \
+                        --threads $threads --batch 32 --data "$DATA")
+                    t_all="$t_all $(field "$t" images_per_second)"
                 fi
-                printf ' %14.0f %8s' "$aips" "$aratio"
+                r=$(./build/bench_train --model $model --threads $threads --batch 32 \
+                    --data "$DATA" --kernels reference)
+                r_all="$r_all $(field "$r" images_per_second)"
+                if [ $auto = 1 ]; then
+                    a=$(env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE ./build/bench_train \
+                        --model $model --threads $threads --batch 32 --data "$DATA")
+                    a_all="$a_all $(field "$a" images_per_second)"
+                fi
+            done
+            sips=$(echo "$s_all" | median)
+            tips=$(echo "$t_all" | median)
+            rips=$(echo "$r_all" | median)
+            printf '%-5s %-8s %12.0f %12s %8s %14s %8s' $model $threads "$sips" \
+                "$(printf '%s' "$tips" | awk '{ if ($1 == "-") print; else printf "%.0f", $1 }')" \
+                "$(ratio "$s_all" "$t_all")" \
+                "$(printf '%s' "$rips" | awk '{ if ($1 == "-") print; else printf "%.0f", $1 }')" \
+                "$(ratio "$s_all" "$r_all")"
+            if [ $auto = 1 ]; then
+                aips=$(echo "$a_all" | median)
+                printf ' %14.0f %8s' "$aips" "$(ratio "$a_all" "$t_all")"
             fi
             printf '\n'
         done
     done
-    if [ $have_torch = 0 ]; then
-        echo "(python3-torch not installed: no PyTorch baseline in this run)"
-    fi
+    echo "(ratio: median of the per-repetition ratios Strata / PyTorch; strata(ref): Strata's" \
+        "reference kernels (OpenBLAS sgemm, im2col for convolutions) instead of oneDNN," \
+        "onednn/ref likewise)"
     if [ $auto = 1 ]; then
         echo "(strata(auto): the same run with OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE} unset)"
     fi

@@ -1,17 +1,25 @@
 #!/usr/bin/env bash
 # Installs every Debian package that Strata's build, tests and data need.
 # Idempotent: does nothing when everything is already present.
+# Usage: scripts/setup.sh [--bench]
+#   --bench  also installs python3-torch, the PyTorch baseline of
+#            scripts/bench.sh train (not needed to build or test).
 set -euo pipefail
 
 PACKAGES=(
   build-essential cmake pkg-config git
   clang clang-format libclang-rt-14-dev libomp-dev
   libmicrohttpd-dev libcurl4-openssl-dev libjansson-dev libzstd-dev
-  libopenblas0-openmp libopenblas-openmp-dev
+  libopenblas0-openmp libopenblas-openmp-dev libdnnl-dev
   libsqlite3-dev sqlite3 zlib1g-dev libcunit1-dev
   dataset-fashion-mnist
   curl libyaml-libyaml-perl openssl
 )
+case "${1:-}" in
+  --bench) PACKAGES+=(python3-torch) ;;
+  "") ;;
+  *) echo "usage: scripts/setup.sh [--bench]" >&2; exit 2 ;;
+esac
 
 # The compose test (tests/integration/test_docker_compose.sh) builds its
 # base image with debootstrap and needs Compose: the `docker compose` plugin

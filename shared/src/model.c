@@ -1,4 +1,10 @@
+/* Models (strata/model.h): architecture parsing, parameters, activation
+ * buffers, the element-wise layers, the loss, the reference linear layer
+ * (BLAS sgemm), and the forward and backward passes, which run
+ * convolutions, linear layers and pooling on oneDNN (model_dnnl.c) or on
+ * the reference kernels (model_ref.c and the linear layer here). */
 #include "strata/model.h"
+#include "model_internal.h"
 #include "strata/fileio.h"
 
 #include <cblas.h>
@@ -8,48 +14,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-#define MAX_LAYERS 64
-#define MAX_ARCH_BYTES (1u << 20)
-#define MAX_DIM_SIZE 65536
-/* Loops over fewer elements run on one thread: a parallel region costs more
- * than it saves there, and far more when a core is busy with another process. */
-#define PAR_MIN ((size_t)1 << 16)
-
-typedef enum { L_LINEAR, L_CONV2D, L_MAXPOOL, L_RELU, L_FLATTEN, L_DROPOUT } layer_kind;
-
-typedef struct layer {
-    layer_kind kind;
-    int in_c, in_h, in_w; /* per-sample input geometry (flat: in_c features) */
-    int out_c, out_h, out_w;
-    size_t in_dim, out_dim;
-    int k, stride, pad; /* conv2d, maxpool2d */
-    int has_bias;
-    float p;         /* dropout probability */
-    int w, b;        /* indices into params/grads, -1 when absent */
-    float *cols;     /* conv2d: im2col of the last forward, K x (B*P) */
-    int32_t *argmax; /* maxpool2d: flat input offset per output */
-    float *mask;     /* dropout: scale per element of the last forward */
-} layer;
-
-struct strata_model {
-    char *arch;
-    int nlayers;
-    layer layers[MAX_LAYERS];
-    strata_tensor_list params, grads;
-    float mean, std;
-    size_t cap_batch;  /* buffers sized for this many samples */
-    size_t batch;      /* samples in the last forward */
-    float **act;       /* act[i]: input of layer i; act[nlayers]: logits */
-    float *gbuf[2];    /* ping-pong gradient buffers */
-    float *scratch[2]; /* conv2d workspaces */
-    size_t max_dim, max_scratch;
-    float *probs; /* softmax of the last loss computation */
-    int input_grad;
-    float *dinput;
-    int dry; /* parsing only: count parameters, allocate nothing */
-    size_t nparams;
-};
 
 static const char MLP_JSON[] =
     "{\"name\":\"mlp\",\"input\":[1,28,28],\"layers\":["
@@ -454,17 +418,13 @@ static void free_buffers(strata_model *m)
     m->act = NULL;
     for (int i = 0; i < 2; i++) {
         strata_free_floats(m->gbuf[i]);
-        strata_free_floats(m->scratch[i]);
-        m->gbuf[i] = m->scratch[i] = NULL;
+        m->gbuf[i] = NULL;
     }
     for (int i = 0; i < m->nlayers; i++) {
-        strata_free_floats(m->layers[i].cols);
-        free(m->layers[i].argmax);
         strata_free_floats(m->layers[i].mask);
-        m->layers[i].cols = NULL;
-        m->layers[i].argmax = NULL;
         m->layers[i].mask = NULL;
     }
+    strata__ref_free(m);
     strata_free_floats(m->probs);
     strata_free_floats(m->dinput);
     m->probs = m->dinput = NULL;
@@ -476,6 +436,7 @@ void strata_model_free(strata_model *m)
     if (m == NULL)
         return;
     free_buffers(m);
+    strata__dnnl_free(m->dnnl);
     strata_tensor_list_cleanup(&m->params);
     strata_tensor_list_cleanup(&m->grads);
     free(m->arch);
@@ -553,14 +514,14 @@ const float *strata_model_input_grad(const strata_model *m)
     return m->dinput;
 }
 
-static size_t conv_k(const layer *L)
+void strata__model_set_reference(strata_model *m, int on)
 {
-    return (size_t)L->in_c * L->k * L->k;
+    m->reference = on != 0;
 }
 
-static size_t conv_p(const layer *L)
+const char *strata__model_kernels(const strata_model *m)
 {
-    return (size_t)L->out_h * L->out_w;
+    return m->dnnl_active ? "onednn" : "reference";
 }
 
 static int ensure_batch(strata_model *m, size_t batch)
@@ -574,8 +535,8 @@ static int ensure_batch(strata_model *m, size_t batch)
         return STRATA_ETOOBIG;
     for (int i = 0; i < m->nlayers; i++)
         if (m->layers[i].kind == L_CONV2D &&
-            (conv_p(&m->layers[i]) > cap / batch ||
-             conv_k(&m->layers[i]) > cap / (batch * conv_p(&m->layers[i]))))
+            (strata__conv_p(&m->layers[i]) > cap / batch ||
+             strata__conv_k(&m->layers[i]) > cap / (batch * strata__conv_p(&m->layers[i]))))
             return STRATA_ETOOBIG;
     free_buffers(m);
     m->act = calloc((size_t)m->nlayers + 1, sizeof(float *));
@@ -584,30 +545,18 @@ static int ensure_batch(strata_model *m, size_t batch)
     int ok = 1;
     m->act[0] = strata_alloc_floats(batch * m->layers[0].in_dim);
     ok &= m->act[0] != NULL;
-    size_t scratch = 1;
     for (int i = 0; i < m->nlayers && ok; i++) {
         layer *L = &m->layers[i];
         m->act[i + 1] = strata_alloc_floats(batch * L->out_dim);
         ok &= m->act[i + 1] != NULL;
-        if (L->kind == L_CONV2D) {
-            size_t bp = batch * conv_p(L);
-            L->cols = strata_alloc_floats(conv_k(L) * bp);
-            ok &= L->cols != NULL;
-            size_t need = (conv_k(L) > (size_t)L->out_c ? conv_k(L) : (size_t)L->out_c) * bp;
-            if (need > scratch)
-                scratch = need;
-        } else if (L->kind == L_MAXPOOL) {
-            L->argmax = malloc(batch * L->out_dim * sizeof(int32_t));
-            ok &= L->argmax != NULL;
-        } else if (L->kind == L_DROPOUT) {
+        if (L->kind == L_DROPOUT) {
             L->mask = strata_alloc_floats(batch * L->out_dim);
             ok &= L->mask != NULL;
         }
     }
     for (int i = 0; i < 2 && ok; i++) {
         m->gbuf[i] = strata_alloc_floats(batch * m->max_dim);
-        m->scratch[i] = strata_alloc_floats(scratch);
-        ok &= m->gbuf[i] != NULL && m->scratch[i] != NULL;
+        ok &= m->gbuf[i] != NULL;
     }
     if (ok) {
         m->probs = strata_alloc_floats(batch * strata_model_output_dim(m));
@@ -623,143 +572,6 @@ static int ensure_batch(strata_model *m, size_t batch)
 }
 
 /* ---- kernels ---- */
-
-/* Range [*lo, *hi) of output positions o whose input position o*S - PAD + j
- * lies inside [0, n). */
-static void valid_range(int n, int out, int S, int PAD, int j, int *lo, int *hi)
-{
-    int a = PAD - j; /* o*S >= a */
-    int l = a <= 0 ? 0 : (a + S - 1) / S;
-    int h = (n - 1 + PAD - j) < 0 ? 0 : (n - 1 + PAD - j) / S + 1; /* o*S <= n-1+PAD-j */
-    if (h > out)
-        h = out;
-    if (l > h)
-        l = h;
-    *lo = l;
-    *hi = h;
-}
-
-/* cols[k][b*P + p] = x[b][c][oh*S - PAD + i][ow*S - PAD + j] (0 outside),
- * with k = (c*K + i)*K + j and p = oh*OW + ow. */
-static void im2col(const layer *L, const float *x, size_t B, float *cols)
-{
-    const int K = L->k, S = L->stride, PAD = L->pad;
-    const int H = L->in_h, W = L->in_w, OH = L->out_h, OW = L->out_w;
-    const size_t P = conv_p(L), KK = conv_k(L), plane = (size_t)H * W;
-#pragma omp parallel for schedule(static) if (KK * B * P >= PAR_MIN)
-    for (size_t kk = 0; kk < KK; kk++) {
-        int j = (int)(kk % K), i = (int)((kk / K) % K), c = (int)(kk / ((size_t)K * K));
-        int ow_lo, ow_hi;
-        valid_range(W, OW, S, PAD, j, &ow_lo, &ow_hi);
-        float *row = cols + kk * B * P;
-        for (size_t b = 0; b < B; b++) {
-            const float *xp = x + (b * L->in_c + c) * plane;
-            for (int oh = 0; oh < OH; oh++) {
-                int ih = oh * S - PAD + i;
-                float *d = row + b * P + (size_t)oh * OW;
-                if (ih < 0 || ih >= H) {
-                    memset(d, 0, (size_t)OW * sizeof(float));
-                    continue;
-                }
-                const float *src = xp + (size_t)ih * W + j - PAD;
-                for (int ow = 0; ow < ow_lo; ow++)
-                    d[ow] = 0.0f;
-                if (S == 1)
-                    memcpy(d + ow_lo, src + ow_lo, (size_t)(ow_hi - ow_lo) * sizeof(float));
-                else
-                    for (int ow = ow_lo; ow < ow_hi; ow++)
-                        d[ow] = src[ow * S];
-                for (int ow = ow_hi; ow < OW; ow++)
-                    d[ow] = 0.0f;
-            }
-        }
-    }
-}
-
-/* dx[b][c][...] = sum of the dcols entries that im2col read from there. */
-static void col2im(const layer *L, const float *dcols, size_t B, float *dx)
-{
-    const int K = L->k, S = L->stride, PAD = L->pad;
-    const int H = L->in_h, W = L->in_w, OH = L->out_h, OW = L->out_w, C = L->in_c;
-    const size_t P = conv_p(L), plane = (size_t)H * W;
-#pragma omp parallel for schedule(static) if (B * (size_t)C * plane >= PAR_MIN)
-    for (size_t bc = 0; bc < B * (size_t)C; bc++) {
-        size_t b = bc / C;
-        int c = (int)(bc % C);
-        float *dp = dx + bc * plane;
-        memset(dp, 0, plane * sizeof(float));
-        for (int i = 0; i < K; i++)
-            for (int j = 0; j < K; j++) {
-                size_t kk = ((size_t)c * K + i) * K + j;
-                const float *src = dcols + kk * B * P + b * P;
-                int ow_lo, ow_hi;
-                valid_range(W, OW, S, PAD, j, &ow_lo, &ow_hi);
-                for (int oh = 0; oh < OH; oh++) {
-                    int ih = oh * S - PAD + i;
-                    if (ih < 0 || ih >= H)
-                        continue;
-                    float *d = dp + (size_t)ih * W + j - PAD;
-                    const float *s = src + (size_t)oh * OW;
-                    if (S == 1) /* contiguous: lets the compiler vectorise */
-                        for (int ow = ow_lo; ow < ow_hi; ow++)
-                            d[ow] += s[ow];
-                    else
-                        for (int ow = ow_lo; ow < ow_hi; ow++)
-                            d[ow * S] += s[ow];
-                }
-            }
-    }
-}
-
-static void conv_forward(strata_model *m, layer *L, const float *x, float *y, size_t B)
-{
-    const size_t P = conv_p(L), KK = conv_k(L), OC = (size_t)L->out_c, BP = B * P;
-    const float *w = m->params.items[L->w].data;
-    const float *bias = L->b >= 0 ? m->params.items[L->b].data : NULL;
-    float *tmp = m->scratch[0];
-    im2col(L, x, B, L->cols);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)OC, (int)BP, (int)KK, 1.0f, w,
-                (int)KK, L->cols, (int)BP, 0.0f, tmp, (int)BP);
-#pragma omp parallel for schedule(static) if (B * OC * P >= PAR_MIN)
-    for (size_t bo = 0; bo < B * OC; bo++) {
-        size_t b = bo / OC, oc = bo % OC;
-        const float *src = tmp + oc * BP + b * P;
-        float *dst = y + bo * P;
-        float bv = bias ? bias[oc] : 0.0f;
-        for (size_t p = 0; p < P; p++)
-            dst[p] = src[p] + bv;
-    }
-}
-
-static void conv_backward(strata_model *m, layer *L, const float *dy, float *dx, size_t B)
-{
-    const size_t P = conv_p(L), KK = conv_k(L), OC = (size_t)L->out_c, BP = B * P;
-    float *dyt = m->scratch[0], *dcols = m->scratch[1];
-    float *gw = m->grads.items[L->w].data;
-    float *gb = L->b >= 0 ? m->grads.items[L->b].data : NULL;
-#pragma omp parallel for schedule(static) if (OC * BP >= PAR_MIN)
-    for (size_t oc = 0; oc < OC; oc++) {
-        float *dst = dyt + oc * BP;
-        double s = 0.0;
-        for (size_t b = 0; b < B; b++) {
-            const float *src = dy + (b * OC + oc) * P;
-            for (size_t p = 0; p < P; p++) {
-                dst[b * P + p] = src[p];
-                s += src[p];
-            }
-        }
-        if (gb)
-            gb[oc] = (float)s;
-    }
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)OC, (int)KK, (int)BP, 1.0f, dyt,
-                (int)BP, L->cols, (int)BP, 0.0f, gw, (int)KK);
-    if (dx == NULL)
-        return;
-    const float *w = m->params.items[L->w].data;
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)KK, (int)BP, (int)OC, 1.0f, w,
-                (int)KK, dyt, (int)BP, 0.0f, dcols, (int)BP);
-    col2im(L, dcols, B, dx);
-}
 
 static void linear_forward(strata_model *m, layer *L, const float *x, float *y, size_t B)
 {
@@ -797,48 +609,6 @@ static void linear_backward(strata_model *m, layer *L, const float *x, const flo
     }
 }
 
-static void maxpool_forward(layer *L, const float *x, float *y, size_t B)
-{
-    const int K = L->k, S = L->stride, H = L->in_h, W = L->in_w, OH = L->out_h, OW = L->out_w;
-    const size_t planes = B * (size_t)L->in_c, iplane = (size_t)H * W, oplane = (size_t)OH * OW;
-#pragma omp parallel for schedule(static) if (planes * iplane >= PAR_MIN)
-    for (size_t pl = 0; pl < planes; pl++) {
-        const float *xp = x + pl * iplane;
-        float *yp = y + pl * oplane;
-        int32_t *ap = L->argmax + pl * oplane;
-        for (int oh = 0; oh < OH; oh++)
-            for (int ow = 0; ow < OW; ow++) {
-                int best = (oh * S) * W + ow * S;
-                float bv = xp[best];
-                for (int i = 0; i < K; i++)
-                    for (int j = 0; j < K; j++) {
-                        int o = (oh * S + i) * W + ow * S + j;
-                        if (xp[o] > bv) {
-                            bv = xp[o];
-                            best = o;
-                        }
-                    }
-                yp[oh * OW + ow] = bv;
-                ap[oh * OW + ow] = best;
-            }
-    }
-}
-
-static void maxpool_backward(layer *L, const float *dy, float *dx, size_t B)
-{
-    const size_t planes = B * (size_t)L->in_c, iplane = (size_t)L->in_h * L->in_w;
-    const size_t oplane = (size_t)L->out_h * L->out_w;
-#pragma omp parallel for schedule(static) if (planes * iplane >= PAR_MIN)
-    for (size_t pl = 0; pl < planes; pl++) {
-        float *dp = dx + pl * iplane;
-        memset(dp, 0, iplane * sizeof(float));
-        const float *g = dy + pl * oplane;
-        const int32_t *ap = L->argmax + pl * oplane;
-        for (size_t o = 0; o < oplane; o++)
-            dp[ap[o]] += g[o];
-    }
-}
-
 int strata_model_forward(strata_model *m, const float *x, size_t batch, int training,
                          strata_rng *rng, const float **logits)
 {
@@ -848,6 +618,20 @@ int strata_model_forward(strata_model *m, const float *x, size_t batch, int trai
     m->batch = 0; /* no valid forward pass until this one completes */
     int rc = ensure_batch(m, batch);
     if (rc < 0)
+        return rc;
+    int dn = 0, dnnl_layers = 0; /* conv2d, linear or maxpool2d present */
+    for (int li = 0; li < m->nlayers; li++)
+        dnnl_layers |= m->layers[li].kind != L_RELU && m->layers[li].kind != L_FLATTEN &&
+                       m->layers[li].kind != L_DROPOUT;
+    if (dnnl_layers && !m->reference && !m->dnnl_unusable) {
+        rc = strata__dnnl_prepare(m, batch);
+        if (rc == STRATA_ENOMEM)
+            return rc;
+        m->dnnl_unusable = rc < 0;
+        dn = rc == STRATA_OK;
+    }
+    m->dnnl_active = dn;
+    if (!dn && (rc = strata__ref_ensure(m)) < 0)
         return rc;
     const size_t n0 = batch * m->layers[0].in_dim;
     const float mean = m->mean, inv = 1.0f / m->std;
@@ -862,21 +646,37 @@ int strata_model_forward(strata_model *m, const float *x, size_t batch, int trai
         const size_t n = batch * L->out_dim;
         switch (L->kind) {
         case L_LINEAR:
-            linear_forward(m, L, in, o, batch);
+            if (dn)
+                rc = strata__dnnl_linear_forward(
+                    m, li, in, strata__dnnl_fused_relu(m, li) ? m->act[li + 2] : o);
+            else
+                linear_forward(m, L, in, o, batch);
             break;
         case L_CONV2D:
-            conv_forward(m, L, in, o, batch);
+            if (dn)
+                rc = strata__dnnl_conv_forward(m, li, in,
+                                               strata__dnnl_fused_relu(m, li) ? m->act[li + 2] : o);
+            else
+                strata__ref_conv_forward(m, L, in, o, batch);
             break;
         case L_MAXPOOL:
-            maxpool_forward(L, in, o, batch);
+            if (dn)
+                rc = strata__dnnl_pool_forward(m, li, in, o);
+            else
+                strata__ref_maxpool_forward(L, in, o, batch);
             break;
         case L_RELU:
+            if (dn && strata__dnnl_fused_relu(m, li - 1))
+                break; /* computed by the layer before it */
 #pragma omp parallel for schedule(static) if (n >= PAR_MIN)
             for (size_t i = 0; i < n; i++)
                 o[i] = in[i] > 0.0f ? in[i] : 0.0f;
             break;
         case L_FLATTEN:
-            memcpy(o, in, n * sizeof(float));
+            if (dn)
+                rc = strata__dnnl_flatten_forward(m, li, in, o);
+            else
+                memcpy(o, in, n * sizeof(float));
             break;
         case L_DROPOUT:
             if (!training || L->p == 0.0f) {
@@ -885,14 +685,19 @@ int strata_model_forward(strata_model *m, const float *x, size_t batch, int trai
             } else {
                 if (rng == NULL)
                     return STRATA_EINVAL;
+                /* Drawn in plain element order whatever the layout, so that
+                 * both kernel sets drop the same elements. */
                 const float keep = 1.0f / (1.0f - L->p);
                 for (size_t i = 0; i < n; i++)
-                    L->mask[i] = strata_rng_uniform(rng) < L->p ? 0.0f : keep;
+                    L->mask[dn ? strata__dnnl_index(m, li, i) : i] =
+                        strata_rng_uniform(rng) < L->p ? 0.0f : keep;
             }
             for (size_t i = 0; i < n; i++)
                 o[i] = in[i] * L->mask[i];
             break;
         }
+        if (rc < 0)
+            return rc;
     }
     m->batch = batch;
     *logits = m->act[m->nlayers];
@@ -906,7 +711,8 @@ int strata_model_backward_from(strata_model *m, const float *dlogits)
     const size_t B = m->batch;
     float *dy = m->gbuf[0];
     memcpy(dy, dlogits, B * strata_model_output_dim(m) * sizeof(float));
-    int cur = 0;
+    int cur = 0, rc = STRATA_OK;
+    const int dn = m->dnnl_active;
     for (int li = m->nlayers - 1; li >= 0; li--) {
         layer *L = &m->layers[li];
         float *dx = li == 0 ? (m->input_grad ? m->dinput : NULL) : m->gbuf[1 - cur];
@@ -914,24 +720,36 @@ int strata_model_backward_from(strata_model *m, const float *dlogits)
         const size_t n = B * L->in_dim;
         switch (L->kind) {
         case L_LINEAR:
-            linear_backward(m, L, in, dy, dx, B);
+            if (dn)
+                rc = strata__dnnl_linear_backward(m, li, in, dy, dx);
+            else
+                linear_backward(m, L, in, dy, dx, B);
             break;
         case L_CONV2D:
-            conv_backward(m, L, dy, dx, B);
+            if (dn)
+                rc = strata__dnnl_conv_backward(m, li, in, dy, dx);
+            else
+                strata__ref_conv_backward(m, L, dy, dx, B);
             break;
         case L_MAXPOOL:
-            if (dx)
-                maxpool_backward(L, dy, dx, B);
+            if (dx && dn)
+                rc = strata__dnnl_pool_backward(m, li, dy, dx);
+            else if (dx)
+                strata__ref_maxpool_backward(L, dy, dx, B);
             break;
         case L_RELU:
             if (dx) {
 #pragma omp parallel for schedule(static) if (n >= PAR_MIN)
-                for (size_t i = 0; i < n; i++)
-                    dx[i] = out[i] > 0.0f ? dy[i] : 0.0f;
+                for (size_t i = 0; i < n; i++) {
+                    const float g = dy[i]; /* loaded unconditionally: the loop vectorises */
+                    dx[i] = out[i] > 0.0f ? g : 0.0f;
+                }
             }
             break;
         case L_FLATTEN:
-            if (dx)
+            if (dx && dn)
+                rc = strata__dnnl_flatten_backward(m, li, dy, dx);
+            else if (dx)
                 memcpy(dx, dy, n * sizeof(float));
             break;
         case L_DROPOUT:
@@ -940,6 +758,8 @@ int strata_model_backward_from(strata_model *m, const float *dlogits)
                     dx[i] = dy[i] * L->mask[i];
             break;
         }
+        if (rc < 0)
+            return rc;
         if (dx == NULL)
             break;
         dy = dx;

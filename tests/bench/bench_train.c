@@ -10,9 +10,13 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* Internal helpers of shared/src/model.c (model_internal.h). */
+void strata__model_set_reference(strata_model *m, int on);
+const char *strata__model_kernels(const strata_model *m);
+
 int main(int argc, char **argv)
 {
-    const char *model = "mlp", *data = getenv("STRATA_DATA_DIR");
+    const char *model = "mlp", *data = getenv("STRATA_DATA_DIR"), *kernels = "onednn";
     int threads = 1, batch = 32;
     long images = 0;
     for (int i = 1; i + 1 < argc; i += 2) {
@@ -26,16 +30,22 @@ int main(int argc, char **argv)
             images = atol(argv[i + 1]);
         else if (strcmp(argv[i], "--data") == 0)
             data = argv[i + 1];
+        else if (strcmp(argv[i], "--kernels") == 0)
+            kernels = argv[i + 1];
         else {
             fprintf(stderr, "usage: bench_train [--model M] [--threads T] [--batch B] "
-                            "[--images N] [--data DIR]\n");
+                            "[--images N] [--data DIR] [--kernels onednn|reference]\n");
             return 2;
         }
     }
     if (data == NULL)
         data = "/usr/share/datasets/fashion-mnist";
-    if (threads < 1 || batch < 1)
+    if (threads < 1 || batch < 1 ||
+        (strcmp(kernels, "onednn") != 0 && strcmp(kernels, "reference") != 0)) {
+        fprintf(stderr, "bench_train: --threads and --batch must be >= 1, --kernels onednn or "
+                        "reference\n");
         return 2;
+    }
     if (images <= 0)
         images = strcmp(model, "mlp") == 0 ? 60000 : 4000;
     strata_set_threads(threads);
@@ -52,6 +62,7 @@ int main(int argc, char **argv)
         return 1;
     }
     strata_model_init_params(m, 1);
+    strata__model_set_reference(m, strcmp(kernels, "reference") == 0);
     strata_sgd_config cfg = {.lr = 0.01f, .momentum = 0.9f};
     strata_sgd_new(strata_model_params(m), &cfg, &opt, NULL);
     strata_rng rng;
@@ -64,9 +75,10 @@ int main(int argc, char **argv)
         fprintf(stderr, "bench_train: %s\n", strata_strerror(rc));
         return 1;
     }
-    printf("{\"impl\":\"strata\",\"model\":\"%s\",\"threads\":%d,\"batch\":%d,\"images\":%zu,"
-           "\"seconds\":%.4f,\"images_per_second\":%.1f}\n",
-           model, threads, batch, st.samples, st.seconds, (double)st.samples / st.seconds);
+    printf("{\"impl\":\"strata\",\"kernels\":\"%s\",\"model\":\"%s\",\"threads\":%d,"
+           "\"batch\":%d,\"images\":%zu,\"seconds\":%.4f,\"images_per_second\":%.1f}\n",
+           strata__model_kernels(m), model, threads, batch, st.samples, st.seconds,
+           (double)st.samples / st.seconds);
     strata_sgd_free(opt);
     strata_model_free(m);
     strata_dataset_cleanup(&ds);

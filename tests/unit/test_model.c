@@ -5,6 +5,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* Internal helpers of shared/src/model.c (model_internal.h): the kernel
+ * choice, so that every check runs on oneDNN and on the reference kernels. */
+void strata__model_set_reference(strata_model *m, int on);
+const char *strata__model_kernels(const strata_model *m);
+
 static strata_model *build(const char *json)
 {
     strata_model *m = NULL;
@@ -183,10 +188,11 @@ static double rel_err(const double *a, const double *b, size_t n)
     return den > 0 ? sqrt(num) / den : sqrt(num);
 }
 
-static double gradcheck(const char *json, size_t B, enum input_kind kind, int use_ce)
+static double gradcheck(const char *json, size_t B, enum input_kind kind, int use_ce, int reference)
 {
     strata_model *m = build(json);
     CU_ASSERT_PTR_NOT_NULL_FATAL(m);
+    strata__model_set_reference(m, reference);
     strata_model_init_params(m, 7);
     strata_model_set_input_grad(m, 1);
     strata_rng r;
@@ -201,6 +207,10 @@ static double gradcheck(const char *json, size_t B, enum input_kind kind, int us
         labels[b] = (uint8_t)strata_rng_below(&r, strata_model_output_dim(m));
 
     eval_loss(m, x, B, R, labels);
+    int spatial = strstr(json, "conv2d") != NULL || strstr(json, "maxpool2d") != NULL ||
+                  strstr(json, "linear") != NULL;
+    CU_ASSERT_STRING_EQUAL(strata__model_kernels(m),
+                           !reference && spatial ? "onednn" : "reference");
     int brc =
         use_ce ? strata_model_backward(m, labels, NULL, NULL) : strata_model_backward_from(m, R);
     CU_ASSERT_EQUAL(brc, STRATA_OK);
@@ -261,9 +271,12 @@ static double gradcheck(const char *json, size_t B, enum input_kind kind, int us
 static void check_grad(const char *what, const char *json, size_t B, enum input_kind kind,
                        int use_ce)
 {
-    double e = gradcheck(json, B, kind, use_ce);
-    printf("\n    %s: worst per-tensor relative error %.2e ", what, e);
-    CU_ASSERT(e < 1e-3);
+    for (int reference = 0; reference <= 1; reference++) {
+        double e = gradcheck(json, B, kind, use_ce, reference);
+        printf("\n    %s (%s): worst per-tensor relative error %.2e ", what,
+               reference ? "reference" : "oneDNN", e);
+        CU_ASSERT(e < 1e-3);
+    }
 }
 
 static void test_grad_linear(void)
@@ -352,6 +365,115 @@ static void test_grad_small_cnn(void)
                "\"type\":\"linear\",\"name\":\"fc\","
                "\"out_features\":3}]}",
                2, IN_GAUSS, 1);
+}
+
+static void test_grad_blocked(void)
+{
+    /* 16 channels: oneDNN keeps these images in its blocked layout, so the
+     * reorders at the flatten and the blocked convolution kernels are
+     * checked too. */
+    check_grad("blocked conv-conv-linear stack with cross-entropy",
+               "{\"input\":[1,8,8],\"layers\":[{\"type\":\"conv2d\",\"name\":\"c1\","
+               "\"out_channels\":16,\"kernel_size\":3,\"padding\":1},{\"type\":\"conv2d\","
+               "\"name\":\"c2\",\"out_channels\":16,\"kernel_size\":3,\"stride\":2,"
+               "\"padding\":1},{\"type\":\"flatten\"},{\"type\":\"linear\",\"name\":\"fc\","
+               "\"out_features\":3}]}",
+               2, IN_GAUSS, 1);
+}
+
+/* ---- oneDNN against the reference kernels ---- */
+
+static double max_rel(const float *a, const float *b, size_t n)
+{
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs((double)a[i] - (double)b[i]);
+        if (d > num)
+            num = d;
+        if (fabs((double)b[i]) > den)
+            den = fabs((double)b[i]);
+    }
+    return den > 0 ? num / den : num;
+}
+
+/* One training step on both kernel sets: same logits, loss, parameter and
+ * input gradients within float32 tolerance. */
+static void compare_kernels(const char *what, const char *json, size_t B, int use_ce)
+{
+    strata_model *m[2];
+    for (int k = 0; k < 2; k++) {
+        m[k] = build(json);
+        CU_ASSERT_PTR_NOT_NULL_FATAL(m[k]);
+        strata_model_init_params(m[k], 21);
+        strata__model_set_reference(m[k], k);
+        strata_model_set_input_grad(m[k], 1);
+    }
+    size_t nin = B * strata_model_input_dim(m[0]), nout = B * strata_model_output_dim(m[0]);
+    float *x = calloc(nin, sizeof(float)), *R = calloc(nout, sizeof(float));
+    uint8_t *labels = calloc(B, 1);
+    strata_rng r;
+    strata_rng_seed(&r, 77, 0);
+    for (size_t i = 0; i < nin; i++)
+        x[i] = (float)strata_rng_uniform(&r);
+    for (size_t i = 0; i < nout; i++)
+        R[i] = (float)strata_rng_normal(&r);
+    for (size_t b = 0; b < B; b++)
+        labels[b] = (uint8_t)strata_rng_below(&r, strata_model_output_dim(m[0]));
+    const float *y[2];
+    double loss[2] = {0, 0};
+    for (int k = 0; k < 2; k++) {
+        strata_rng dr;
+        strata_rng_seed(&dr, 5, 0); /* the same dropout masks */
+        CU_ASSERT_EQUAL_FATAL(strata_model_forward(m[k], x, B, 1, &dr, &y[k]), STRATA_OK);
+        int rc = use_ce ? strata_model_backward(m[k], labels, &loss[k], NULL)
+                        : strata_model_backward_from(m[k], R);
+        CU_ASSERT_EQUAL(rc, STRATA_OK);
+    }
+    CU_ASSERT_STRING_EQUAL(strata__model_kernels(m[0]), "onednn");
+    CU_ASSERT_STRING_EQUAL(strata__model_kernels(m[1]), "reference");
+    double worst = max_rel(y[0], y[1], nout);
+    CU_ASSERT(fabs(loss[0] - loss[1]) < 1e-5);
+    strata_tensor_list *g0 = strata_model_grads(m[0]), *g1 = strata_model_grads(m[1]);
+    for (size_t t = 0; t < g0->count; t++) {
+        double e = max_rel(g0->items[t].data, g1->items[t].data, g0->items[t].numel);
+        if (e > worst)
+            worst = e;
+    }
+    double e = max_rel(strata_model_input_grad(m[0]), strata_model_input_grad(m[1]), nin);
+    if (e > worst)
+        worst = e;
+    printf("\n    %s, batch %zu: worst relative difference %.2e ", what, B, worst);
+    CU_ASSERT(worst < 1e-4);
+    free(x);
+    free(R);
+    free(labels);
+    strata_model_free(m[0]);
+    strata_model_free(m[1]);
+}
+
+static void test_onednn_matches_reference(void)
+{
+    const char *cnn = strata_model_builtin_json("cnn");
+    compare_kernels("cnn", cnn, 8, 1);
+    compare_kernels("cnn", cnn, 3, 1);
+    compare_kernels("mlp", strata_model_builtin_json("mlp"), 8, 1);
+    /* Stride, padding, overlapping and uneven pooling, dropout on blocked
+     * images, 3 input channels. */
+    compare_kernels("strided stack",
+                    "{\"input\":[3,11,9],\"layers\":[{\"type\":\"conv2d\",\"name\":\"c1\","
+                    "\"out_channels\":16,\"kernel_size\":3,\"stride\":2,\"padding\":1},"
+                    "{\"type\":\"relu\"},{\"type\":\"maxpool2d\",\"kernel_size\":2,"
+                    "\"stride\":1},{\"type\":\"conv2d\",\"name\":\"c2\",\"out_channels\":32,"
+                    "\"kernel_size\":3,\"padding\":1,\"bias\":false},{\"type\":\"dropout\","
+                    "\"p\":0.3},{\"type\":\"maxpool2d\",\"kernel_size\":3,\"stride\":2},"
+                    "{\"type\":\"flatten\"},{\"type\":\"linear\",\"name\":\"fc\","
+                    "\"out_features\":5}]}",
+                    4, 1);
+    /* Image outputs: the logits stay plain. */
+    compare_kernels("image output",
+                    "{\"input\":[2,6,6],\"layers\":[{\"type\":\"conv2d\",\"name\":\"c\","
+                    "\"out_channels\":16,\"kernel_size\":3,\"padding\":1},{\"type\":\"relu\"}]}",
+                    2, 0);
 }
 
 /* ---- forward correctness against direct formulas ---- */
@@ -443,11 +565,13 @@ int main(void)
         {"dropout", test_grad_dropout},
         {"softmax cross-entropy", test_grad_softmax_xent},
         {"small cnn stack", test_grad_small_cnn},
+        {"blocked (16-channel) stack", test_grad_blocked},
         CU_TEST_INFO_NULL,
     };
     CU_TestInfo fwd_tests[] = {
         {"conv2d matches direct convolution", test_conv_forward_direct},
         {"forward/backward deterministic", test_forward_deterministic},
+        {"oneDNN matches the reference kernels", test_onednn_matches_reference},
         CU_TEST_INFO_NULL,
     };
     CU_SuiteInfo suites[] = {

@@ -1,10 +1,11 @@
 /* Models: a sequential network of layers described in JSON, with named
  * parameters (PyTorch state_dict names), forward and backward passes.
  *
- * Layers: linear, conv2d (im2col + sgemm; stride, padding), maxpool2d, relu,
- * flatten, dropout. The loss is softmax cross-entropy over the last layer's
- * outputs. Built-in architectures "mlp" and "cnn" are defined in the same
- * JSON form as custom ones (docs/architecture.md describes the format).
+ * Layers: linear, conv2d (stride, padding), maxpool2d, relu, flatten,
+ * dropout; convolutions, linear layers and pooling run on oneDNN, with
+ * reference kernels (im2col + OpenBLAS sgemm) beside them. The loss is softmax cross-entropy over
+ * the last layer's outputs. Built-in architectures "mlp" and "cnn" are defined in the same JSON
+ * form as custom ones (docs/architecture.md describes the format).
  *
  * A model owns its parameters, gradients and activation buffers; it is used
  * by one thread at a time (its kernels use OpenMP and BLAS threads inside).
