@@ -20,7 +20,7 @@ static int same_task(const strata_task *a, const strata_task *b)
 {
     if (a->round != b->round || a->total_rounds != b->total_rounds ||
         a->model_version != b->model_version || a->deadline_unix_ms != b->deadline_unix_ms ||
-        a->values_format != b->values_format || a->num_layers != b->num_layers ||
+        a->num_layers != b->num_layers || a->num_candidates != b->num_candidates ||
         a->seed != b->seed)
         return 0;
     const strata_task_train *x = &a->train, *y = &b->train;
@@ -31,7 +31,14 @@ static int same_task(const strata_task *a, const strata_task *b)
     for (size_t i = 0; i < a->num_layers; i++) {
         const strata_budget *p = &a->budgets[i], *q = &b->budgets[i];
         if (strcmp(a->layer_names[i], b->layer_names[i]) != 0 || p->comp != q->comp ||
-            p->density != q->density || p->levels != q->levels || p->rank != q->rank)
+            p->density != q->density || p->levels != q->levels || p->rank != q->rank ||
+            p->values != q->values)
+            return 0;
+    }
+    for (size_t i = 0; i < a->num_candidates; i++) {
+        const strata_budget *p = &a->candidates[i], *q = &b->candidates[i];
+        if (p->comp != q->comp || p->density != q->density || p->levels != q->levels ||
+            p->rank != q->rank || p->values != q->values)
             return 0;
     }
     return 1;
