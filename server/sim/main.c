@@ -505,7 +505,10 @@ static int finish(const sim_opts *o, const sim_out *od, run_end end)
                          .policy = o->policy,
                          .density = o->density,
                          .values = o->values,
-                         .sampling = sampling};
+                         .sampling = sampling,
+                         .downlink = sim_opts_pass_get(o, "downlink")};
+    if (info.downlink == NULL)
+        info.downlink = "none";
     int rc = sim_report_write(od->path[SIM_OUT_STATE], o->out, &info, o->json);
     if (end == RUN_INTERRUPTED) {
         strata_log_warn("interrupted; the report covers the finished rounds. Continue with: "

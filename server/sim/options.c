@@ -41,6 +41,9 @@ static const pass_opt PASS[] = {
     {"trim_fraction", "F", "trimmed-mean: fraction cut at each end (0.1)"},
     {"clip_norm", "C", "scale every update to an L2 norm of at most C; 0 = off (0)"},
     {"screen_factor", "F", "quarantine updates above F times the median norm; 0 = off (10)"},
+    {"downlink", "SPEC",
+     "downlink compression: none (default) or a compressor\nspec (fp16, topk:D[:VALUES], ...)"},
+    {"downlink_keep", "K", "deltas the coordinator keeps for lagging clients (8)"},
     {"threads", "N", "the coordinator's evaluation threads (1)"},
     {"http_threads", "N", "the coordinator's request threads (16)"},
 };

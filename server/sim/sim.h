@@ -23,7 +23,7 @@
 enum { SIM_EXIT_OK = 0, SIM_EXIT_FAIL = 1, SIM_EXIT_USAGE = 2, SIM_EXIT_INTERRUPTED = 130 };
 
 /* The number of coordinator options strata-sim passes through. */
-#define SIM_NPASS 20
+#define SIM_NPASS 22
 
 /* strata-sim's options (strings malloc'ed; sim_opts_cleanup frees them). */
 typedef struct sim_opts {
@@ -131,6 +131,7 @@ typedef struct sim_run_info {
     long data_shares; /* the coordinator's --data-shares; 0: none */
     const char *model, *partition, *policy, *density, *values;
     const char *sampling; /* "all", "N per round" or "fraction F" */
+    const char *downlink; /* the coordinator's --downlink ("none" when not given) */
 } sim_run_info;
 
 /* Reads every round record of the coordinator's store in state_dir (the
