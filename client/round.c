@@ -166,7 +166,7 @@ static int fetch_deltas(const strata_client_round_ctx *c, const strata_task *t, 
         return rc;
     }
     cache_model(c, *m, v);
-    strata_log_info("model %llu: %zu deltas from version %llu, %zu bytes, digest %.16s... matches",
+    strata_log_info("model %llu: %zu deltas from version %llu, %zu bytes, digest %s matches",
                     (unsigned long long)v, n, (unsigned long long)from, *downloaded, got);
     return STRATA_OK;
 }
@@ -199,8 +199,11 @@ static int fetch_model(const strata_client_round_ctx *c, const strata_task *t, s
         return rc;
     char hex[STRATA_DIGEST_HEX_SIZE];
     strata_downlink_digest(strata_model_params(*m), hex);
-    if (strcmp(hex, t->model_digest) == 0)
+    if (strcmp(hex, t->model_digest) == 0) {
+        strata_log_info("model %llu: %s, %zu bytes, digest %s matches", (unsigned long long)v,
+                        cached ? "cached copy" : "snapshot", *downloaded, hex);
         return STRATA_OK;
+    }
     strata_model_free(*m);
     *m = NULL;
     if (!cached) {
@@ -221,6 +224,9 @@ static int fetch_model(const strata_client_round_ctx *c, const strata_task *t, s
             strata_model_free(*m);
             *m = NULL;
             rc = STRATA_EPROTO;
+        } else {
+            strata_log_info("model %llu: snapshot, %zu bytes, digest %s matches",
+                            (unsigned long long)v, got, hex);
         }
     }
     return rc;

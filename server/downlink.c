@@ -120,9 +120,10 @@ int srv__downlink_close(srv_engine *e, uint32_t r, uint64_t v, strata_train_stat
     if (rc == 0)
         rc = write_x(e, v, d);
     if (rc == 0)
-        strata_log_info("round %u: downlink delta %zu bytes (%s); served model x̂ accuracy %.4f, "
-                        "server model x accuracy %.4f",
-                        r, wire_len, e->cfg->downlink, st->accuracy, sx.accuracy);
+        strata_log_info("round %u: downlink delta %zu bytes (%s), model %llu digest %s; served "
+                        "model x̂ accuracy %.4f, server model x accuracy %.4f",
+                        r, wire_len, e->cfg->downlink, (unsigned long long)v, digest, st->accuracy,
+                        sx.accuracy);
     strata_clayers_free(layers, xh->count);
     free(meta);
     free(wire);
