@@ -3,6 +3,7 @@
  * delta's metadata and the chain framing. */
 #include "strata/downlink.h"
 
+#include "strata/ef.h"
 #include "strata/hash.h"
 
 #include <jansson.h>
@@ -50,36 +51,30 @@ int strata_downlink_step(strata_tensor_list *ref, const strata_tensor_list *targ
     *layers = NULL;
     if (!strata_tensor_list_same_layout(ref, target))
         return strata_diag_set(diag, STRATA_EINVAL, "downlink: the models' layouts differ");
-    size_t n = ref->count, maxn = 1;
-    for (size_t i = 0; i < n; i++)
-        maxn = ref->items[i].numel > maxn ? ref->items[i].numel : maxn;
-    strata_clayer *out = calloc(n ? n : 1, sizeof(*out));
-    float *a = malloc(maxn * sizeof(float));
+    size_t n = ref->count;
+    strata_tensor_list a;
+    strata_tensor_list_init(&a);
+    strata_ef *ef = NULL;
+    strata_clayer *out = NULL;
+    strata_budget *bl = calloc(n ? n : 1, sizeof(*bl));
     float **dec = calloc(n ? n : 1, sizeof(*dec));
-    int rc = out && a && dec ? STRATA_OK : STRATA_ENOMEM;
+    int rc = bl && dec ? strata_tensor_list_copy(&a, target) : STRATA_ENOMEM;
     for (size_t i = 0; rc == STRATA_OK && i < n; i++) {
-        const strata_tensor *x = &target->items[i], *h = &ref->items[i];
-        for (size_t k = 0; k < x->numel; k++) {
-            a[k] = (x->data[k] - h->data[k]) + 0.0f;
-            if (!isfinite(a[k])) {
-                rc = strata_diag_set(diag, STRATA_EINVAL, "downlink: %s[%zu] is not finite",
-                                     x->name, k);
-                break;
-            }
-        }
-        if (rc < 0)
-            break;
-        strata_budget bl = strata_downlink_budget(b, x->numel);
-        strata_diag cd = {{0}};
-        rc = strata_compress(a, x->numel, x->ndim, x->shape, &bl,
-                             strata_values_format_for(bl.comp, bl.values), seed + 0x9e37u * i, NULL,
-                             &out[i], &cd);
-        if (rc < 0) {
-            strata_diag_set(diag, rc, "downlink: tensor %s: %s", x->name, strata_diag_msg(&cd, rc));
-            break;
-        }
-        out[i].layer_index = (uint32_t)i;
-        if ((dec[i] = malloc(x->numel * sizeof(float))) == NULL)
+        float *ai = a.items[i].data;
+        const float *h = ref->items[i].data;
+        for (size_t k = 0; k < a.items[i].numel; k++)
+            ai[k] = ai[k] - h[k];
+        bl[i] = strata_downlink_budget(b, a.items[i].numel);
+    }
+    /* The compressors exactly as the uplink runs them, through one
+     * error-feedback step from a zero residual: the server's residual is
+     * x - x̂ itself, carried from round to round by keeping both. */
+    if (rc == STRATA_OK)
+        rc = strata_ef_new(&a, 1.0, 0, &ef);
+    if (rc == STRATA_OK)
+        rc = strata_ef_step(ef, &a, bl, 1, seed, &out, diag);
+    for (size_t i = 0; rc == STRATA_OK && i < n; i++) {
+        if ((dec[i] = malloc(a.items[i].numel * sizeof(float))) == NULL)
             rc = STRATA_ENOMEM;
         else
             rc = strata_clayer_decode(&out[i], dec[i], diag);
@@ -93,7 +88,9 @@ int strata_downlink_step(strata_tensor_list *ref, const strata_tensor_list *targ
     for (size_t i = 0; dec != NULL && i < n; i++)
         free(dec[i]);
     free(dec);
-    free(a);
+    free(bl);
+    strata_ef_free(ef);
+    strata_tensor_list_cleanup(&a);
     if (rc < 0) {
         if (out != NULL)
             strata_clayers_free(out, n);

@@ -55,7 +55,9 @@ void strata_downlink_digest(const strata_tensor_list *m, char hex[STRATA_DIGEST_
 strata_budget strata_downlink_budget(const strata_budget *b, size_t numel);
 
 /* One downlink step: compresses a = target - ref (both borrowed, the same
- * layout; target unchanged) with b (strata_downlink_budget per tensor),
+ * layout; target unchanged) with b (strata_downlink_budget per tensor)
+ * through one strata_ef_step from a zero residual (so every compressor
+ * behaves as on the uplink, QSGD's contraction included),
  * then adds the decoded layers to ref in place (ref becomes the new x̂,
  * exactly what strata_downlink_apply computes from the same layers). On
  * success *layers (free with strata_clayers_free(*layers, ref->count)) has
