@@ -193,7 +193,8 @@ int sim_report_write(const char *state_dir, const char *out_dir, const sim_run_i
                 o->clients, o->sampling, o->rounds, o->model, o->partition, o->policy, o->density,
                 o->values, o->downlink ? o->downlink : "none", o->seed);
     }
-    double up = 0, down = 0, dense = 0, acc = 0;
+    double up = 0, down = 0, dense = 0, acc = 0, elapsed = 0, to_target = -1;
+    long target_round = -1;
     const strata_round_summary *last = NULL;
     for (size_t i = 0; fc && fm && i < nr; i++) {
         const strata_round_summary *s = &list[i];
@@ -204,6 +205,11 @@ int sim_report_write(const char *state_dir, const char *out_dir, const sim_run_i
         up += u;
         down += dn;
         dense += de;
+        elapsed += (double)s->duration_ms / 1000.0;
+        if (o->target_accuracy > 0 && to_target < 0 && acc >= o->target_accuracy) {
+            to_target = elapsed;
+            target_round = (long)s->round;
+        }
         fprintf(fc, "%u,%ld,%.6f,%.6f,%.0f,%.0f,%.0f,%.2f,%.0f,%.0f,%.2f,%.2f", s->round, parts,
                 acc, loss, u, dn, de, u > 0 ? de / u : 0.0, u + dn, 2 * de, dn > 0 ? de / dn : 0.0,
                 u + dn > 0 ? 2 * de / (u + dn) : 0.0);
@@ -234,6 +240,21 @@ int sim_report_write(const char *state_dir, const char *out_dir, const sim_run_i
                 "(dense FedAvg would move %.0f, %.1fx more), final accuracy %.4f.\n",
                 up, dense, up > 0 ? dense / up : 0.0, down, dense, down > 0 ? dense / down : 0.0,
                 up + down, 2 * dense, up + down > 0 ? 2 * dense / (up + down) : 0.0, acc);
+    if (fm != NULL && (o->link_up != NULL || o->link_down != NULL))
+        fprintf(fm,
+                "\nEvery client behind its own link (network namespace, veth pair, tbf): "
+                "uplink %s, downlink %s.\n",
+                o->link_up ? o->link_up : "uncapped", o->link_down ? o->link_down : "uncapped");
+    if (fm != NULL) {
+        fprintf(fm, "\nTime in rounds (the sum of the rounds' durations, open to close): %.1f s.",
+                elapsed);
+        if (o->target_accuracy > 0 && to_target >= 0)
+            fprintf(fm, " Test accuracy %.4f first reached after %.1f s (round %ld).",
+                    o->target_accuracy, to_target, target_round);
+        else if (o->target_accuracy > 0)
+            fprintf(fm, " Test accuracy %.4f was not reached.", o->target_accuracy);
+        fputc('\n', fm);
+    }
     int bad_close = fc != NULL && fclose(fc) != 0;
     bad_close |= fm != NULL && fclose(fm) != 0;
     if (bad_close && rc == 0) {
@@ -250,6 +271,11 @@ int sim_report_write(const char *state_dir, const char *out_dir, const sim_run_i
                       (json_int_t)nr, "clients", (json_int_t)o->clients, "uplink_bytes", up,
                       "downlink_bytes", down, "dense_uplink_bytes", dense, "total_bytes", up + down,
                       "dense_total_bytes", 2 * dense, "report", md);
+        if (sum != NULL)
+            json_object_set_new(sum, "time_s", json_real(elapsed));
+        if (sum != NULL && o->target_accuracy > 0)
+            json_object_set_new(sum, "time_to_target_s",
+                                to_target >= 0 ? json_real(to_target) : json_null());
         char *text = sum ? json_dumps(sum, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
         if (text != NULL)
             puts(text);
