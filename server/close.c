@@ -585,14 +585,17 @@ void srv__round_close(srv_engine *e)
     /* With --downlink: the delta, x̂ and its evaluation (what clients
      * get); the digest of the served model in every case. */
     char digest[STRATA_DIGEST_HEX_SIZE] = "";
-    int dl_moved = 0;
+    int dl_moved = 0, dl_rc = 0;
     if (stepped && rc == 0) {
-        rc = srv__downlink_close(e, r, v, &j.st, digest, &d);
-        dl_moved = rc == 0;
+        dl_rc = srv__downlink_close(e, r, v, &j.st, digest, &d);
+        dl_moved = dl_rc == 0;
     }
     /* A model that is not finite is never saved or served: a failed round
-     * keeps the current version. */
-    if (stepped) {
+     * keeps the current version. A failed downlink step fails the attempt
+     * (it is retried). */
+    if (stepped && dl_rc < 0)
+        rc = dl_rc;
+    else if (stepped) {
         rc = strata_store_checkpoint_path(e->store, v, path, sizeof(path), &d);
         if (rc == 0)
             rc = strata_checkpoint_save(srv__served_model(e), path, &d);
@@ -644,6 +647,7 @@ void srv__round_close(srv_engine *e)
         return;
     }
     report_quarantine(e, &j);
+    srv__ctr_add(e, SRV_CTR_DENSE, (int64_t)(2 * e->nreported * e->total_params * 4));
     size_t nq = j.n - count_kept(&j);
     if (stepped) {
         strata_server_opt *t = e->opt;

@@ -25,6 +25,7 @@ static const char *const NAMES[SRV_CTR_COUNT] = {
     [SRV_CTR_BYTES_TX] = "bytes_sent_total",
     [SRV_CTR_UPLINK] = "uplink_bytes_total",
     [SRV_CTR_DOWNLINK] = "downlink_bytes_total",
+    [SRV_CTR_DENSE] = "dense_fedavg_bytes_total",
 #define UPD(c, reason) [SRV_CTR_UPD_##c] = "updates_rejected_total{reason=\"" reason "\"}"
     UPD(BAD_PAYLOAD, "bad_payload"),
     UPD(TOO_LARGE, "too_large"),
@@ -201,6 +202,9 @@ void srv_engine_metrics(srv_engine *e, srv_result *r)
         {"downlink_bytes_total",
          "Bytes of model snapshot and delta-chain bodies sent (200 answers of GET "
          "/v1/models/{v} and /v1/models/{v}/delta)."},
+        {"dense_fedavg_bytes_total",
+         "Bytes dense FedAvg would have sent both ways in the closed rounds (participants x "
+         "parameters x 4, up and down): the reference of the compression ratios."},
         {"updates_rejected_total", "Updates refused, by reason."},
         {"requests_rejected_total", "Requests answered with an error, by error code."}};
     strata_buf b;

@@ -180,11 +180,18 @@ chains=$(cat "$WORK/A.log" "$WORK/B.log" | grep -c "1 deltas from version" || tr
 # /metrics' downlink counter: the sum of the rounds' downlink bytes, and it
 # grows by exactly the bodies served.
 sum=0
+dsum=0
 for ((r = 0; r < ROUNDS; r++)); do
-    sum=$((sum + $(json_field "$(get "/v1/rounds/$r")" downlink_bytes)))
+    s=$(get "/v1/rounds/$r")
+    sum=$((sum + $(json_field "$s" downlink_bytes)))
+    dsum=$((dsum + $(json_field "$s" dense_total_bytes)))
+    [ "$(json_field "$s" total_bytes)" = $(($(json_field "$s" uplink_bytes) + $(json_field "$s" downlink_bytes))) ] ||
+        die "round $r: total_bytes is not uplink + downlink: $s"
 done
 m0=$(metric strata_downlink_bytes_total)
 [ "$m0" = "$sum" ] || die "downlink counter $m0, rounds' downlink bytes $sum"
+[ "$(metric strata_dense_fedavg_bytes_total)" = "$dsum" ] ||
+    die "dense counter $(metric strata_dense_fedavg_bytes_total), rounds' dense totals $dsum"
 TOK=$(json_field "$(cat "$WORK/A/identity.json")" token)
 V=$(version)
 bytes=0
