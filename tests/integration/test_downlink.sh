@@ -18,7 +18,8 @@
 # /metrics' downlink counter is checked against response bodies: it grows by
 # exactly the model and delta bodies curl receives with a 200 (snapshots raw
 # and zstd, delta chains; 304s, HEAD and refusals add nothing), and it
-# equals the sum of the rounds' downlink bytes.
+# equals the sum of the rounds' downlink bytes. Finally a restarted
+# coordinator serves the same model and delta bytes.
 . "$(dirname "$0")/lib.sh"
 SERVER="$BUILD/strata-server"
 CLIENT="$BUILD/strata-client"
@@ -67,14 +68,24 @@ exited() { ! alive "$1"; }
 version() { json_field "$(get /v1/status)" model_version; }
 version_at_least() { [ "$(version)" -ge "$1" ]; }
 
-"$SERVER" --state-dir "$STATE" --model mlp --data "$DATA" --port 0 --rounds $ROUNDS \
-    --min-clients 3 --clients-per-round 2 --over-select 0.5 --min-updates 2 \
-    --round-deadline 60 --policy uniform --density 0.05 --max-steps 20 \
-    --downlink topk:0.05 --downlink-keep 6 --enrolment-secret $SECRET \
-    >"$WORK/server.out" 2>"$WORK/server.err" &
-SPID=$!
-PIDS+=("$SPID")
-wait_listening "$SPID" "$WORK/server.out" "$WORK/server.err"
+start_server() {
+    "$SERVER" --state-dir "$STATE" --model mlp --data "$DATA" --port 0 --rounds $ROUNDS \
+        --min-clients 3 --clients-per-round 2 --over-select 0.5 --min-updates 2 \
+        --round-deadline 60 --policy uniform --density 0.05 --max-steps 20 \
+        --downlink topk:0.05 --downlink-keep 6 --enrolment-secret $SECRET \
+        >>"$WORK/server.out" 2>>"$WORK/server.err" &
+    SPID=$!
+    PIDS+=("$SPID")
+    STARTS=$((${STARTS:-0} + 1))
+    for _ in $(seq 1 300); do
+        [ "$(grep -c "^strata-server: listening on " "$WORK/server.out" 2>/dev/null || true)" -ge $STARTS ] && break
+        alive "$SPID" || die "the coordinator exited: $(tail -n 5 "$WORK/server.err")"
+        sleep 0.1
+    done
+    URL=$(sed -n 's/^strata-server: listening on //p' "$WORK/server.out" | tail -n 1)
+    [ -n "$URL" ] || die "the coordinator is not listening"
+}
+start_server
 [ "$(json_field "$(get /v1/status)" downlink)" = "topk:0.05" ] || die "status: $(get /v1/status)"
 
 start_client() { # start_client NAME INDEX [extra options]
@@ -222,6 +233,18 @@ m1=$(metric strata_downlink_bytes_total)
 [ $((m1 - m0)) -eq $((bytes)) ] || die "downlink counter grew by $((m1 - m0)), bodies $bytes"
 [ "$bytes" -gt 0 ] || die "no bodies"
 
+"${C[@]}" -o "$WORK/model.bin" -H "Authorization: Bearer $TOK" "$URL/v1/models/$V"
+
+# A restarted coordinator serves the same bytes (x̂, its deltas).
+kill -TERM "$SPID"
+wait_until 20 "the server to stop" exited "$SPID"
+reap "$SPID"
+start_server
+"${C[@]}" -o "$WORK/chain2.bin" -H "Authorization: Bearer $TOK" "$URL/v1/models/$V/delta?from=$((V - 2))"
+"${C[@]}" -o "$WORK/model2.bin" -H "Authorization: Bearer $TOK" "$URL/v1/models/$V"
+cmp -s "$WORK/chain.bin" "$WORK/chain2.bin" || die "the restarted coordinator serves another chain"
+cmp -s "$WORK/model.bin" "$WORK/model2.bin" || die "the restarted coordinator serves another model"
+[ "$(version)" = "$V" ] || die "the restarted coordinator is at version $(version), not $V"
 kill -TERM "$SPID"
 wait_until 20 "the server to stop" exited "$SPID"
 reap "$SPID"
