@@ -7,6 +7,8 @@
 
 #include "strata/clock.h"
 #include "strata/checkpoint.h"
+#include "strata/downlink.h"
+#include "strata/safetensors.h"
 #include "strata/ef.h"
 #include "strata/log.h"
 #include "strata/payload.h"
@@ -18,19 +20,23 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Fetches model `version`, using the state directory's cached copy when its
- * ETag still matches; *downloaded is the body's size (0 for a cache hit). */
-static int fetch_model(const strata_client_round_ctx *c, uint64_t version, strata_model **m,
-                       size_t *downloaded)
+/* Fetches the snapshot of model `version` (GET /v1/models/{v}), using the
+ * state directory's cached copy when its ETag still matches (use_cache);
+ * *downloaded is the body's size (0 for a cache hit), *cached 1 for a cache
+ * hit. */
+static int fetch_snapshot(const strata_client_round_ctx *c, uint64_t version, int use_cache,
+                          strata_model **m, size_t *downloaded, int *cached)
 {
     *m = NULL;
     *downloaded = 0;
-    char url[64], etag[128];
-    strata_client_state_model_etag(c->state, etag, sizeof(etag));
+    *cached = 0;
+    char url[64], etag[128] = "";
+    if (use_cache)
+        strata_client_state_model_etag(c->state, etag, sizeof(etag));
     snprintf(url, sizeof(url), "/v1/models/%llu", (unsigned long long)version);
     strata_http_response r;
     strata_diag d = {{0}};
-    int rc = strata_http_request_retry(c->http, "GET", url, NULL, NULL, 0, etag, 1,
+    int rc = strata_http_request_retry(c->http, "GET", url, NULL, NULL, 0, etag[0] ? etag : NULL, 1,
                                        STRATA_CLIENT_MAX_BODY, 0, 30.0, &r, &d);
     if (rc < 0) {
         strata_log_error("model %llu: %s", (unsigned long long)version, strata_diag_msg(&d, rc));
@@ -46,6 +52,7 @@ static int fetch_model(const strata_client_round_ctx *c, uint64_t version, strat
             strata_log_warn("cannot cache the model in %s: %s", strata_client_state_dir(c->state),
                             strata_diag_msg(&cd, crc));
     } else if (r.status == 304) {
+        *cached = 1;
         rc = strata_client_state_load_model(c->state, m, &d);
     } else {
         strata_log_error("model %llu: HTTP %ld: %s", (unsigned long long)version, r.status,
@@ -55,6 +62,173 @@ static int fetch_model(const strata_client_round_ctx *c, uint64_t version, strat
     if (rc < 0 && (r.status == 200 || r.status == 304))
         strata_log_error("model %llu: %s", (unsigned long long)version, strata_diag_msg(&d, rc));
     strata_http_response_cleanup(&r);
+    return rc;
+}
+
+/* Caches m as model `version` (ETag "m<version>", as the coordinator
+ * names it). */
+static void cache_model(const strata_client_round_ctx *c, strata_model *m, uint64_t version)
+{
+    strata_metadata meta;
+    strata_metadata_init(&meta);
+    uint8_t *buf = NULL;
+    size_t len = 0;
+    strata_diag d = {{0}};
+    int rc = strata_checkpoint_metadata(m, &meta);
+    if (rc == 0)
+        rc = strata_safetensors_encode(strata_model_params(m), &meta, &buf, &len);
+    char etag[64];
+    snprintf(etag, sizeof(etag), "\"m%llu\"", (unsigned long long)version);
+    if (rc == 0)
+        rc = strata_client_state_save_model(c->state, buf, len, etag, &d);
+    if (rc < 0)
+        strata_log_warn("cannot cache model %llu in %s: %s", (unsigned long long)version,
+                        strata_client_state_dir(c->state), strata_diag_msg(&d, rc));
+    strata_metadata_cleanup(&meta);
+    free(buf);
+}
+
+/* Brings the cached model of version `from` to t's version with the chain
+ * of deltas (GET /v1/models/{v}/delta?from=u), checking every step's digest
+ * and the task's. Returns STRATA_OK with *m, or an error after which the
+ * caller takes a snapshot (the reason is logged). */
+static int fetch_deltas(const strata_client_round_ctx *c, const strata_task *t, uint64_t from,
+                        strata_model **m, size_t *downloaded)
+{
+    *m = NULL;
+    *downloaded = 0;
+    uint64_t v = t->model_version;
+    char url[96];
+    snprintf(url, sizeof(url), "/v1/models/%llu/delta?from=%llu", (unsigned long long)v,
+             (unsigned long long)from);
+    strata_http_response r;
+    strata_diag d = {{0}};
+    int rc = strata_http_request_retry(c->http, "GET", url, NULL, NULL, 0, NULL, 0,
+                                       STRATA_CLIENT_MAX_BODY, 0, 30.0, &r, &d);
+    if (rc < 0) {
+        strata_log_warn("model %llu: deltas from %llu: %s", (unsigned long long)v,
+                        (unsigned long long)from, strata_diag_msg(&d, rc));
+        return rc;
+    }
+    if (r.status != 200) {
+        strata_log_info("model %llu: no deltas from version %llu (HTTP %ld): taking the "
+                        "snapshot",
+                        (unsigned long long)v, (unsigned long long)from, r.status);
+        strata_http_response_cleanup(&r);
+        return STRATA_ESTATE;
+    }
+    *downloaded = r.len;
+    const uint8_t **parts = NULL;
+    size_t *lens = NULL, n = 0;
+    uint64_t at = from;
+    char hex[STRATA_DIGEST_HEX_SIZE] = "", got[STRATA_DIGEST_HEX_SIZE] = "";
+    rc = strata_client_state_load_model(c->state, m, &d);
+    if (rc == 0)
+        rc = strata_downlink_chain_split(r.body, r.len, &parts, &lens, &n, &d);
+    for (size_t i = 0; rc == 0 && i < n; i++) {
+        strata_payload *p = NULL;
+        uint64_t pf = 0, pt = 0;
+        rc = strata_payload_decode(parts[i], lens[i], NULL, &p, &d);
+        if (rc == 0)
+            rc = strata_downlink_meta_parse(p, &pf, &pt, hex, &d);
+        if (rc == 0 && (pf != at || pt != at + 1))
+            rc = strata_diag_set(
+                &d, STRATA_EPROTO, "delta %zu goes from %llu to %llu, not from %llu", i,
+                (unsigned long long)pf, (unsigned long long)pt, (unsigned long long)at);
+        if (rc == 0)
+            rc = strata_downlink_apply(strata_model_params(*m), p, &d);
+        strata_payload_free(p);
+        if (rc == 0) {
+            strata_downlink_digest(strata_model_params(*m), got);
+            if (strcmp(got, hex) != 0)
+                rc = strata_diag_set(&d, STRATA_EPROTO,
+                                     "the model rebuilt for version %llu has digest %.16s..., "
+                                     "the coordinator's is %.16s...",
+                                     (unsigned long long)pt, got, hex);
+        }
+        at = pt;
+    }
+    if (rc == 0 && at != v)
+        rc = strata_diag_set(&d, STRATA_EPROTO, "the deltas end at version %llu, not %llu",
+                             (unsigned long long)at, (unsigned long long)v);
+    if (rc == 0 && t->model_digest[0] != '\0' && strcmp(got, t->model_digest) != 0)
+        rc = strata_diag_set(&d, STRATA_EPROTO,
+                             "the rebuilt model's digest differs from the task's");
+    free(parts);
+    free(lens);
+    strata_http_response_cleanup(&r);
+    if (rc < 0) {
+        strata_log_warn("model %llu: deltas from version %llu failed: %s; resynchronising from a "
+                        "snapshot",
+                        (unsigned long long)v, (unsigned long long)from, strata_diag_msg(&d, rc));
+        strata_model_free(*m);
+        *m = NULL;
+        return rc;
+    }
+    cache_model(c, *m, v);
+    strata_log_info("model %llu: %zu deltas from version %llu, %zu bytes, digest %s matches",
+                    (unsigned long long)v, n, (unsigned long long)from, *downloaded, got);
+    return STRATA_OK;
+}
+
+/* Gets the model of task t: deltas from the cached version when the
+ * coordinator publishes them, else (or when they fail) the snapshot; the
+ * result is checked against the task's digest, and a cached copy that does
+ * not match is replaced by a fresh snapshot (logged). *downloaded is the
+ * bytes received. */
+static int fetch_model(const strata_client_round_ctx *c, const strata_task *t, strata_model **m,
+                       size_t *downloaded)
+{
+    *m = NULL;
+    *downloaded = 0;
+    uint64_t v = t->model_version;
+    char etag[128];
+    unsigned long long u = 0;
+    strata_client_state_model_etag(c->state, etag, sizeof(etag));
+    size_t got = 0;
+    if (t->downlink && sscanf(etag, "\"m%llu\"", &u) == 1 && u < v &&
+        fetch_deltas(c, t, u, m, &got) == STRATA_OK) {
+        *downloaded = got;
+        return STRATA_OK;
+    }
+    *downloaded += got;
+    int cached = 0;
+    int rc = fetch_snapshot(c, v, 1, m, &got, &cached);
+    *downloaded += got;
+    if (rc < 0 || t->model_digest[0] == '\0')
+        return rc;
+    char hex[STRATA_DIGEST_HEX_SIZE];
+    strata_downlink_digest(strata_model_params(*m), hex);
+    if (strcmp(hex, t->model_digest) == 0) {
+        strata_log_info("model %llu: %s, %zu bytes, digest %s matches", (unsigned long long)v,
+                        cached ? "cached copy" : "snapshot", *downloaded, hex);
+        return STRATA_OK;
+    }
+    strata_model_free(*m);
+    *m = NULL;
+    if (!cached) {
+        strata_log_error("model %llu: the snapshot's digest %.16s... is not the task's %.16s...",
+                         (unsigned long long)v, hex, t->model_digest);
+        return STRATA_EPROTO;
+    }
+    strata_log_warn("model %llu: the cached copy's digest %.16s... is not the task's %.16s...; "
+                    "resynchronising from a snapshot",
+                    (unsigned long long)v, hex, t->model_digest);
+    rc = fetch_snapshot(c, v, 0, m, &got, &cached);
+    *downloaded += got;
+    if (rc == 0) {
+        strata_downlink_digest(strata_model_params(*m), hex);
+        if (strcmp(hex, t->model_digest) != 0) {
+            strata_log_error("model %llu: the snapshot's digest is not the task's",
+                             (unsigned long long)v);
+            strata_model_free(*m);
+            *m = NULL;
+            rc = STRATA_EPROTO;
+        } else {
+            strata_log_info("model %llu: snapshot, %zu bytes, digest %s matches",
+                            (unsigned long long)v, got, hex);
+        }
+    }
     return rc;
 }
 
@@ -292,7 +466,7 @@ int strata_client_round_run(const strata_client_round_ctx *c, const strata_task 
     strata_diag d = {{0}};
     int64_t t0 = strata_clock_mono_ms();
 
-    if ((rc = fetch_model(c, t->model_version, &m, &downloaded)) < 0)
+    if ((rc = fetch_model(c, t, &m, &downloaded)) < 0)
         goto out;
     strata_tensor_list *params = strata_model_params(m);
     if (t->num_layers != params->count) {

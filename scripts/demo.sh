@@ -2,8 +2,10 @@
 # Strata demo: installs what is missing, builds, and runs a simulated
 # federation on this machine: a coordinator and 10 edge-client processes over
 # a Dirichlet(0.5) split of Fashion-MNIST, the FedAvg 2NN (mlp), 20 rounds,
-# LEGACY budgets at 1% mean density with error feedback. Prints one line per
-# round and a summary; the report lands in out/demo/ (report.md, report.csv).
+# LEGACY budgets at 1% mean density with error feedback, and the download
+# compressed too (top-k 2% deltas with server-side error feedback). Prints one
+# line per round and a summary with the total traffic against dense FedAvg;
+# the report lands in out/demo/ (report.md, report.csv).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -15,9 +17,10 @@ if [ -e "$out/state" ]; then
     echo "== removing the previous demo run in $out"
     rm -rf "$out"
 fi
-echo "== strata-sim: 10 clients, 20 rounds, mlp, dirichlet:0.5, legacy at 1% density"
+echo "== strata-sim: 10 clients, 20 rounds, mlp, dirichlet:0.5, legacy at 1% density, downlink topk:0.02"
 ./build/strata-sim --clients 10 --rounds 20 --model mlp --data "$DATA" \
-    --partition dirichlet:0.5 --policy legacy --density 0.01 --seed 1 --out "$out" --json
+    --partition dirichlet:0.5 --policy legacy --density 0.01 --downlink topk:0.02 --seed 1 \
+    --out "$out" --json
 echo
 echo "== $out/report.md (first rounds)"
 head -n 12 "$out/report.md"

@@ -582,12 +582,23 @@ void srv__round_close(srv_engine *e)
     int stepped = rc == 0 && j.failed == STRATA_ROUND_FAILED_NONE;
     if (stepped && e->ncands > 0)
         rc = solve_lgreco(e, &j, &d);
+    /* With --downlink: the delta, x̂ and its evaluation (what clients
+     * get); the digest of the served model in every case. */
+    char digest[STRATA_DIGEST_HEX_SIZE] = "";
+    int dl_moved = 0, dl_rc = 0;
+    if (stepped && rc == 0) {
+        dl_rc = srv__downlink_close(e, r, v, &j.st, digest, &d);
+        dl_moved = dl_rc == 0;
+    }
     /* A model that is not finite is never saved or served: a failed round
-     * keeps the current version. */
-    if (stepped) {
+     * keeps the current version. A failed downlink step fails the attempt
+     * (it is retried). */
+    if (stepped && dl_rc < 0)
+        rc = dl_rc;
+    else if (stepped) {
         rc = strata_store_checkpoint_path(e->store, v, path, sizeof(path), &d);
         if (rc == 0)
-            rc = strata_checkpoint_save(e->model, path, &d);
+            rc = strata_checkpoint_save(srv__served_model(e), path, &d);
         if (rc == 0) {
             srv__opt_path(e, v, opath, sizeof(opath));
             rc = strata_server_opt_save(e->opt_next, opath, &d);
@@ -627,6 +638,8 @@ void srv__round_close(srv_engine *e)
     if (rc < 0) {
         if (stepped)
             params_copy(params, &e->rollback);
+        if (dl_moved)
+            srv__downlink_rollback(e);
         srv__model_blob_cleanup(&blob);
         close_job_cleanup(&j);
         e->close_busy = 0;
@@ -634,6 +647,7 @@ void srv__round_close(srv_engine *e)
         return;
     }
     report_quarantine(e, &j);
+    srv__ctr_add(e, SRV_CTR_DENSE, (int64_t)(2 * e->nreported * e->total_params * 4));
     size_t nq = j.n - count_kept(&j);
     if (stepped) {
         strata_server_opt *t = e->opt;
@@ -641,6 +655,8 @@ void srv__round_close(srv_engine *e)
         e->opt_next = t;
         srv__model_install(e, &blob);
         e->version = v;
+        memcpy(e->digest, digest, sizeof(e->digest));
+        srv__downlink_prune(e, v);
         e->last_acc = j.st.accuracy;
         e->last_loss = j.st.loss;
         e->last_agg_s = j.agg_s;

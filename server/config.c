@@ -49,6 +49,12 @@ const char srv_config_usage[] =
     "  --density D               target mean density, (0, 1] (0.01)\n"
     "  --values F                values format of uploads: fp32, fp16, bf16, int8 or\n"
     "                            ternary (the last two for topk and randk) (fp32)\n"
+    "  --downlink SPEC           downlink compression: none (every client downloads the\n"
+    "                            whole model, default) or a compressor spec as for\n"
+    "                            --policy (fp16, bf16, topk:D[:VALUES], qsgd:L, ...):\n"
+    "                            each round's change is published once as a delta with\n"
+    "                            server-side error feedback (docs/algorithm.md)\n"
+    "  --downlink-keep K         deltas kept for clients that fell behind (8)\n"
     "  --local-epochs N          client epochs per round (1)\n"
     "  --batch N                 client batch size (32)\n"
     "  --lr X                    client learning rate (0.05)\n"
@@ -120,6 +126,8 @@ static const strata_opt OPTS[] = {
     {"policy", STRATA_OPT_STRING, OFF(policy), 0, 0, "SPEC", NULL},
     {"density", STRATA_OPT_DOUBLE, OFF(density), 1e-12, 1, "D", NULL},
     {"values", STRATA_OPT_STRING, OFF(values), 0, 0, "F", NULL},
+    {"downlink", STRATA_OPT_STRING, OFF(downlink), 0, 0, "SPEC", NULL},
+    {"downlink_keep", STRATA_OPT_INTEGER, OFF(downlink_keep), 1, 4096, "K", NULL},
     {"local_epochs", STRATA_OPT_INTEGER, OFF(local_epochs), 1, 1000, "N", NULL},
     {"batch", STRATA_OPT_INTEGER, OFF(batch), 1, 1 << 20, "N", NULL},
     {"lr", STRATA_OPT_DOUBLE, OFF(lr), 0, 1e6, "X", NULL},
@@ -164,6 +172,8 @@ void srv_config_init(srv_config *cfg)
     cfg->policy = strdup("uniform");
     cfg->server_opt = strdup("plain");
     cfg->values = strdup("fp32");
+    cfg->downlink = strdup("none");
+    cfg->downlink_keep = 8;
     cfg->rounds = 30;
     cfg->min_clients = 2;
     cfg->round_deadline = 60;
@@ -254,6 +264,12 @@ static int check(srv_config *cfg, strata_diag *d)
         return strata_diag_set(d, STRATA_EINVAL,
                                "values: expected fp32, fp16, bf16, int8 or ternary, got '%s'",
                                cfg->values);
+    cfg->downlink_on = strcmp(cfg->downlink, "none") != 0;
+    if (cfg->downlink_on) {
+        strata_diag bd = {{0}};
+        if (strata_budget_parse(cfg->downlink, 1, &cfg->downlink_budget, &bd) < 0)
+            return strata_diag_set(d, STRATA_EINVAL, "downlink: %s", bd.msg);
+    }
     if (strata_log_parse_format(cfg->log_format, &cfg->log_format_value, NULL) < 0)
         return strata_diag_set(d, STRATA_EINVAL, "log_format: expected text or json, got '%s'",
                                cfg->log_format);

@@ -14,16 +14,20 @@
 
 typedef struct srv_config {
     char *state_dir, *model, *data, *host, *policy, *server_opt, *values, *aggregator;
+    char *downlink; /* as given; parsed into downlink_budget (none: dense snapshots) */
     char *enrolment_secret, *enrolment_secret_file, *admin_token_file, *tls_cert, *tls_key;
     char *log_format, *log_level; /* as given; parsed into the two fields below */
     long port, rounds, min_clients, clients_per_round, min_updates, local_epochs, batch, max_steps,
         threads, http_threads, seed;
     /* Limits. */
     long max_body_bytes, max_json_bytes, max_json_depth, max_connections, connection_timeout,
-        request_timeout, max_clients, data_shares, upload_rate, enrolment_rate, straggler_rounds;
+        request_timeout, max_clients, data_shares, upload_rate, enrolment_rate, straggler_rounds,
+        downlink_keep;
     double fraction, round_deadline, density, lr, momentum, weight_decay, prox_mu, server_lr,
         trim_fraction, clip_norm, screen_factor, over_select;
     strata_values_format values_format;
+    int downlink_on; /* --downlink other than none */
+    strata_budget downlink_budget;
     strata_log_format log_format_value;
     strata_log_level log_level_value;
 } srv_config;

@@ -128,6 +128,7 @@ int srv_engine_open(const srv_config *cfg, srv_engine **out, strata_diag *d)
     pthread_cond_init(&e->commit_cv, NULL);
     strata_dataset_init(&e->test);
     strata_tensor_list_init(&e->rollback);
+    strata_tensor_list_init(&e->xhat_rollback);
     int rc;
     if ((rc = srv__models_init(e)) < 0)
         goto fail;
@@ -152,7 +153,8 @@ int srv_engine_open(const srv_config *cfg, srv_engine **out, strata_diag *d)
         goto fail;
     if ((rc = strata_data_load_dir(cfg->data, "test", 0, &e->test, d)) < 0)
         goto fail;
-    if ((rc = load_model(e, d)) < 0 || (rc = derive_limits(e)) < 0)
+    if ((rc = load_model(e, d)) < 0 || (rc = derive_limits(e)) < 0 ||
+        (rc = srv__downlink_load(e, d)) < 0)
         goto fail;
     if ((rc = strata_agg_new(strata_model_params(e->model), &e->agg)) < 0)
         goto fail;
@@ -222,6 +224,8 @@ void srv_engine_free(srv_engine *e)
     strata_store_close(e->store);
     strata_dataset_cleanup(&e->test);
     strata_model_free(e->model);
+    strata_model_free(e->xhat);
+    strata_tensor_list_cleanup(&e->xhat_rollback);
     strata_policy_free(e->policy);
     strata_agg_free(e->agg);
     strata_server_opt_free(e->opt);

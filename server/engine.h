@@ -159,6 +159,18 @@ void srv_engine_upload(srv_engine *e, uint64_t client_id, uint32_t round, const 
 
 /* ---- models (models.c) ---- */
 
+/* Answers a request for the deltas from model version `from` to `to`
+ * (GET /v1/models/{to}/delta?from=from; from < to, checked by the caller)
+ * as one chain (strata/downlink.h): SRV_OK with the chain and the ETag
+ * "d<from>-<to>" (quoted); SRV_NOT_MODIFIED when if_none_match is that
+ * ETag; SRV_E_NOT_FOUND (the client takes the snapshot instead) when the
+ * coordinator publishes no deltas (--downlink none), `to` is newer than
+ * the current version, a delta of the chain is no longer kept, or the
+ * chain would not be smaller than the current snapshot (zstd); SRV_E_INTERNAL.
+ * Reads the delta files without the engine lock. */
+void srv_engine_model_delta(srv_engine *e, uint64_t to, uint64_t from, const char *if_none_match,
+                            srv_result *r);
+
 /* Answers a request for model version (safetensors bytes; one zstd frame of
  * them when want_zstd). if_none_match (borrowed, may be NULL) is the
  * request's If-None-Match. r: SRV_OK with the bytes, the ETag "m<version>"
@@ -207,6 +219,10 @@ void srv_engine_metrics(srv_engine *e, srv_result *r);
 
 /* Adds to the bytes-received and bytes-sent counters. Lock-free. */
 void srv_engine_count_bytes(srv_engine *e, uint64_t in, uint64_t out);
+
+/* Counts len bytes of a model or delta body sent (200): the open round's
+ * downlink bytes and the downlink_bytes_total counter. Takes the lock. */
+void srv_engine_count_downlink(srv_engine *e, uint64_t len);
 
 /* Counts a refused request by its outcome (an error outcome) in
  * strata_requests_rejected_total{reason=...}. Lock-free. */

@@ -39,6 +39,8 @@
 #include "store.h"
 
 #include "strata/data.h"
+#include "strata/downlink.h"
+#include "strata/train.h"
 #include "strata/model.h"
 #include "strata/payload.h"
 #include "strata/policy.h"
@@ -173,6 +175,15 @@ struct srv_engine {
     strata_zctx *old_zctx;  /* older versions' encoder, under old_mu */
     pthread_mutex_t old_mu; /* guards old_zctx only */
 
+    /* ---- downlink.c: with --downlink other than none, model is the
+     * server's model x and xhat the model the clients hold (x̂), published
+     * one delta a round; xhat is NULL otherwise (clients hold model).
+     * Touched like model: by the round thread and start-up; digest is the
+     * served version's (guarded by mu). ---- */
+    strata_model *xhat;
+    strata_tensor_list xhat_rollback; /* x̂ before a close's step */
+    char digest[STRATA_DIGEST_HEX_SIZE];
+
     /* ---- metrics.c: counters (atomics; no lock) ---- */
     _Atomic int64_t ctr[SRV_CTR_COUNT], pending[SRV_CTR_COUNT];
 
@@ -201,6 +212,38 @@ void srv__result_json(srv_result *r, srv_outcome o, struct json_t *j);
  * v (STATE_DIR/checkpoints/server-opt-V.safetensors) into buf: the one place
  * that composes it. */
 void srv__opt_path(const srv_engine *e, uint64_t v, char *buf, size_t cap);
+
+/* ---- downlink.c ---- */
+
+/* The model the clients download and train from: xhat with --downlink,
+ * else model (borrowed). */
+strata_model *srv__served_model(const srv_engine *e);
+
+/* Start-up, after the model is loaded: with --downlink, loads x̂ from the
+ * current version's checkpoint and the server's model x from its file
+ * beside it (x = x̂ when there is none: a federation that starts, or turns
+ * --downlink on); then the served model's digest. Errors: those of the
+ * checkpoint and safetensors readers; STRATA_EINVAL for an x of another
+ * layout. */
+int srv__downlink_load(srv_engine *e, strata_diag *d);
+
+/* Closing round r into version v, after the server step moved model (x)
+ * and its evaluation is in *st: with --downlink, compresses x - x̂ into
+ * the delta payload (*delta, *delta_len; free()), moves xhat (its old
+ * values kept in xhat_rollback), evaluates it into *st (x's accuracy goes to
+ * the log), and writes the delta and x to their files durably; in every
+ * case the served model's digest goes to digest. Without the lock. On
+ * error xhat is put back. */
+int srv__downlink_close(srv_engine *e, uint32_t r, uint64_t v, strata_train_stats *st,
+                        char digest[STRATA_DIGEST_HEX_SIZE], strata_diag *d);
+
+/* Puts xhat back after a close that did not commit (no-op without
+ * --downlink). */
+void srv__downlink_rollback(srv_engine *e);
+
+/* After version v committed: removes the delta that fell out of the kept
+ * window (v - downlink_keep). */
+void srv__downlink_prune(srv_engine *e, uint64_t v);
 
 /* ---- admin.c ---- */
 

@@ -103,6 +103,7 @@ typedef enum {
     R_CLIENTS,
     R_TASKS,
     R_MODEL,
+    R_DELTA,
     R_ROUNDS,
     R_ROUND,
     R_UPDATES,
@@ -178,6 +179,12 @@ static route match(const char *url, unsigned long long *arg, const char **method
     }
     if (strncmp(url, "/v1/models/", 11) == 0) {
         const char *s = url + 11;
+        const char *slash = strchr(s, '/');
+        if (slash != NULL)
+            return strcmp(slash, "/delta") == 0 &&
+                           parse_id(s, (size_t)(slash - s), (unsigned long long)INT64_MAX, arg) == 0
+                       ? R_DELTA
+                       : R_NONE;
         return parse_id(s, strlen(s), (unsigned long long)INT64_MAX, arg) == 0 ? R_MODEL : R_NONE;
     }
     if (strncmp(url, "/v1/rounds/", 11) == 0) {
@@ -365,6 +372,8 @@ static enum MHD_Result send_resp(srv_http *h, struct MHD_Connection *c, srv_resu
     enum MHD_Result ok = MHD_queue_response(c, status, resp);
     MHD_destroy_response(resp);
     srv_engine_count_bytes(h->e, 0, len);
+    if (r->downlink && status == 200 && len > 0)
+        srv_engine_count_downlink(h->e, len);
     srv_result_cleanup(r);
     return ok;
 }
@@ -453,6 +462,17 @@ static void dispatch(srv_http *h, struct MHD_Connection *c, req *q, srv_result *
     case R_MODEL:
         srv_engine_model(
             e, q->arg, want_zstd(c),
+            MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_IF_NONE_MATCH), r);
+        break;
+    case R_DELTA:
+        if (MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "from") == NULL ||
+            query_ulong(c, "from", 0, (unsigned long long)INT64_MAX, &a) < 0 || a >= q->arg) {
+            srv_result_error(r, SRV_E_BAD_REQUEST, "from: expected a model version below %llu",
+                             q->arg);
+            break;
+        }
+        srv_engine_model_delta(
+            e, q->arg, a,
             MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_IF_NONE_MATCH), r);
         break;
     case R_ROUNDS:
@@ -616,7 +636,8 @@ static int check_headers(srv_http *h, struct MHD_Connection *c, req *q, const ch
 {
     const char *allowed;
     q->rt = match(url, &q->arg, &allowed);
-    q->acc = q->rt == R_TASKS || q->rt == R_MODEL || q->rt == R_UPDATES || q->rt == R_SKIP
+    q->acc = q->rt == R_TASKS || q->rt == R_MODEL || q->rt == R_DELTA || q->rt == R_UPDATES ||
+                     q->rt == R_SKIP
                  ? A_CLIENT
              : q->rt == R_ADMIN_ACTION || q->rt == R_ADMIN_CONFIG ? A_ADMIN
                                                                   : A_PUBLIC;

@@ -23,6 +23,9 @@ static const char *const NAMES[SRV_CTR_COUNT] = {
     [SRV_CTR_QUARANTINED_NON_FINITE] = "updates_quarantined_total{reason=\"non_finite\"}",
     [SRV_CTR_BYTES_RX] = "bytes_received_total",
     [SRV_CTR_BYTES_TX] = "bytes_sent_total",
+    [SRV_CTR_UPLINK] = "uplink_bytes_total",
+    [SRV_CTR_DOWNLINK] = "downlink_bytes_total",
+    [SRV_CTR_DENSE] = "dense_fedavg_bytes_total",
 #define UPD(c, reason) [SRV_CTR_UPD_##c] = "updates_rejected_total{reason=\"" reason "\"}"
     UPD(BAD_PAYLOAD, "bad_payload"),
     UPD(TOO_LARGE, "too_large"),
@@ -158,6 +161,14 @@ void srv_engine_count_bytes(srv_engine *e, uint64_t in, uint64_t out)
         srv__ctr_add(e, SRV_CTR_BYTES_TX, (int64_t)out);
 }
 
+void srv_engine_count_downlink(srv_engine *e, uint64_t len)
+{
+    pthread_mutex_lock(&e->mu);
+    e->downlink += len;
+    pthread_mutex_unlock(&e->mu);
+    srv__ctr_add(e, SRV_CTR_DOWNLINK, (int64_t)len);
+}
+
 void srv_engine_count_refused(srv_engine *e, srv_outcome o)
 {
     srv_counter c = o >= SRV_E_FIRST && o < SRV_OUTCOME_COUNT ? REQ_OF[o] : SRV_CTR_ROUNDS;
@@ -187,6 +198,13 @@ void srv_engine_metrics(srv_engine *e, srv_result *r)
          "Accepted updates left out of their round's aggregate, by reason."},
         {"bytes_received_total", "Request body bytes received."},
         {"bytes_sent_total", "Response body bytes sent."},
+        {"uplink_bytes_total", "Bytes of accepted update bodies (payloads)."},
+        {"downlink_bytes_total",
+         "Bytes of model snapshot and delta-chain bodies sent (200 answers of GET "
+         "/v1/models/{v} and /v1/models/{v}/delta)."},
+        {"dense_fedavg_bytes_total",
+         "Bytes dense FedAvg would have sent both ways in the closed rounds (participants x "
+         "parameters x 4, up and down): the reference of the compression ratios."},
         {"updates_rejected_total", "Updates refused, by reason."},
         {"requests_rejected_total", "Requests answered with an error, by error code."}};
     strata_buf b;

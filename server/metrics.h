@@ -33,6 +33,9 @@ typedef enum srv_counter {
     SRV_CTR_QUARANTINED_NON_FINITE,
     SRV_CTR_BYTES_RX,
     SRV_CTR_BYTES_TX,
+    SRV_CTR_UPLINK,   /* accepted update bodies */
+    SRV_CTR_DOWNLINK, /* model and delta bodies sent (200) */
+    SRV_CTR_DENSE,    /* what dense FedAvg would have sent both ways, by closed round */
     /* updates_rejected_total{reason=...}: refused uploads */
     SRV_CTR_UPD_BAD_PAYLOAD,
     SRV_CTR_UPD_TOO_LARGE,

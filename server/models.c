@@ -7,6 +7,7 @@
 #include "engine_internal.h"
 
 #include "strata/checkpoint.h"
+#include "strata/downlink.h"
 #include "strata/fileio.h"
 
 #include <stdio.h>
@@ -37,10 +38,10 @@ int srv__model_encode(srv_engine *e, srv_model_blob *out, strata_diag *d)
     memset(out, 0, sizeof(*out));
     strata_metadata meta;
     strata_metadata_init(&meta);
-    int rc = strata_checkpoint_metadata(e->model, &meta);
+    strata_model *m = srv__served_model(e);
+    int rc = strata_checkpoint_metadata(m, &meta);
     if (rc == 0)
-        rc = strata_safetensors_encode(strata_model_params(e->model), &meta, &out->raw,
-                                       &out->raw_len);
+        rc = strata_safetensors_encode(strata_model_params(m), &meta, &out->raw, &out->raw_len);
     strata_metadata_cleanup(&meta);
     if (rc == 0)
         rc = strata_zframe_compress(e->zctx, out->raw, out->raw_len, ZSTD_LEVEL, &out->zst,
@@ -121,10 +122,8 @@ void srv_engine_model(srv_engine *e, uint64_t version, int want_zstd, const char
     if (version == cur) {
         len = want_zstd ? e->cache.zst_len : e->cache.raw_len;
         buf = malloc(len ? len : 1);
-        if (buf != NULL) {
+        if (buf != NULL)
             memcpy(buf, want_zstd ? e->cache.zst : e->cache.raw, len);
-            e->downlink += len;
-        }
         rc = buf ? 0 : STRATA_ENOMEM;
         pthread_mutex_unlock(&e->mu);
     } else {
@@ -135,11 +134,6 @@ void srv_engine_model(srv_engine *e, uint64_t version, int want_zstd, const char
                              (unsigned long long)version);
             return;
         }
-        if (rc == 0) {
-            pthread_mutex_lock(&e->mu);
-            e->downlink += len;
-            pthread_mutex_unlock(&e->mu);
-        }
     }
     if (rc < 0) {
         free(buf);
@@ -147,6 +141,88 @@ void srv_engine_model(srv_engine *e, uint64_t version, int want_zstd, const char
         return;
     }
     srv_result_take(r, SRV_OK, SRV_MEDIA_BINARY, buf, len);
+    r->downlink = 1;
     r->zstd = want_zstd;
+    snprintf(r->etag, sizeof(r->etag), "%s", etag);
+}
+
+/* Largest delta file read back. */
+#define DELTA_MAX ((size_t)1 << 31)
+
+void srv_engine_model_delta(srv_engine *e, uint64_t to, uint64_t from, const char *inm,
+                            srv_result *r)
+{
+    char etag[48];
+    snprintf(etag, sizeof(etag), "\"d%llu-%llu\"", (unsigned long long)from,
+             (unsigned long long)to);
+    pthread_mutex_lock(&e->mu);
+    uint64_t cur = e->version;
+    size_t snapshot = e->cache.zst_len;
+    int on = e->xhat != NULL;
+    pthread_mutex_unlock(&e->mu);
+    if (!on) {
+        srv_result_error(r, SRV_E_NOT_FOUND,
+                         "this coordinator publishes no deltas (--downlink none): download "
+                         "/v1/models/%llu",
+                         (unsigned long long)to);
+        return;
+    }
+    if (to > cur) {
+        srv_result_error(r, SRV_E_NOT_FOUND, "no model version %llu (latest is %llu)",
+                         (unsigned long long)to, (unsigned long long)cur);
+        return;
+    }
+    if (to - from > (uint64_t)e->cfg->downlink_keep) {
+        srv_result_error(r, SRV_E_NOT_FOUND,
+                         "the deltas from version %llu are not kept (the last %ld are): "
+                         "download /v1/models/%llu",
+                         (unsigned long long)from, e->cfg->downlink_keep, (unsigned long long)to);
+        return;
+    }
+    if (inm != NULL && strcmp(inm, etag) == 0) {
+        srv_result_take(r, SRV_NOT_MODIFIED, SRV_MEDIA_BINARY, NULL, 0);
+        snprintf(r->etag, sizeof(r->etag), "%s", etag);
+        return;
+    }
+    size_t n = (size_t)(to - from), total = 8;
+    uint8_t **parts = calloc(n, sizeof(*parts));
+    size_t *lens = calloc(n, sizeof(*lens));
+    int rc = parts && lens ? 0 : STRATA_ENOMEM, missing = 0;
+    for (size_t i = 0; rc == 0 && i < n; i++) {
+        char path[4096];
+        rc = strata_store_path(strata_store_dir(e->store), STRATA_STORE_FILE_DELTA, from + 1 + i, 0,
+                               path, sizeof(path), NULL);
+        if (rc == 0)
+            rc = strata_file_read_all(path, DELTA_MAX, &parts[i], &lens[i], NULL);
+        if (rc == STRATA_ESTATE || rc == STRATA_EIO) {
+            missing = 1;
+            rc = 0;
+            break;
+        }
+        total += 4 + lens[i];
+    }
+    uint8_t *chain = NULL;
+    size_t len = 0;
+    if (rc == 0 && !missing && total < snapshot)
+        rc = strata_downlink_chain_encode((const uint8_t *const *)parts, lens, n, &chain, &len);
+    for (size_t i = 0; parts != NULL && i < n; i++)
+        free(parts[i]);
+    free(parts);
+    free(lens);
+    if (rc < 0) {
+        srv_result_internal(r, strata_strerror(rc));
+        return;
+    }
+    if (missing || chain == NULL) {
+        srv_result_error(r, SRV_E_NOT_FOUND,
+                         missing ? "a delta between versions %llu and %llu is not kept: "
+                                   "download /v1/models/%llu"
+                                 : "the deltas from version %llu to %llu are not smaller than "
+                                   "the snapshot: download /v1/models/%llu",
+                         (unsigned long long)from, (unsigned long long)to, (unsigned long long)to);
+        return;
+    }
+    srv_result_take(r, SRV_OK, SRV_MEDIA_BINARY, chain, len);
+    r->downlink = 1;
     snprintf(r->etag, sizeof(r->etag), "%s", etag);
 }

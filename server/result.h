@@ -68,9 +68,10 @@ typedef struct srv_result {
     uint8_t *body; /* NULL for none; an error carries none, only message */
     size_t len;
     char message[SRV_MESSAGE_MAX]; /* errors: printable ASCII, safe to send */
-    char etag[32];                 /* "" for none */
+    char etag[48];                 /* "" for none */
     int zstd;                      /* 1: the body is one zstd frame of the content */
     int retry_after;               /* seconds; 0: none */
+    int downlink;                  /* 1: a model or delta body, counted as downlink when sent */
 } srv_result;
 
 /* Frees the body and zeroes r. */

@@ -71,6 +71,8 @@ static int task_encode(const srv_engine *e, uint32_t r, int64_t deadline, const 
                                .prox_mu = c->prox_mu,
                                .max_steps = (uint64_t)c->max_steps},
                      .seed = seed};
+    memcpy(t.model_digest, e->digest, sizeof(t.model_digest));
+    t.downlink = e->xhat != NULL;
     size_t len;
     return strata_task_encode(&t, out, &len, d);
 }

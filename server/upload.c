@@ -140,6 +140,7 @@ static void accept_update(srv_engine *e, const strata_payload *p, uint32_t round
     e->nreported++;
     e->uplink += len;
     srv__ctr_add(e, SRV_CTR_ACCEPTED, 1);
+    srv__ctr_add(e, SRV_CTR_UPLINK, (int64_t)len);
     pthread_cond_broadcast(&e->cv);
 }
 

@@ -95,6 +95,8 @@ typedef enum {
     STRATA_STORE_FILE_CHECKPOINTS,   /* checkpoints */
     STRATA_STORE_FILE_CHECKPOINT,    /* checkpoints/model-<a: version>.safetensors */
     STRATA_STORE_FILE_SERVER_OPT,    /* checkpoints/server-opt-<a: version>.safetensors */
+    STRATA_STORE_FILE_SERVER_MODEL,  /* checkpoints/server-model-<a: version>.safetensors */
+    STRATA_STORE_FILE_DELTA,         /* checkpoints/delta-<a: version>.bin */
     STRATA_STORE_FILE_ADMIN_TOKEN    /* admin.token */
 } strata_store_file;
 

@@ -39,6 +39,12 @@ int strata_store_path(const char *state_dir, strata_store_file file, uint64_t a,
     case STRATA_STORE_FILE_SERVER_OPT:
         n = snprintf(buf, len, "%s/checkpoints/server-opt-%" PRIu64 ".safetensors", state_dir, a);
         break;
+    case STRATA_STORE_FILE_SERVER_MODEL:
+        n = snprintf(buf, len, "%s/checkpoints/server-model-%" PRIu64 ".safetensors", state_dir, a);
+        break;
+    case STRATA_STORE_FILE_DELTA:
+        n = snprintf(buf, len, "%s/checkpoints/delta-%" PRIu64 ".bin", state_dir, a);
+        break;
     case STRATA_STORE_FILE_ADMIN_TOKEN:
         n = snprintf(buf, len, "%s/admin.token", state_dir);
         break;

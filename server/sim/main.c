@@ -242,7 +242,7 @@ static int wait_registered(procs *p, long i, const char *cdir)
 /* Starts the N clients against the coordinator at url, each on its shard
  * (shards/I, --partition none), one after the other as each registers. */
 static int start_clients(const sim_opts *o, procs *p, const char *client_bin, const char *url,
-                         const sim_out *od)
+                         const sim_out *od, const sim_links *links)
 {
     char s_clients[32], s_seed[32];
     snprintf(s_clients, sizeof(s_clients), "%ld", o->clients);
@@ -278,7 +278,21 @@ static int start_clients(const sim_opts *o, procs *p, const char *client_bin, co
                          "--enrolment-secret-file",
                          (char *)od->path[SIM_OUT_SECRET],
                          NULL};
-        if ((p->clients[i] = spawn(cargv, clog, -1)) < 0) {
+        /* Behind a link: "ip netns exec NS" runs the client in its
+         * namespace (ip execs it: the pid is the client's). */
+        char *wrapped[sizeof(cargv) / sizeof(cargv[0]) + 4];
+        char ns[64];
+        const char *ip = NULL;
+        char *const *argv = cargv;
+        if (links != NULL && sim_links_wrap(links, i, ns, sizeof(ns), &ip) == 0) {
+            wrapped[0] = (char *)ip;
+            wrapped[1] = "netns";
+            wrapped[2] = "exec";
+            wrapped[3] = ns;
+            memcpy(wrapped + 4, cargv, sizeof(cargv));
+            argv = wrapped;
+        }
+        if ((p->clients[i] = spawn(argv, clog, -1)) < 0) {
             p->clients[i] = 0;
             strata_log_error("cannot start a client: %s", strerror(errno));
             return STRATA_EIO;
@@ -357,7 +371,7 @@ static void start_failure(const char *log, const char *what)
  * writes the shards, starts the clients and follows the rounds until every
  * client has exited. */
 static run_end run(const sim_opts *o, procs *p, server_out *so, const char *client_bin,
-                   const sim_out *od)
+                   const sim_out *od, const sim_links *links)
 {
     const char *log = od->path[SIM_OUT_SERVER_LOG];
     char url[256] = "";
@@ -395,7 +409,7 @@ static run_end run(const sim_opts *o, procs *p, server_out *so, const char *clie
     }
     run_end end = RUN_FAILED;
     follow_ui ui = {.tty = isatty(STDERR_FILENO), .config_path = od->path[SIM_OUT_COORD_JSON]};
-    if (start_clients(o, p, client_bin, url, od) < 0) {
+    if (start_clients(o, p, client_bin, url, od, links) < 0) {
         if (*g_stop)
             end = RUN_INTERRUPTED;
         goto out;
@@ -457,7 +471,8 @@ static int find_binaries(char *server_bin, char *client_bin, size_t cap)
 
 /* The coordinator's command line: the run's settings, then every PASS
  * option given. */
-static int server_argv(const sim_opts *o, const char *server_bin, const sim_out *od, argv_list *a)
+static int server_argv(const sim_opts *o, const char *server_bin, const sim_out *od,
+                       const char *host, argv_list *a)
 {
     char s_clients[32], s_rounds[32], s_seed[32], s_deadline[32];
     snprintf(s_clients, sizeof(s_clients), "%ld", o->clients);
@@ -467,7 +482,7 @@ static int server_argv(const sim_opts *o, const char *server_bin, const sim_out 
     const char *fixed[][2] = {{"state_dir", od->path[SIM_OUT_STATE]},
                               {"model", o->model},
                               {"data", o->data},
-                              {"host", "127.0.0.1"},
+                              {"host", host},
                               {"port", "0"},
                               {"rounds", s_rounds},
                               {"min_clients", s_clients},
@@ -505,7 +520,13 @@ static int finish(const sim_opts *o, const sim_out *od, run_end end)
                          .policy = o->policy,
                          .density = o->density,
                          .values = o->values,
-                         .sampling = sampling};
+                         .sampling = sampling,
+                         .downlink = sim_opts_pass_get(o, "downlink"),
+                         .link_up = o->link_up,
+                         .link_down = o->link_down,
+                         .target_accuracy = o->target_accuracy};
+    if (info.downlink == NULL)
+        info.downlink = "none";
     int rc = sim_report_write(od->path[SIM_OUT_STATE], o->out, &info, o->json);
     if (end == RUN_INTERRUPTED) {
         strata_log_warn("interrupted; the report covers the finished rounds. Continue with: "
@@ -563,7 +584,17 @@ static int sim_main(const sim_opts *o)
     server_out so = {.fd = -1, .log_fd = -1};
     int pfd[2] = {-1, -1};
     run_end end = RUN_START_FAILED;
-    if (server_argv(o, server_bin, &od, &sargv) < 0 ||
+    sim_links *links = NULL;
+    if (o->link_up != NULL || o->link_down != NULL) {
+        if ((rc = sim_links_new(o->clients, o->link_up, o->link_down, &links, &d)) < 0) {
+            strata_log_error("%s", strata_diag_msg(&d, rc));
+            goto stop;
+        }
+        strata_log_info("%ld clients behind their own links: uplink %s, downlink %s", o->clients,
+                        o->link_up ? o->link_up : "uncapped",
+                        o->link_down ? o->link_down : "uncapped");
+    }
+    if (server_argv(o, server_bin, &od, links ? sim_links_host(links) : "127.0.0.1", &sargv) < 0 ||
         (p.clients = calloc((size_t)o->clients, sizeof(pid_t))) == NULL || pipe(pfd) != 0) {
         strata_log_error("cannot start the coordinator: %s", strerror(errno));
         goto stop;
@@ -579,9 +610,10 @@ static int sim_main(const sim_opts *o)
         goto stop;
     }
     so.log_fd = open(od.path[SIM_OUT_SERVER_LOG], O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-    end = run(o, &p, &so, client_bin, &od);
+    end = run(o, &p, &so, client_bin, &od, links);
 stop:
     procs_stop(&p);
+    sim_links_free(links);
     while (so.fd >= 0 && server_out_read(&so, 0) > 0)
         so.len = 0;
     if (so.fd >= 0)

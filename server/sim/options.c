@@ -41,6 +41,9 @@ static const pass_opt PASS[] = {
     {"trim_fraction", "F", "trimmed-mean: fraction cut at each end (0.1)"},
     {"clip_norm", "C", "scale every update to an L2 norm of at most C; 0 = off (0)"},
     {"screen_factor", "F", "quarantine updates above F times the median norm; 0 = off (10)"},
+    {"downlink", "SPEC",
+     "downlink compression: none (default) or a compressor\nspec (fp16, topk:D[:VALUES], ...)"},
+    {"downlink_keep", "K", "deltas the coordinator keeps for lagging clients (8)"},
     {"threads", "N", "the coordinator's evaluation threads (1)"},
     {"http_threads", "N", "the coordinator's request threads (16)"},
 };
@@ -65,6 +68,13 @@ static const strata_opt OWN[] = {
     {"density", STRATA_OPT_STRING, OFF(density), 0, 0, "D", "target mean density (0.01)"},
     {"values", STRATA_OPT_STRING, OFF(values), 0, 0, "F",
      "values format of uploads: fp32 (default), fp16,\nbf16, int8 or ternary"},
+    {"link_up", STRATA_OPT_STRING, OFF(link_up), 0, 0, "RATE",
+     "cap each client's uplink at RATE (tc units: 1mbit,\n512kbit): every client runs in its own "
+     "network\nnamespace behind a veth pair with tbf (needs root)"},
+    {"link_down", STRATA_OPT_STRING, OFF(link_down), 0, 0, "RATE",
+     "cap each client's downlink at RATE (as --link-up)"},
+    {"target_accuracy", STRATA_OPT_DOUBLE, OFF(target_accuracy), 0, 1, "A",
+     "report the time (sum of round durations) until the\ntest accuracy first reaches A"},
     {"round_deadline", STRATA_OPT_INTEGER, OFF(deadline), 1, 86400, "S",
      "round deadline in seconds (120)"},
     {"seed", STRATA_OPT_INTEGER, OFF(seed), 0, (double)LONG_MAX, "S", "seed (1)"},
@@ -352,6 +362,12 @@ int sim_opts_parse(int argc, char **argv, sim_opts *o, int *help)
     if (sim_opts_pass_get(o, "clients_per_round") != NULL &&
         sim_opts_pass_get(o, "fraction") != NULL) {
         strata_log_error("give either --clients-per-round or --fraction, not both");
+        return SIM_EXIT_USAGE;
+    }
+    if (sim_link_rate_check(o->link_up) < 0 || sim_link_rate_check(o->link_down) < 0) {
+        strata_log_error("--link-up/--link-down: expected a rate such as 1mbit, 512kbit or "
+                         "10.5mbit, got '%s'",
+                         sim_link_rate_check(o->link_up) < 0 ? o->link_up : o->link_down);
         return SIM_EXIT_USAGE;
     }
     return SIM_EXIT_OK;

@@ -169,7 +169,8 @@ int sim_report_write(const char *state_dir, const char *out_dir, const sim_run_i
         rc = STRATA_EIO;
     } else {
         fprintf(fc, "round,participants,accuracy,loss,uplink_bytes,downlink_bytes,"
-                    "dense_uplink_bytes,compression_ratio");
+                    "dense_uplink_bytes,compression_ratio,total_bytes,dense_total_bytes,"
+                    "downlink_ratio,total_ratio");
         /* One density column per layer, named after the first summary that
          * has densities. */
         for (size_t i = 0; i < nr; i++)
@@ -181,13 +182,19 @@ int sim_report_write(const char *state_dir, const char *out_dir, const sim_run_i
         fputc('\n', fc);
         fprintf(fm,
                 "# strata-sim report\n\n%ld clients (%s per round), %ld rounds, model %s, "
-                "partition %s, policy %s, density %s, values %s, seed %ld\n\n"
+                "partition %s, policy %s, density %s, values %s, downlink %s, seed %ld\n\n"
+                "Bytes are HTTP bodies actually sent: uplink the accepted update payloads, "
+                "downlink the model snapshots and delta chains served. Dense FedAvg would send "
+                "every participant's update and model as float32 (4 bytes a parameter each "
+                "way).\n\n"
                 "| round | participants | accuracy | loss | uplink bytes | downlink bytes | "
-                "compression |\n|---|---|---|---|---|---|---|\n",
+                "uplink compression | downlink compression | total compression |\n"
+                "|---|---|---|---|---|---|---|---|---|\n",
                 o->clients, o->sampling, o->rounds, o->model, o->partition, o->policy, o->density,
-                o->values, o->seed);
+                o->values, o->downlink ? o->downlink : "none", o->seed);
     }
-    double up = 0, down = 0, dense = 0, acc = 0;
+    double up = 0, down = 0, dense = 0, acc = 0, elapsed = 0, to_target = -1;
+    long target_round = -1;
     const strata_round_summary *last = NULL;
     for (size_t i = 0; fc && fm && i < nr; i++) {
         const strata_round_summary *s = &list[i];
@@ -198,13 +205,20 @@ int sim_report_write(const char *state_dir, const char *out_dir, const sim_run_i
         up += u;
         down += dn;
         dense += de;
-        fprintf(fc, "%u,%ld,%.6f,%.6f,%.0f,%.0f,%.0f,%.2f", s->round, parts, acc, loss, u, dn, de,
-                u > 0 ? de / u : 0.0);
+        elapsed += (double)s->duration_ms / 1000.0;
+        if (o->target_accuracy > 0 && to_target < 0 && acc >= o->target_accuracy) {
+            to_target = elapsed;
+            target_round = (long)s->round;
+        }
+        fprintf(fc, "%u,%ld,%.6f,%.6f,%.0f,%.0f,%.0f,%.2f,%.0f,%.0f,%.2f,%.2f", s->round, parts,
+                acc, loss, u, dn, de, u > 0 ? de / u : 0.0, u + dn, 2 * de, dn > 0 ? de / dn : 0.0,
+                u + dn > 0 ? 2 * de / (u + dn) : 0.0);
         for (size_t k = 0; k < s->num_layers; k++)
             fprintf(fc, ",%.6f", s->densities[k]);
         fputc('\n', fc);
-        fprintf(fm, "| %u | %ld | %.4f | %.4f | %.0f | %.0f | %.1fx |\n", s->round, parts, acc,
-                loss, u, dn, u > 0 ? de / u : 0.0);
+        fprintf(fm, "| %u | %ld | %.4f | %.4f | %.0f | %.0f | %.1fx | %.1fx | %.1fx |\n", s->round,
+                parts, acc, loss, u, dn, u > 0 ? de / u : 0.0, dn > 0 ? de / dn : 0.0,
+                u + dn > 0 ? 2 * de / (u + dn) : 0.0);
         last = s;
     }
     if (fm != NULL && last != NULL && last->has_densities) {
@@ -222,8 +236,25 @@ int sim_report_write(const char *state_dir, const char *out_dir, const sim_run_i
     if (fm != NULL)
         fprintf(fm,
                 "\nTotal: uplink %.0f bytes (dense updates would be %.0f, %.1fx more), "
-                "downlink %.0f bytes, final accuracy %.4f.\n",
-                up, dense, up > 0 ? dense / up : 0.0, down, acc);
+                "downlink %.0f bytes (dense models would be %.0f, %.1fx more), total %.0f bytes "
+                "(dense FedAvg would move %.0f, %.1fx more), final accuracy %.4f.\n",
+                up, dense, up > 0 ? dense / up : 0.0, down, dense, down > 0 ? dense / down : 0.0,
+                up + down, 2 * dense, up + down > 0 ? 2 * dense / (up + down) : 0.0, acc);
+    if (fm != NULL && (o->link_up != NULL || o->link_down != NULL))
+        fprintf(fm,
+                "\nEvery client behind its own link (network namespace, veth pair, tbf): "
+                "uplink %s, downlink %s.\n",
+                o->link_up ? o->link_up : "uncapped", o->link_down ? o->link_down : "uncapped");
+    if (fm != NULL) {
+        fprintf(fm, "\nTime in rounds (the sum of the rounds' durations, open to close): %.1f s.",
+                elapsed);
+        if (o->target_accuracy > 0 && to_target >= 0)
+            fprintf(fm, " Test accuracy %.4f first reached after %.1f s (round %ld).",
+                    o->target_accuracy, to_target, target_round);
+        else if (o->target_accuracy > 0)
+            fprintf(fm, " Test accuracy %.4f was not reached.", o->target_accuracy);
+        fputc('\n', fm);
+    }
     int bad_close = fc != NULL && fclose(fc) != 0;
     bad_close |= fm != NULL && fclose(fm) != 0;
     if (bad_close && rc == 0) {
@@ -231,13 +262,20 @@ int sim_report_write(const char *state_dir, const char *out_dir, const sim_run_i
         rc = STRATA_EIO;
     }
     strata_log_info("%zu rounds, final accuracy %.4f, uplink %.0f bytes (%.1fx less than dense), "
-                    "report in %s",
-                    nr, acc, up, up > 0 ? dense / up : 0.0, md);
+                    "total %.0f bytes up and down (%.1fx less than dense FedAvg), report in %s",
+                    nr, acc, up, up > 0 ? dense / up : 0.0, up + down,
+                    up + down > 0 ? 2 * dense / (up + down) : 0.0, md);
     if (json) {
         json_t *sum =
-            json_pack("{s:f,s:I,s:I,s:f,s:f,s:f,s:s}", "final_accuracy", acc, "rounds",
+            json_pack("{s:f,s:I,s:I,s:f,s:f,s:f,s:f,s:f,s:s}", "final_accuracy", acc, "rounds",
                       (json_int_t)nr, "clients", (json_int_t)o->clients, "uplink_bytes", up,
-                      "downlink_bytes", down, "dense_uplink_bytes", dense, "report", md);
+                      "downlink_bytes", down, "dense_uplink_bytes", dense, "total_bytes", up + down,
+                      "dense_total_bytes", 2 * dense, "report", md);
+        if (sum != NULL)
+            json_object_set_new(sum, "time_s", json_real(elapsed));
+        if (sum != NULL && o->target_accuracy > 0)
+            json_object_set_new(sum, "time_to_target_s",
+                                to_target >= 0 ? json_real(to_target) : json_null());
         char *text = sum ? json_dumps(sum, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
         if (text != NULL)
             puts(text);

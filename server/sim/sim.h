@@ -23,13 +23,15 @@
 enum { SIM_EXIT_OK = 0, SIM_EXIT_FAIL = 1, SIM_EXIT_USAGE = 2, SIM_EXIT_INTERRUPTED = 130 };
 
 /* The number of coordinator options strata-sim passes through. */
-#define SIM_NPASS 20
+#define SIM_NPASS 22
 
 /* strata-sim's options (strings malloc'ed; sim_opts_cleanup frees them). */
 typedef struct sim_opts {
     long clients, rounds, seed, deadline, data_shares;
     char *model, *data, *partition, *policy, *density, *values, *out, *study, *report_from;
-    char *pass[SIM_NPASS]; /* the value of pass-through option i, NULL when not given */
+    char *link_up, *link_down; /* tc rates ("1mbit"), NULL: no link limit */
+    double target_accuracy;    /* 0: none */
+    char *pass[SIM_NPASS];     /* the value of pass-through option i, NULL when not given */
     int json, resume;
     char *log_format_name, *log_level_name;
     strata_log_level log_level;
@@ -54,6 +56,31 @@ const char *sim_opts_pass_key(size_t i);
 
 /* The value given for pass-through option key, or NULL. */
 const char *sim_opts_pass_get(const sim_opts *o, const char *key);
+
+/* ---- bandwidth-limited links (links.c) ---------------------------------- */
+
+typedef struct sim_links sim_links;
+
+/* 0 when rate is NULL or a tc rate strata-sim accepts (a positive number
+ * and bit, kbit, mbit or gbit: "1mbit", "512kbit"), else STRATA_EINVAL. */
+int sim_link_rate_check(const char *rate);
+
+/* Puts each of n clients behind its own link: a network namespace joined
+ * to the host by a veth pair, with up (the namespace's egress) and down
+ * (the host end's egress) as tbf rates (either may be NULL: no cap that
+ * way). All or nothing: on error (not root, no ip or tc, a command that
+ * fails) everything made is removed and diag says what failed. */
+int sim_links_new(long n, const char *up, const char *down, sim_links **out, strata_diag *d);
+
+/* The host address the coordinator listens on (borrowed). */
+const char *sim_links_host(const sim_links *l);
+
+/* Client i's namespace name (into ns) and the path of ip, to run the
+ * client as "ip netns exec NS ...". */
+int sim_links_wrap(const sim_links *l, long i, char *ns, size_t cap, const char **ip);
+
+/* Removes every namespace and veth pair of l and frees it. Accepts NULL. */
+void sim_links_free(sim_links *l);
 
 /* ---- round summaries (summary.c) ---------------------------------------- */
 
@@ -130,7 +157,10 @@ typedef struct sim_run_info {
     long clients, rounds, seed;
     long data_shares; /* the coordinator's --data-shares; 0: none */
     const char *model, *partition, *policy, *density, *values;
-    const char *sampling; /* "all", "N per round" or "fraction F" */
+    const char *sampling;            /* "all", "N per round" or "fraction F" */
+    const char *downlink;            /* the coordinator's --downlink ("none" when not given) */
+    const char *link_up, *link_down; /* per-client link rates, NULL: none */
+    double target_accuracy;          /* 0: no time-to-target line */
 } sim_run_info;
 
 /* Reads every round record of the coordinator's store in state_dir (the

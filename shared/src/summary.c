@@ -20,11 +20,20 @@
 #define MAX_I64 INT64_MAX
 #define COUNT(a) (sizeof(a) / sizeof((a)[0]))
 
-static const char *const KEYS[] = {
-    "round",       "state",     "model_version", "selected",       "participants",
-    "accuracy",    "loss",      "uplink_bytes",  "downlink_bytes", "dense_uplink_bytes",
-    "duration_ms", "densities", "compressors",   "lgreco",         "quarantined",
-    "failed",      "stopped",   "recovered"};
+static const char *const KEYS[] = {"round", "state", "model_version", "selected", "participants",
+                                   "accuracy", "loss", "uplink_bytes", "downlink_bytes",
+                                   "dense_uplink_bytes", "duration_ms", "densities", "compressors",
+                                   "lgreco", "quarantined", "failed", "stopped", "recovered",
+                                   /* Derived from the stats (written with them, checked and ignored
+                                    * when read): dense downlink = dense uplink (one float32 model
+                                    * per participant), totals and the ratios dense / actual. */
+                                   "dense_downlink_bytes", "total_bytes", "dense_total_bytes",
+                                   "uplink_ratio", "downlink_ratio", "total_ratio"};
+
+/* The derived traffic keys (see KEYS): counts, then ratios. */
+static const char *const DERIVED_COUNTS[] = {"dense_downlink_bytes", "total_bytes",
+                                             "dense_total_bytes"};
+static const char *const DERIVED_RATIOS[] = {"uplink_ratio", "downlink_ratio", "total_ratio"};
 static const char *const LGRECO_KEYS[] = {"fell_back", "error_budget",  "chosen_error",
                                           "bytes",     "uniform_bytes", "allocation"};
 
@@ -240,6 +249,21 @@ int strata_round_summary_encode(const strata_round_summary *s, char **json_out, 
               put_int(o, "downlink_bytes", s->downlink_bytes) < 0 ||
               put_int(o, "dense_uplink_bytes", s->dense_uplink_bytes) < 0 ||
               put_int(o, "duration_ms", s->duration_ms) < 0;
+    if (!bad && s->has_stats) {
+        double up = (double)s->uplink_bytes, down = (double)s->downlink_bytes,
+               dense = (double)s->dense_uplink_bytes;
+        /* Counts that would pass 2^63 - 1 are left out. */
+        uint64_t total = s->uplink_bytes + s->downlink_bytes;
+        int total_ok = total <= (uint64_t)MAX_I64 && total >= s->uplink_bytes;
+        int dense_ok = s->dense_uplink_bytes <= (uint64_t)MAX_I64 / 2;
+        bad =
+            put_int(o, "dense_downlink_bytes", s->dense_uplink_bytes) < 0 ||
+            (total_ok && put_int(o, "total_bytes", total) < 0) ||
+            (dense_ok && put_int(o, "dense_total_bytes", 2 * s->dense_uplink_bytes) < 0) ||
+            put(o, "uplink_ratio", real_or_null(up > 0 ? dense / up : NAN)) < 0 ||
+            put(o, "downlink_ratio", real_or_null(down > 0 ? dense / down : NAN)) < 0 ||
+            put(o, "total_ratio", real_or_null(up + down > 0 ? 2 * dense / (up + down) : NAN)) < 0;
+    }
     int dup = 0;
     if (!bad && s->has_densities)
         bad = put(o, "densities", densities_json(s, NULL, &dup)) < 0;
@@ -329,6 +353,18 @@ static int get_stats(const json_t *o, strata_round_summary *s, strata_diag *diag
         (rc = get_count(o, "dense_uplink_bytes", 0, &s->dense_uplink_bytes, diag)) < 0 ||
         (rc = get_count(o, "duration_ms", 0, &s->duration_ms, diag)) < 0)
         return rc;
+    for (size_t i = 0; i < COUNT(DERIVED_COUNTS); i++) {
+        uint64_t ignored;
+        if (json_object_get(o, DERIVED_COUNTS[i]) != NULL &&
+            (rc = get_count(o, DERIVED_COUNTS[i], 0, &ignored, diag)) < 0)
+            return rc;
+    }
+    for (size_t i = 0; i < COUNT(DERIVED_RATIOS); i++) {
+        double ignored;
+        if (json_object_get(o, DERIVED_RATIOS[i]) != NULL &&
+            (rc = get_metric(o, DERIVED_RATIOS[i], &ignored, diag)) < 0)
+            return rc;
+    }
     return STRATA_OK;
 }
 

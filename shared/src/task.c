@@ -21,8 +21,8 @@
 #define MAX_RATE ((double)FLT_MAX) /* lr, weight_decay, prox_mu */
 
 static const char *const TASK_KEYS[] = {
-    "round",   "total_rounds",     "model_version", "deadline_unix_ms",
-    "budgets", "error_candidates", "train",         "seed"};
+    "round", "total_rounds", "model_version", "deadline_unix_ms", "budgets", "error_candidates",
+    "train", "seed",         "model_digest",  "downlink"};
 static const char *const BUDGET_KEYS[] = {"layer",  "compressor", "density",
                                           "levels", "rank",       "values"};
 /* A candidate is a budget without its layer. */
@@ -66,6 +66,14 @@ static int check_budget(const strata_budget *b, const char *where, strata_diag *
 
 static int check_task(const strata_task *t, strata_diag *diag)
 {
+    size_t dl = strnlen(t->model_digest, sizeof(t->model_digest));
+    int dok = dl == 0 || dl == 64;
+    for (size_t i = 0; dok && i < dl; i++)
+        dok = (t->model_digest[i] >= '0' && t->model_digest[i] <= '9') ||
+              (t->model_digest[i] >= 'a' && t->model_digest[i] <= 'f');
+    if (!dok)
+        return strata_diag_set(diag, STRATA_EINVAL,
+                               "model_digest: expected \"\" or 64 lowercase hex digits");
     if (t->total_rounds < 1)
         return strata_diag_set(diag, STRATA_EINVAL, "total_rounds: must be at least 1");
     if (t->model_version > (uint64_t)MAX_I64)
@@ -176,6 +184,15 @@ int strata_task_encode(const strata_task *t, char **json_out, size_t *len_out, s
         (json_int_t)tr->epochs, "batch", (json_int_t)tr->batch, "lr", tr->lr, "momentum",
         tr->momentum, "weight_decay", tr->weight_decay, "prox_mu", tr->prox_mu, "max_steps",
         (json_int_t)tr->max_steps, "seed", (json_int_t)t->seed);
+    if (j != NULL && t->model_digest[0] != '\0' &&
+        json_object_set_new(j, "model_digest", json_string(t->model_digest)) < 0) {
+        json_decref(j);
+        j = NULL;
+    }
+    if (j != NULL && t->downlink && json_object_set_new(j, "downlink", json_true()) < 0) {
+        json_decref(j);
+        j = NULL;
+    }
     rc = j != NULL ? strata__json_dump(j, json_out, len_out) : STRATA_ENOMEM;
     json_decref(j);
     if (rc < 0)
@@ -359,6 +376,21 @@ static int get_task(const json_t *root, const limits *lim, void *out, strata_dia
         (rc = strata__json_int(root, "seed", 0, MAX_SEED, where, &seed, diag)) < 0)
         return rc;
     t->seed = (uint64_t)seed;
+    const json_t *dg = json_object_get(root, "model_digest");
+    if (dg != NULL) {
+        const char *s = json_string_value(dg);
+        int ok = s != NULL && json_string_length(dg) == 64;
+        for (size_t i = 0; ok && i < 64; i++)
+            ok = (s[i] >= '0' && s[i] <= '9') || (s[i] >= 'a' && s[i] <= 'f');
+        if (!ok)
+            return strata_diag_set(diag, STRATA_EPROTO,
+                                   "task.model_digest: expected 64 lowercase hex digits");
+        memcpy(t->model_digest, s, 65);
+    }
+    const json_t *dl = json_object_get(root, "downlink");
+    if (dl != NULL && !json_is_boolean(dl))
+        return strata_diag_set(diag, STRATA_EPROTO, "task.downlink: expected true or false");
+    t->downlink = json_is_true(dl);
     return STRATA_OK;
 }
 

@@ -15,6 +15,13 @@ assert_gt "$(json_field "$summary" final_accuracy)" 0.55 "final accuracy"
 up=$(json_field "$summary" uplink_bytes)
 dense=$(json_field "$summary" dense_uplink_bytes)
 assert_gt "$dense" "$(awk -v u="$up" 'BEGIN { print u * 5 }')" "dense uplink vs compressed uplink"
+down=$(json_field "$summary" downlink_bytes)
+awk -v t="$(json_field "$summary" total_bytes)" -v u="$up" -v d="$down" 'BEGIN { exit !(t == u + d && d > 0) }' ||
+    fail "total_bytes is not uplink + downlink: $summary"
+awk -v t="$(json_field "$summary" dense_total_bytes)" -v x="$dense" 'BEGIN { exit !(t == 2 * x) }' ||
+    fail "dense_total_bytes is not twice the dense uplink: $summary"
+head -n 1 "$WORK/sim/report.csv" | grep -q "total_bytes,dense_total_bytes,downlink_ratio,total_ratio" ||
+    fail "report.csv lacks the traffic columns"
 for f in report.csv report.md; do [ -s "$WORK/sim/$f" ] || fail "$f missing"; done
 [ "$(wc -l <"$WORK/sim/report.csv")" -eq 4 ] || fail "report.csv should have a header and 3 rounds"
 grep -q "fc1.weight" "$WORK/sim/report.md" || fail "report.md lacks per-layer densities"

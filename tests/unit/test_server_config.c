@@ -43,6 +43,12 @@ static const parse_case CASES[] = {
     {{BASE, "--screen-factor", "1", NULL}, 0, NULL},
     {{BASE, "--screen-factor", "0.5", NULL}, STRATA_EINVAL, "screen_factor: 0.5 would quarantine"},
     {{BASE, "--screen-factor", "-1", NULL}, STRATA_EINVAL, "--screen-factor"},
+    {{BASE, "--downlink", "none", NULL}, 0, NULL},
+    {{BASE, "--downlink", "topk:0.02:int8", "--downlink-keep", "3", NULL}, 0, NULL},
+    {{BASE, "--downlink", "fp16", NULL}, 0, NULL},
+    {{BASE, "--downlink", "topk", NULL}, STRATA_EINVAL, "downlink: compressor 'topk'"},
+    {{BASE, "--downlink", "zip", NULL}, STRATA_EINVAL, "downlink: compressor 'zip'"},
+    {{BASE, "--downlink-keep", "0", NULL}, STRATA_EINVAL, "--downlink-keep"},
 };
 
 static void test_parse_table(void)

@@ -116,17 +116,46 @@ static void round_trip(const strata_round_summary *s)
     free(json);
 }
 
+/* Adds the derived traffic keys the encoder writes after the stats (the
+ * dense downlink, totals and ratios of 123456 up, 7890123 down, 7968400
+ * dense up). */
+static json_t *with_derived(json_t *v, json_t *after)
+{
+    const double up = 123456, down = 7890123, dense = 7968400;
+    json_t *o = json_object();
+    const char *key;
+    json_t *val;
+    json_object_foreach(v, key, val)
+    {
+        json_object_set(o, key, val);
+        if (strcmp(key, "duration_ms") == 0) {
+            json_object_set_new(o, "dense_downlink_bytes", json_integer(7968400));
+            json_object_set_new(o, "total_bytes", json_integer(123456 + 7890123));
+            json_object_set_new(o, "dense_total_bytes", json_integer(2 * 7968400));
+            json_object_set_new(o, "uplink_ratio", json_real(dense / up));
+            json_object_set_new(o, "downlink_ratio", json_real(dense / down));
+            json_object_set_new(o, "total_ratio", json_real(2 * dense / (up + down)));
+        }
+    }
+    if (after != NULL)
+        json_object_set_new(o, "densities", after);
+    json_decref(v);
+    return o;
+}
+
 /* The four forms the coordinator wrote with its own format strings before
- * the codec existed: the same keys, order and number spelling. */
+ * the codec existed: the same keys, order and number spelling, with the
+ * derived traffic keys after the stats. */
 static void test_legacy_forms(void)
 {
     strata_round_summary s = closed_summary();
-    char *want = dump(json_pack(
-        "{s:I,s:s,s:I,s:I,s:I,s:f,s:f,s:I,s:I,s:I,s:I,s:o}", "round", (json_int_t)3, "state",
-        "closed", "model_version", (json_int_t)3, "selected", (json_int_t)10, "participants",
-        (json_int_t)9, "accuracy", 0.7712, "loss", 0.65, "uplink_bytes", (json_int_t)123456,
-        "downlink_bytes", (json_int_t)7890123, "dense_uplink_bytes", (json_int_t)7968400,
-        "duration_ms", (json_int_t)1234, "densities", legacy_densities()));
+    char *want = dump(with_derived(
+        json_pack("{s:I,s:s,s:I,s:I,s:I,s:f,s:f,s:I,s:I,s:I,s:I}", "round", (json_int_t)3, "state",
+                  "closed", "model_version", (json_int_t)3, "selected", (json_int_t)10,
+                  "participants", (json_int_t)9, "accuracy", 0.7712, "loss", 0.65, "uplink_bytes",
+                  (json_int_t)123456, "downlink_bytes", (json_int_t)7890123, "dense_uplink_bytes",
+                  (json_int_t)7968400, "duration_ms", (json_int_t)1234),
+        legacy_densities()));
     char *got = encode(&s);
     CU_ASSERT_STRING_EQUAL(got, want);
     free(got);
@@ -174,8 +203,7 @@ static void test_legacy_forms(void)
                   "participants", (json_int_t)9, "accuracy", "loss", "uplink_bytes",
                   (json_int_t)123456, "downlink_bytes", (json_int_t)7890123, "dense_uplink_bytes",
                   (json_int_t)7968400, "duration_ms", (json_int_t)1234);
-    json_object_set_new(v, "densities", legacy_densities());
-    want = dump(v);
+    want = dump(with_derived(v, legacy_densities()));
     got = encode(&view);
     CU_ASSERT_STRING_EQUAL(got, want);
     free(got);
@@ -184,12 +212,13 @@ static void test_legacy_forms(void)
     view.state = STRATA_ROUND_CLOSED;
     view.has_densities = 0;
     got = encode(&view);
-    want =
-        dump(json_pack("{s:I,s:s,s:I,s:I,s:I,s:n,s:n,s:I,s:I,s:I,s:I}", "round", (json_int_t)3,
-                       "state", "closed", "model_version", (json_int_t)3, "selected",
-                       (json_int_t)10, "participants", (json_int_t)9, "accuracy", "loss",
-                       "uplink_bytes", (json_int_t)123456, "downlink_bytes", (json_int_t)7890123,
-                       "dense_uplink_bytes", (json_int_t)7968400, "duration_ms", (json_int_t)1234));
+    want = dump(with_derived(
+        json_pack("{s:I,s:s,s:I,s:I,s:I,s:n,s:n,s:I,s:I,s:I,s:I}", "round", (json_int_t)3, "state",
+                  "closed", "model_version", (json_int_t)3, "selected", (json_int_t)10,
+                  "participants", (json_int_t)9, "accuracy", "loss", "uplink_bytes",
+                  (json_int_t)123456, "downlink_bytes", (json_int_t)7890123, "dense_uplink_bytes",
+                  (json_int_t)7968400, "duration_ms", (json_int_t)1234),
+        NULL));
     CU_ASSERT_STRING_EQUAL(got, want);
     free(got);
     free(want);

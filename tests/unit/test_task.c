@@ -166,6 +166,23 @@ static void test_round_trip_every_field(void)
     assert_same_task(&t, &out);
     strata_task_cleanup(&out);
 
+    /* The optional digest and downlink flag. */
+    strata_task td = t;
+    memset(td.model_digest, 'a', 64);
+    td.model_digest[64] = '\0';
+    td.downlink = 1;
+    char *js = NULL;
+    size_t jl = 0;
+    CU_ASSERT_EQUAL_FATAL(strata_task_encode(&td, &js, &jl, &d), STRATA_OK);
+    CU_ASSERT_PTR_NOT_NULL(strstr(js, "\"downlink\":true"));
+    CU_ASSERT_EQUAL_FATAL(strata_task_decode(js, jl, NULL, &out, &d), STRATA_OK);
+    CU_ASSERT_STRING_EQUAL(out.model_digest, td.model_digest);
+    CU_ASSERT_EQUAL(out.downlink, 1);
+    strata_task_cleanup(&out);
+    free(js);
+    td.model_digest[3] = 'G';
+    CU_ASSERT_EQUAL(strata_task_encode(&td, &js, &jl, &d), STRATA_EINVAL);
+
     /* Extremes of every range. */
     static char *one[] = {"x"};
     strata_budget eb = {.comp = STRATA_COMP_RANDK, .density = 4.9e-324};
@@ -277,6 +294,10 @@ static void test_refusals(void)
         {"\"train\":{", "\"train\":[{", STRATA_EPROTO, "invalid JSON"},
         {"\"lr\":0.5", "\"lr\":\"0.5\"", STRATA_EPROTO, "train.lr: expected a number"},
         {"\"seed\":123456", "\"seed\":1.5", STRATA_EPROTO, "task.seed: expected an integer"},
+        {"\"seed\":123456", "\"seed\":123456,\"model_digest\":\"abc\"", STRATA_EPROTO,
+         "task.model_digest: expected 64 lowercase hex digits"},
+        {"\"seed\":123456", "\"seed\":123456,\"downlink\":1", STRATA_EPROTO,
+         "task.downlink: expected true or false"},
         /* out of range */
         {"\"round\":3", "\"round\":-1", STRATA_EPROTO, "task.round: -1 is not in [0, 4294967295]"},
         {"\"round\":3", "\"round\":4294967296", STRATA_EPROTO, "task.round"},

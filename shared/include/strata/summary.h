@@ -11,7 +11,12 @@
  *                "selected", "participants"
  *   has_stats    "accuracy", "loss" (numbers, or null when not known),
  *                "uplink_bytes", "downlink_bytes", "dense_uplink_bytes",
- *                "duration_ms"
+ *                "duration_ms", then the traffic derived from them:
+ *                "dense_downlink_bytes" (= dense_uplink_bytes),
+ *                "total_bytes", "dense_total_bytes" (each left out when it
+ *                would pass 2^63 - 1), "uplink_ratio", "downlink_ratio",
+ *                "total_ratio" (dense / actual, null when actual is 0);
+ *                the decoder checks their types and ignores them
  *   has_densities "densities": {"<layer>": density, ...} in layer order,
  *                then, when compressors is set, "compressors":
  *                {"<layer>": "topk:0.01:int8", ...} (the budgets of the

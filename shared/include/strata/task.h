@@ -12,7 +12,7 @@
  *                         "rank":0,"values":"int8"},...],
  *    "train":{"epochs":1,"batch":32,"lr":0.05,"momentum":0.0,
  *             "weight_decay":0.0,"prox_mu":0.0,"max_steps":0},
- *    "seed":123456}
+ *    "seed":123456,"model_digest":"9f86...","downlink":true}
  * Numbers that are doubles in the struct are written as JSON reals with 17
  * significant digits (so they read back bit for bit); integers as integers.
  *
@@ -43,6 +43,11 @@
  *   train.momentum   [0, 1)
  *   train.max_steps  [0, 2^63 - 1], 0 means no cap
  *   seed             [0, 2^53 - 1] (exact in every JSON implementation)
+ *   model_digest     optional: 64 lowercase hex digits, the digest of model
+ *                    version model_version (strata/downlink.h); written
+ *                    when the struct's model_digest is not ""
+ *   downlink         optional: true when the coordinator publishes deltas
+ *                    (GET /v1/models/{v}/delta); written only when true
  *
  * Strictness: the decoder refuses every key it does not know, at every level,
  * as well as missing keys, duplicate keys, wrong types (an integer field
@@ -101,7 +106,9 @@ typedef struct strata_task {
     size_t num_candidates;
     strata_budget *candidates; /* num_candidates error-table candidates (NULL when 0) */
     strata_task_train train;
-    uint64_t seed; /* drives the client's random compressors and shuffling */
+    uint64_t seed;         /* drives the client's random compressors and shuffling */
+    char model_digest[65]; /* "" when the task carries none */
+    int downlink;          /* 1: deltas are published */
 } strata_task;
 
 /* Limits applied by strata_task_decode. A field left at 0 takes its default:

@@ -1,0 +1,156 @@
+/* The compressed downlink on the coordinator (docs/algorithm.md,
+ * "Downlink"; strata/downlink.h): the model clients hold (x̂) beside the
+ * server's model x, one delta payload per closed round with the server's
+ * residual x - x̂ carried to the next, the files that make both durable
+ * with the checkpoint, and the digest of the served model.
+ *
+ * Files (state directory, checkpoints/): model-V.safetensors is x̂ of
+ * version V (what GET /v1/models/V serves and what the evaluation
+ * measures), server-model-V.safetensors is x at version V,
+ * delta-V.bin the payload that turns x̂ of V - 1 into x̂ of V; the last
+ * downlink_keep deltas are kept. All are written before the store records
+ * the close, so a restarted coordinator serves the same bytes.
+ *
+ * May call: the store (paths), libstrata (downlink, checkpoint,
+ * safetensors, payload, fileio, train, log). */
+#include "engine_internal.h"
+
+#include "strata/checkpoint.h"
+#include "strata/fileio.h"
+#include "strata/log.h"
+#include "strata/safetensors.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+/* Largest server-model file read back at start-up. */
+#define SERVER_MODEL_MAX ((size_t)1 << 31)
+
+strata_model *srv__served_model(const srv_engine *e)
+{
+    return e->xhat != NULL ? e->xhat : e->model;
+}
+
+static void copy_values(strata_tensor_list *dst, const strata_tensor_list *src)
+{
+    for (size_t i = 0; i < dst->count; i++)
+        memcpy(dst->items[i].data, src->items[i].data, dst->items[i].numel * sizeof(float));
+}
+
+int srv__downlink_load(srv_engine *e, strata_diag *d)
+{
+    int rc = 0;
+    if (e->cfg->downlink_on) {
+        char path[4096];
+        if ((rc = strata_store_checkpoint_path(e->store, e->version, path, sizeof(path), d)) < 0 ||
+            (rc = strata_checkpoint_load(path, &e->xhat, d)) < 0)
+            return rc;
+        rc = strata_store_path(strata_store_dir(e->store), STRATA_STORE_FILE_SERVER_MODEL,
+                               e->version, 0, path, sizeof(path), d);
+        struct stat st;
+        if (rc == 0 && stat(path, &st) == 0) {
+            strata_tensor_list x;
+            strata_tensor_list_init(&x);
+            rc = strata_safetensors_read(path, SERVER_MODEL_MAX, &x, NULL, d);
+            if (rc == 0 && !strata_tensor_list_same_layout(&x, strata_model_params(e->model)))
+                rc = strata_diag_set(d, STRATA_EINVAL, "%s: not this model's layout", path);
+            if (rc == 0)
+                copy_values(strata_model_params(e->model), &x);
+            strata_tensor_list_cleanup(&x);
+        }
+        if (rc == 0)
+            rc = strata_tensor_list_copy(&e->xhat_rollback, strata_model_params(e->xhat));
+        if (rc < 0)
+            return rc;
+    }
+    strata_downlink_digest(strata_model_params(srv__served_model(e)), e->digest);
+    return 0;
+}
+
+/* Writes x (the server's model) of version v to its file, atomically. */
+static int write_x(srv_engine *e, uint64_t v, strata_diag *d)
+{
+    char path[4096];
+    int rc = strata_store_path(strata_store_dir(e->store), STRATA_STORE_FILE_SERVER_MODEL, v, 0,
+                               path, sizeof(path), d);
+    if (rc == 0)
+        rc = strata_checkpoint_save(e->model, path, d);
+    return rc;
+}
+
+int srv__downlink_close(srv_engine *e, uint32_t r, uint64_t v, strata_train_stats *st,
+                        char digest[STRATA_DIGEST_HEX_SIZE], strata_diag *d)
+{
+    if (e->xhat == NULL) {
+        strata_downlink_digest(strata_model_params(e->model), digest);
+        return 0;
+    }
+    strata_tensor_list *xh = strata_model_params(e->xhat);
+    const strata_tensor_list *x = strata_model_params(e->model);
+    copy_values(&e->xhat_rollback, xh);
+    strata_clayer *layers = NULL;
+    uint8_t *wire = NULL;
+    size_t wire_len = 0;
+    char *meta = NULL;
+    uint64_t seed = (uint64_t)e->cfg->seed * 0x9e3779b97f4a7c15ull ^ v;
+    int rc = strata_downlink_step(xh, x, &e->cfg->downlink_budget, seed, &layers, d);
+    if (rc < 0)
+        return rc;
+    strata_downlink_digest(xh, digest);
+    strata_train_stats sx = *st;
+    if ((rc = strata_downlink_meta(v - 1, v, digest, &meta)) == 0) {
+        strata_payload p = {.round = r,
+                            .model_version = v,
+                            .num_layers = xh->count,
+                            .layers = layers,
+                            .metadata_json = meta};
+        rc = strata_payload_encode(&p, 3, &wire, &wire_len, d);
+    }
+    if (rc == 0 && (rc = strata_evaluate(e->xhat, &e->test, NULL, 0, 256, st)) < 0)
+        strata_diag_set(d, rc, "evaluation of x̂: %s", strata_strerror(rc));
+    char path[4096];
+    if (rc == 0)
+        rc = strata_store_path(strata_store_dir(e->store), STRATA_STORE_FILE_DELTA, v, 0, path,
+                               sizeof(path), d);
+    if (rc == 0)
+        rc = strata_file_write_atomic(path, wire, wire_len, 0644, d);
+    if (rc == 0)
+        rc = write_x(e, v, d);
+    if (rc == 0)
+        strata_log_info("round %u: downlink delta %zu bytes (%s), model %llu digest %s; served "
+                        "model x̂ accuracy %.4f, server model x accuracy %.4f",
+                        r, wire_len, e->cfg->downlink, (unsigned long long)v, digest, st->accuracy,
+                        sx.accuracy);
+    strata_clayers_free(layers, xh->count);
+    free(meta);
+    free(wire);
+    if (rc < 0) {
+        copy_values(xh, &e->xhat_rollback);
+        *st = sx;
+    }
+    return rc;
+}
+
+void srv__downlink_rollback(srv_engine *e)
+{
+    if (e->xhat != NULL)
+        copy_values(strata_model_params(e->xhat), &e->xhat_rollback);
+}
+
+void srv__downlink_prune(srv_engine *e, uint64_t v)
+{
+    if (e->xhat == NULL)
+        return;
+    char path[4096];
+    /* x of the version before: start-up reads x of the latest only. */
+    if (v > 0 && strata_store_path(strata_store_dir(e->store), STRATA_STORE_FILE_SERVER_MODEL,
+                                   v - 1, 0, path, sizeof(path), NULL) == 0)
+        unlink(path);
+    if (v > (uint64_t)e->cfg->downlink_keep &&
+        strata_store_path(strata_store_dir(e->store), STRATA_STORE_FILE_DELTA,
+                          v - (uint64_t)e->cfg->downlink_keep, 0, path, sizeof(path), NULL) == 0)
+        unlink(path);
+}

@@ -1,0 +1,197 @@
+#include "strata/downlink.h"
+#include "strata/hash.h"
+#include "strata/rng.h"
+#include "test_util.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+/* A model layout of a 40x60 matrix (compressed) and a 10-element bias
+ * (dense), filled with seeded values. */
+static void make(strata_tensor_list *l, uint64_t seed, float scale)
+{
+    strata_tensor_list_init(l);
+    int64_t w[2] = {40, 60}, b[1] = {10};
+    CU_ASSERT_EQUAL_FATAL(strata_tensor_list_add(l, "fc.weight", 2, w, NULL), STRATA_OK);
+    CU_ASSERT_EQUAL_FATAL(strata_tensor_list_add(l, "fc.bias", 1, b, NULL), STRATA_OK);
+    strata_rng r;
+    strata_rng_seed(&r, seed, 1);
+    for (size_t i = 0; i < l->count; i++)
+        for (size_t k = 0; k < l->items[i].numel; k++)
+            l->items[i].data[k] = scale * (float)(strata_rng_uniform(&r) - 0.5);
+}
+
+static void test_digest(void)
+{
+    strata_tensor_list m;
+    make(&m, 1, 1.0f);
+    char a[STRATA_DIGEST_HEX_SIZE], b[STRATA_DIGEST_HEX_SIZE];
+    strata_downlink_digest(&m, a);
+    CU_ASSERT_EQUAL(strlen(a), 64);
+    /* The SHA-256 of the values' bytes in model order, nothing else. */
+    size_t n0 = m.items[0].numel * 4, n1 = m.items[1].numel * 4;
+    uint8_t *all = malloc(n0 + n1), h[STRATA_SHA256_LEN];
+    memcpy(all, m.items[0].data, n0);
+    memcpy(all + n0, m.items[1].data, n1);
+    strata_sha256(all, n0 + n1, h);
+    for (size_t i = 0; i < STRATA_SHA256_LEN; i++)
+        snprintf(b + 2 * i, 3, "%02x", h[i]);
+    CU_ASSERT_STRING_EQUAL(a, b);
+    m.items[1].data[3] += 1.0f;
+    strata_downlink_digest(&m, b);
+    CU_ASSERT(strcmp(a, b) != 0);
+    free(all);
+    strata_tensor_list_cleanup(&m);
+}
+
+/* Server and client agree bit for bit over several rounds: the client
+ * applies the encoded and decoded deltas to its copy of x̂; what top-k
+ * leaves out stays in x - x̂ and is sent later. */
+static void test_step_apply_agree(void)
+{
+    static const char *const specs[] = {"topk:0.05", "topk:0.02:int8", "fp16", "qsgd:8",
+                                        "powersgd:2"};
+    for (size_t s = 0; s < sizeof(specs) / sizeof(specs[0]); s++) {
+        strata_budget b;
+        CU_ASSERT_EQUAL_FATAL(strata_budget_parse(specs[s], 1, &b, NULL), STRATA_OK);
+        strata_tensor_list x, xs, xc;
+        make(&x, 7, 1.0f);
+        strata_tensor_list_init(&xs);
+        strata_tensor_list_init(&xc);
+        CU_ASSERT_EQUAL_FATAL(strata_tensor_list_copy(&xs, &x), STRATA_OK);
+        CU_ASSERT_EQUAL_FATAL(strata_tensor_list_copy(&xc, &x), STRATA_OK);
+        double first = 0, last = 0;
+        for (uint32_t v = 1; v <= 6; v++) {
+            strata_tensor_list step;
+            make(&step, 100 + v, 0.1f);
+            for (size_t i = 0; i < x.count; i++)
+                for (size_t k = 0; k < x.items[i].numel; k++)
+                    x.items[i].data[k] += step.items[i].data[k];
+            strata_tensor_list_cleanup(&step);
+            strata_clayer *layers = NULL;
+            CU_ASSERT_EQUAL_FATAL(strata_downlink_step(&xs, &x, &b, v, &layers, NULL), STRATA_OK);
+            if (b.comp != STRATA_COMP_FP16) /* 10 elements: dense */
+                CU_ASSERT_EQUAL(layers[1].comp, STRATA_COMP_NONE);
+            char hex[STRATA_DIGEST_HEX_SIZE], *meta = NULL;
+            strata_downlink_digest(&xs, hex);
+            CU_ASSERT_EQUAL_FATAL(strata_downlink_meta(v - 1, v, hex, &meta), STRATA_OK);
+            strata_payload p = {.round = v - 1,
+                                .model_version = v,
+                                .num_layers = 2,
+                                .layers = layers,
+                                .metadata_json = meta};
+            uint8_t *wire = NULL;
+            size_t len = 0;
+            CU_ASSERT_EQUAL_FATAL(strata_payload_encode(&p, 1, &wire, &len, NULL), STRATA_OK);
+            strata_clayers_free(layers, 2);
+            free(meta);
+            strata_payload *q = NULL;
+            CU_ASSERT_EQUAL_FATAL(strata_payload_decode(wire, len, NULL, &q, NULL), STRATA_OK);
+            uint64_t from = 0, to = 0;
+            char got[STRATA_DIGEST_HEX_SIZE], mine[STRATA_DIGEST_HEX_SIZE];
+            CU_ASSERT_EQUAL(strata_downlink_meta_parse(q, &from, &to, got, NULL), STRATA_OK);
+            CU_ASSERT(from == v - 1 && to == v);
+            CU_ASSERT_EQUAL(strata_downlink_apply(&xc, q, NULL), STRATA_OK);
+            strata_downlink_digest(&xc, mine);
+            CU_ASSERT_STRING_EQUAL(mine, got);
+            CU_ASSERT_STRING_EQUAL(mine, hex);
+            strata_payload_free(q);
+            free(wire);
+            double e = 0;
+            for (size_t k = 0; k < x.items[0].numel; k++) {
+                double dd = x.items[0].data[k] - xs.items[0].data[k];
+                e += dd * dd;
+            }
+            if (v == 1)
+                first = e;
+            last = e;
+        }
+        /* Error feedback: the residual stays bounded (no blow-up). */
+        CU_ASSERT(last < 20 * first + 1e-9);
+        strata_tensor_list_cleanup(&x);
+        strata_tensor_list_cleanup(&xs);
+        strata_tensor_list_cleanup(&xc);
+    }
+}
+
+static void test_apply_refuses_mismatch(void)
+{
+    strata_tensor_list x, xs, other;
+    make(&x, 1, 1.0f);
+    make(&xs, 2, 1.0f);
+    strata_tensor_list_init(&other);
+    int64_t w[2] = {40, 61};
+    CU_ASSERT_EQUAL_FATAL(strata_tensor_list_add(&other, "fc.weight", 2, w, NULL), STRATA_OK);
+    strata_budget b;
+    CU_ASSERT_EQUAL_FATAL(strata_budget_parse("topk:0.1", 1, &b, NULL), STRATA_OK);
+    strata_clayer *layers = NULL;
+    CU_ASSERT_EQUAL(strata_downlink_step(&other, &x, &b, 1, &layers, NULL), STRATA_EINVAL);
+    CU_ASSERT_PTR_NULL(layers);
+    CU_ASSERT_EQUAL_FATAL(strata_downlink_step(&xs, &x, &b, 1, &layers, NULL), STRATA_OK);
+    strata_payload p = {.num_layers = 2, .layers = layers};
+    char before[STRATA_DIGEST_HEX_SIZE], after[STRATA_DIGEST_HEX_SIZE];
+    strata_downlink_digest(&other, before);
+    strata_diag d;
+    CU_ASSERT_EQUAL(strata_downlink_apply(&other, &p, &d), STRATA_EPROTO);
+    strata_downlink_digest(&other, after);
+    CU_ASSERT_STRING_EQUAL(before, after); /* unchanged */
+    strata_payload nometa = {.num_layers = 2, .layers = layers};
+    uint64_t f, t;
+    CU_ASSERT_EQUAL(strata_downlink_meta_parse(&nometa, &f, &t, after, &d), STRATA_EPROTO);
+    char bad[] = "{\"from\":3,\"to\":3,\"digest\":\"00\"}";
+    nometa.metadata_json = bad;
+    CU_ASSERT_EQUAL(strata_downlink_meta_parse(&nometa, &f, &t, after, &d), STRATA_EPROTO);
+    strata_clayers_free(layers, 2);
+    strata_tensor_list_cleanup(&x);
+    strata_tensor_list_cleanup(&xs);
+    strata_tensor_list_cleanup(&other);
+}
+
+static void test_chain(void)
+{
+    const uint8_t a[] = {1, 2, 3}, b[] = {9};
+    const uint8_t *parts[] = {a, b};
+    size_t lens[] = {3, 1};
+    uint8_t *buf = NULL;
+    size_t len = 0;
+    CU_ASSERT_EQUAL_FATAL(strata_downlink_chain_encode(parts, lens, 2, &buf, &len), STRATA_OK);
+    CU_ASSERT_EQUAL(len, 8 + 4 + 3 + 4 + 1);
+    const uint8_t **pp = NULL;
+    size_t *ll = NULL, n = 0;
+    CU_ASSERT_EQUAL_FATAL(strata_downlink_chain_split(buf, len, &pp, &ll, &n, NULL), STRATA_OK);
+    CU_ASSERT_EQUAL(n, 2);
+    CU_ASSERT(ll[0] == 3 && memcmp(pp[0], a, 3) == 0 && ll[1] == 1 && pp[1][0] == 9);
+    free(pp);
+    free(ll);
+    strata_diag d;
+    /* Truncated, trailing bytes, bad magic, zero count. */
+    CU_ASSERT_EQUAL(strata_downlink_chain_split(buf, len - 1, &pp, &ll, &n, &d), STRATA_EPROTO);
+    CU_ASSERT_PTR_NULL(pp);
+    uint8_t *more = malloc(len + 1);
+    memcpy(more, buf, len);
+    more[len] = 0;
+    CU_ASSERT_EQUAL(strata_downlink_chain_split(more, len + 1, &pp, &ll, &n, &d), STRATA_EPROTO);
+    more[0] = 'X';
+    CU_ASSERT_EQUAL(strata_downlink_chain_split(more, len, &pp, &ll, &n, &d), STRATA_EPROTO);
+    memcpy(more, "SDC1\0\0\0\0", 8);
+    CU_ASSERT_EQUAL(strata_downlink_chain_split(more, 8, &pp, &ll, &n, &d), STRATA_EPROTO);
+    CU_ASSERT_EQUAL(strata_downlink_chain_encode(parts, lens, 0, &buf, &len), STRATA_EINVAL);
+    free(more);
+    free(buf);
+}
+
+int main(void)
+{
+    CU_TestInfo tests[] = {
+        {"digest is the SHA-256 of the values", test_digest},
+        {"server step and client apply agree bit for bit", test_step_apply_agree},
+        {"mismatched layouts and metadata refused", test_apply_refuses_mismatch},
+        {"chain framing", test_chain},
+        CU_TEST_INFO_NULL,
+    };
+    CU_SuiteInfo suites[] = {
+        {"downlink", NULL, NULL, NULL, NULL, tests},
+        CU_SUITE_INFO_NULL,
+    };
+    return strata_test_run(suites);
+}
