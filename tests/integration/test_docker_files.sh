@@ -51,7 +51,9 @@ check_options() { # args-file binary
     local help
     help=$("$2" --help 2>&1) || true
     grep -- '^--' "$1" | while read -r opt; do
-        printf '%s' "$help" | grep -q -- "$opt" || fail "$(basename "$2") has no option $opt (docker-compose.yml)"
+        # A here-string, not a pipe: grep -q may exit before printf has
+        # written everything, and pipefail would count printf's SIGPIPE.
+        grep -q -- "$opt" <<<"$help" || fail "$(basename "$2") has no option $opt (docker-compose.yml)"
     done
 }
 check_options "$WORK/coordinator.args" "$BUILD/strata-server"

@@ -133,7 +133,8 @@ for r in 0 2 4; do
     awk -v a="$by" -v b="$ub" 'BEGIN { exit !(a < b) }' || fail "round $r: $by bytes >= $ub"
 done
 for r in 1 3 5; do
-    "${C[@]}" -f "$URL/v1/rounds/$r" | grep -q '"lgreco"' && fail "round $r solved a table"
+    body=$("${C[@]}" -f "$URL/v1/rounds/$r") || fail "GET /v1/rounds/$r"
+    ! grep -q '"lgreco"' <<<"$body" || fail "round $r solved a table: $body"
 done
 acc=$(json_field "$("${C[@]}" -f "$URL/v1/rounds/5")" accuracy)
 acc0=$(json_field "$r0" accuracy)
