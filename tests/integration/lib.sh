@@ -5,7 +5,9 @@ DATA=${STRATA_DATA_DIR:-/usr/share/datasets/fashion-mnist}
 TOOL="$BUILD/strata-tool"
 WORK=$(mktemp -d)
 export WORK
-trap 'rm -rf "$WORK"' EXIT
+# The default cleanup: every process still in PIDS stopped, WORK removed.
+# A test with more to undo sets its own EXIT trap and calls stop_all there.
+trap 'stop_all; rm -rf "$WORK"' EXIT
 
 fail() {
     echo "FAIL: $*" >&2
@@ -49,4 +51,9 @@ reap() { # reap PID: wait for it (status in REAPED_RC) and forget it
     REAPED_RC=0
     wait "$1" 2>/dev/null || REAPED_RC=$?
     forget "$1"
+}
+stop_all() { # SIGTERM to every process in PIDS, then wait for each
+    local p
+    for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+    for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
 }

@@ -29,13 +29,6 @@ for b in "$SERVER" "$CLIENT" "$FORGE"; do [ -x "$b" ] || fail "no $b"; done
 command -v curl >/dev/null || fail "curl is required"
 C=(curl -sS --max-time 20)
 
-cleanup() {
-    local p
-    for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
-    for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
-    rm -rf "$WORK"
-}
-trap cleanup EXIT
 
 LG='{"type":"lgreco","lgreco_every":2}'
 ROUNDS=6

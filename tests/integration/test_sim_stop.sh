@@ -8,13 +8,6 @@ source "$(dirname "$0")/lib.sh"
 SIM="$BUILD/strata-sim"
 OUT="$WORK/sim"
 
-cleanup() {
-    local p
-    for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
-    for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
-    rm -rf "$WORK"
-}
-trap cleanup EXIT
 
 # This run's processes: the coordinator and clients name $OUT on their
 # command lines.

@@ -10,13 +10,6 @@ source "$(dirname "$0")/lib.sh"
 SIM="$BUILD/strata-sim"
 OUT="$WORK/study"
 
-cleanup() {
-    local p
-    for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
-    for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
-    rm -rf "$WORK"
-}
-trap cleanup EXIT
 cat >"$WORK/spec.json" <<EOF
 {
   "data": "$DATA",

@@ -15,14 +15,6 @@ command -v curl >/dev/null || fail "curl is required"
 export OMP_NUM_THREADS=1 OMP_WAIT_POLICY=passive
 SECRET=slow-s3cret
 TIMEOUT=4
-PIDS=()
-cleanup() {
-    local p
-    for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
-    for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
-    rm -rf "$WORK"
-}
-trap cleanup EXIT
 
 "$SERVER" --state-dir "$WORK/state" --model mlp --data "$DATA" --port 0 --rounds 1 \
     --min-clients 3 --clients-per-round 3 --min-updates 2 --max-steps 30 --round-deadline 15 \
