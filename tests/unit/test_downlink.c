@@ -175,9 +175,10 @@ static void test_chain(void)
     CU_ASSERT_EQUAL(strata_downlink_chain_split(more, len, &pp, &ll, &n, &d), STRATA_EPROTO);
     memcpy(more, "SDC1\0\0\0\0", 8);
     CU_ASSERT_EQUAL(strata_downlink_chain_split(more, 8, &pp, &ll, &n, &d), STRATA_EPROTO);
-    CU_ASSERT_EQUAL(strata_downlink_chain_encode(parts, lens, 0, &buf, &len), STRATA_EINVAL);
     free(more);
     free(buf);
+    CU_ASSERT_EQUAL(strata_downlink_chain_encode(parts, lens, 0, &buf, &len), STRATA_EINVAL);
+    CU_ASSERT_PTR_NULL(buf);
 }
 
 int main(void)
