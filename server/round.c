@@ -418,12 +418,12 @@ static int open_round(srv_engine *e, strata_diag *d)
     uint8_t *rep = calloc(ks ? ks : 1, 1);
     double *norms = calloc(ks ? ks : 1, sizeof(*norms));
     char *tj = NULL;
+    strata_budget *cands = NULL;
+    size_t ncands = 0;
     if (sel == NULL || b == NULL || rep == NULL || norms == NULL)
         goto fail;
     select_clients(e, r, ks, sel);
     k = ks;
-    strata_budget *cands = NULL;
-    size_t ncands = 0;
     if (e->policy == NULL) {
         for (size_t i = 0; i < e->nlayers; i++)
             b[i] = (strata_budget){
