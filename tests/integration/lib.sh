@@ -24,6 +24,25 @@ assert_gt() {
     awk -v a="$1" -v b="$2" 'BEGIN { exit !(a > b) }' || fail "$3 ($1 is not > $2)"
 }
 
+# wait_until SECONDS DESCRIPTION COMMAND...: polls COMMAND every WAIT_POLL
+# seconds (0.1 unless the test sets it) until it succeeds. After SECONDS, or
+# at DEADLINE when the test sets one (its whole run's limit, in $SECONDS),
+# it gives up through the test's die when it defines one (to dump its
+# logs first), else fail.
+wait_until() {
+    local limit=$1 what=$2 end
+    shift 2
+    end=$((SECONDS + limit))
+    [ -z "${DEADLINE:-}" ] || [ "$end" -le "$DEADLINE" ] || end=$DEADLINE
+    until "$@"; do
+        if [ "$SECONDS" -ge "$end" ]; then
+            declare -F die >/dev/null && die "timed out after ${limit}s waiting for: $what"
+            fail "timed out after ${limit}s waiting for: $what"
+        fi
+        sleep "${WAIT_POLL:-0.1}"
+    done
+}
+
 # wait_listening PID OUT ERR: waits (at most 30 s) until the coordinator PID
 # has printed its listening line to OUT and sets URL from it; fails with
 # ERR's text when PID exits first.

@@ -106,17 +106,6 @@ die() {
 }
 alive() { kill -0 "$1" 2>/dev/null; }
 
-# wait_until SECONDS DESCRIPTION COMMAND...: polls COMMAND every 0.1 s.
-wait_until() {
-    local limit=$1 what=$2 end
-    shift 2
-    end=$((SECONDS + limit))
-    [ "$end" -le "$DEADLINE" ] || end=$DEADLINE
-    until "$@"; do
-        [ "$SECONDS" -lt "$end" ] || die "timed out after ${limit}s waiting for: $what"
-        sleep 0.1
-    done
-}
 
 # ---- the tmpfs ------------------------------------------------------------------
 [ "$(id -u)" = 0 ] || skip "needs root to mount a tmpfs"

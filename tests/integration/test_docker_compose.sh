@@ -108,17 +108,7 @@ die() {
     dump
     fail "$*"
 }
-# wait_until SECONDS DESCRIPTION COMMAND...: polls COMMAND every 0.2 s.
-wait_until() {
-    local limit=$1 what=$2 end
-    shift 2
-    end=$((SECONDS + limit))
-    [ "$end" -le "$DEADLINE" ] || end=$DEADLINE
-    until "$@"; do
-        [ "$SECONDS" -lt "$end" ] || die "timed out after ${limit}s waiting for: $what"
-        sleep 0.2
-    done
-}
+WAIT_POLL=0.2 # wait_until (lib.sh) polls this often
 C=(curl -sS --max-time 5)
 get() { "${C[@]}" "$URL$1" 2>/dev/null | tr -d '\000'; }
 round_field() { json_field "$(get "/v1/rounds/$1")" "$2"; }

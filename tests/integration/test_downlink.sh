@@ -50,16 +50,6 @@ die() {
     dump
     fail "$*"
 }
-wait_until() { # wait_until SECONDS DESCRIPTION COMMAND...
-    local limit=$1 what=$2 end
-    shift 2
-    end=$((SECONDS + limit))
-    [ "$end" -le "$DEADLINE" ] || end=$DEADLINE
-    until "$@"; do
-        [ "$SECONDS" -lt "$end" ] || die "timed out after ${limit}s waiting for: $what"
-        sleep 0.1
-    done
-}
 C=(curl -sS --max-time 10)
 get() { "${C[@]}" "$URL$1" 2>/dev/null | tr -d '\000'; }
 metric() { get /metrics | sed -n "s/^$1 //p"; }

@@ -48,17 +48,6 @@ die() {
     fail "$*"
 }
 
-# wait_until SECONDS DESCRIPTION COMMAND...: polls COMMAND every 0.1 s.
-wait_until() {
-    local limit=$1 what=$2 end
-    shift 2
-    end=$((SECONDS + limit))
-    [ "$end" -le "$DEADLINE" ] || end=$DEADLINE
-    until "$@"; do
-        [ "$SECONDS" -lt "$end" ] || die "timed out after ${limit}s waiting for: $what"
-        sleep 0.1
-    done
-}
 
 C=(curl -sS --max-time 5)
 get() { "${C[@]}" "$URL$1" 2>/dev/null | tr -d '\000'; }
