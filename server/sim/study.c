@@ -209,15 +209,24 @@ static int build_grid(study *s, strata_diag *d)
     return STRATA_OK;
 }
 
+/* Options a dense FedAvg run goes without: it is the reference, dense both
+ * ways. */
+static int dense_ignores(const char *key)
+{
+    return strcmp(key, "density") == 0 || strcmp(key, "values") == 0 ||
+           strcmp(key, "downlink") == 0 || strcmp(key, "downlink_keep") == 0;
+}
+
 /* The options of run r as a command line (no executable); strings
  * borrowed from s, flags without a value. */
 static int run_args(const study *s, const run *r, char **argv, int cap)
 {
     int n = 0;
     static char flags[MAX_KEYS][96];
+    const int dense = sim__study_is_dense(s, r);
     for (size_t k = 0; k < s->nkeys; k++) {
         const char *v = s->keys[k].vals[r->pick[k]];
-        if (v == NULL || n + 2 > cap)
+        if (v == NULL || n + 2 > cap || (dense && dense_ignores(s->keys[k].name)))
             continue;
         snprintf(flags[k], sizeof(flags[k]), "--%s", s->keys[k].name);
         for (char *p = flags[k]; *p; p++)

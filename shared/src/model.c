@@ -32,6 +32,41 @@ static const char CNN_JSON[] =
     "{\"type\":\"linear\",\"name\":\"fc1\",\"out_features\":512},{\"type\":\"relu\"},"
     "{\"type\":\"linear\",\"name\":\"fc2\",\"out_features\":10}]}";
 
+/* resnet: ResNet-18's layout (two basic blocks in each of four stages) at
+ * widths 16, 32, 64 and 128 for 28x28 inputs, GroupNorm with 8 groups in
+ * place of BatchNorm, a 3x3 stem without max pooling; PyTorch's torchvision
+ * names (docs/architecture.md has the PyTorch definition). */
+#define RN_CONV(N, C, S, K, P)                                                                     \
+    "{\"type\":\"conv2d\",\"name\":\"" N "\",\"out_channels\":" C ",\"kernel_size\":" K            \
+    ",\"stride\":" S ",\"padding\":" P ",\"bias\":false},"
+#define RN_GN(N) "{\"type\":\"groupnorm\",\"name\":\"" N "\",\"num_groups\":8},"
+#define RN_RELU "{\"type\":\"relu\"},"
+#define RN_BODY(P, C, S)                                                                           \
+    RN_CONV(P ".conv1", C, S, "3", "1")                                                            \
+    RN_GN(P ".bn1") RN_RELU RN_CONV(P ".conv2", C, "1", "3", "1") RN_GN(P ".bn2")
+#define RN_END(P, WITH)                                                                            \
+    "{\"type\":\"add\",\"with\":\"" WITH "\"},{\"type\":\"relu\",\"id\":\"" P "\"},"
+/* A block that keeps the shape: its input is added to its output. */
+#define RN_BLOCK(P, C, IN) RN_BODY(P, C, "1") RN_END(P, IN)
+/* A block that halves the image and doubles the channels: a strided 1x1
+ * convolution and GroupNorm (downsample.0, .1) bring its input along. */
+#define RN_DOWN(P, C, IN)                                                                          \
+    RN_BODY(P, C, "2")                                                                             \
+    "{\"type\":\"conv2d\",\"name\":\"" P ".downsample.0\",\"input\":\"" IN                         \
+    "\",\"out_channels\":" C                                                                       \
+    ",\"kernel_size\":1,\"stride\":2,\"bias\":false}," RN_GN(P ".downsample.1")                    \
+        RN_END(P, P ".bn2")
+
+static const char RESNET_JSON[] = "{\"name\":\"resnet\",\"input\":[1,28,28],\"layers\":[" RN_CONV(
+    "conv1", "16", "1", "3",
+    "1") RN_GN("bn1") "{\"type\":\"relu\",\"id\":\"relu\"}," RN_BLOCK("layer1.0", "16", "relu")
+    RN_BLOCK("layer1.1", "16", "layer1.0") RN_DOWN("layer2.0", "32", "layer1.1")
+        RN_BLOCK("layer2.1", "32", "layer2.0") RN_DOWN("layer3.0", "64", "layer2.1")
+            RN_BLOCK("layer3.1", "64", "layer3.0") RN_DOWN("layer4.0", "128", "layer3.1")
+                RN_BLOCK("layer4.1", "128",
+                         "layer4.0") "{\"type\":\"global_avgpool2d\"},{\"type\":\"flatten\"},"
+                                     "{\"type\":\"linear\",\"name\":\"fc\",\"out_features\":10}]}";
+
 const char *strata_model_builtin_json(const char *name)
 {
     if (name == NULL)
@@ -40,6 +75,8 @@ const char *strata_model_builtin_json(const char *name)
         return MLP_JSON;
     if (strcmp(name, "cnn") == 0)
         return CNN_JSON;
+    if (strcmp(name, "resnet") == 0)
+        return RESNET_JSON;
     return NULL;
 }
 
@@ -81,7 +118,7 @@ static int check_keys(json_t *obj, int idx, const char *const *allowed, strata_d
     json_t *v;
     json_object_foreach(obj, key, v)
     {
-        int ok = 0;
+        int ok = strcmp(key, "id") == 0 || strcmp(key, "input") == 0;
         for (const char *const *a = allowed; *a; a++)
             if (strcmp(*a, key) == 0)
                 ok = 1;
@@ -121,6 +158,51 @@ static int add_param(strata_model *m, const char *lname, const char *suffix, int
     return STRATA_OK;
 }
 
+/* The index of the earlier layer (before idx) whose "id" or "name" is the
+ * string value of key in layer idx, in *out; errors name the field. */
+static int find_ref(json_t *layers, int idx, const char *key, int *out, strata_diag *diag)
+{
+    const char *ref = json_string_value(json_object_get(json_array_get(layers, idx), key));
+    if (ref == NULL || ref[0] == '\0')
+        return strata_diag_set(diag, STRATA_EINVAL,
+                               "layers[%d].%s: expected the id or name of an earlier layer", idx,
+                               key);
+    for (int r = idx - 1; r >= 0; r--) {
+        json_t *lr = json_array_get(layers, r);
+        const char *id = json_string_value(json_object_get(lr, "id"));
+        const char *name = json_string_value(json_object_get(lr, "name"));
+        if ((id && strcmp(id, ref) == 0) || (name && strcmp(name, ref) == 0)) {
+            *out = r;
+            return STRATA_OK;
+        }
+    }
+    return strata_diag_set(diag, STRATA_EINVAL,
+                           "layers[%d].%s: no earlier layer has the id or name '%s'", idx, key,
+                           ref);
+}
+
+/* Checks layer idx's "id": a non-empty string no earlier layer uses as its
+ * id or name. */
+static int check_id(json_t *layers, int idx, strata_diag *diag)
+{
+    json_t *v = json_object_get(json_array_get(layers, idx), "id");
+    if (v == NULL)
+        return STRATA_OK;
+    const char *id = json_string_value(v);
+    if (id == NULL || id[0] == '\0')
+        return strata_diag_set(diag, STRATA_EINVAL, "layers[%d].id: expected a non-empty string",
+                               idx);
+    for (int r = 0; r < idx; r++) {
+        json_t *lr = json_array_get(layers, r);
+        const char *o = json_string_value(json_object_get(lr, "id"));
+        const char *name = json_string_value(json_object_get(lr, "name"));
+        if ((o && strcmp(o, id) == 0) || (name && strcmp(name, id) == 0))
+            return strata_diag_set(diag, STRATA_EINVAL,
+                                   "layers[%d].id: '%s' is already used by layers[%d]", idx, id, r);
+    }
+    return STRATA_OK;
+}
+
 static int parse_layer(strata_model *m, json_t *lj, int idx, int *c, int *h, int *w, int *flat,
                        strata_diag *diag)
 {
@@ -130,6 +212,8 @@ static int parse_layer(strata_model *m, json_t *lj, int idx, int *c, int *h, int
     static const char *const k_pool[] = {"type", "kernel_size", "stride", NULL};
     static const char *const k_plain[] = {"type", NULL};
     static const char *const k_drop[] = {"type", "p", NULL};
+    static const char *const k_norm[] = {"type", "name", "num_groups", "eps", NULL};
+    static const char *const k_add[] = {"type", "with", NULL};
     if (!json_is_object(lj))
         return strata_diag_set(diag, STRATA_EINVAL, "layers[%d]: expected an object", idx);
     const char *type = json_string_value(json_object_get(lj, "type"));
@@ -137,20 +221,26 @@ static int parse_layer(strata_model *m, json_t *lj, int idx, int *c, int *h, int
         return strata_diag_set(diag, STRATA_EINVAL, "layers[%d].type: missing or not a string",
                                idx);
     layer *L = &m->layers[idx];
+    int src = L->src, with = L->with; /* set by the caller */
     memset(L, 0, sizeof(*L));
     L->w = L->b = -1;
+    L->src = src;
+    L->with = with;
     L->in_c = *c;
     L->in_h = *h;
     L->in_w = *w;
     L->in_dim = (size_t)*c * (size_t)*h * (size_t)*w;
     int rc;
     const char *lname = NULL;
-    if (strcmp(type, "linear") == 0 || strcmp(type, "conv2d") == 0) {
+    if (strcmp(type, "linear") == 0 || strcmp(type, "conv2d") == 0 ||
+        strcmp(type, "groupnorm") == 0) {
         lname = json_string_value(json_object_get(lj, "name"));
         if (lname == NULL || lname[0] == '\0')
             return strata_diag_set(diag, STRATA_EINVAL,
                                    "layers[%d].name: missing or not a non-empty string", idx);
         json_t *bias = json_object_get(lj, "bias");
+        if (type[0] == 'g')
+            bias = NULL; /* groupnorm: always a weight and a bias */
         if (bias != NULL && !json_is_boolean(bias))
             return strata_diag_set(diag, STRATA_EINVAL, "layers[%d].bias: expected true or false",
                                    idx);
@@ -206,13 +296,13 @@ static int parse_layer(strata_model *m, json_t *lj, int idx, int *c, int *h, int
         *h = (*h + 2 * p - k) / s + 1;
         *w = (*w + 2 * p - k) / s + 1;
         *c = oc;
-    } else if (strcmp(type, "maxpool2d") == 0) {
+    } else if (strcmp(type, "maxpool2d") == 0 || strcmp(type, "avgpool2d") == 0) {
         if ((rc = check_keys(lj, idx, k_pool, diag)) < 0)
             return rc;
         if (*flat)
             return strata_diag_set(diag, STRATA_EINVAL,
-                                   "layers[%d]: maxpool2d needs an image input, not a flat one",
-                                   idx);
+                                   "layers[%d]: %s needs an image input, not a flat one", idx,
+                                   type);
         int k = 0, s = 1;
         if ((rc = get_int_field(lj, "kernel_size", idx, 1, 0, 1, 64, &k, diag)) < 0 ||
             (rc = get_int_field(lj, "stride", idx, 0, k, 1, 64, &s, diag)) < 0)
@@ -221,11 +311,60 @@ static int parse_layer(strata_model *m, json_t *lj, int idx, int *c, int *h, int
             return strata_diag_set(diag, STRATA_EINVAL,
                                    "layers[%d].kernel_size: %d is larger than the input %dx%d", idx,
                                    k, *h, *w);
-        L->kind = L_MAXPOOL;
-        L->k = k;
+        L->kind = type[0] == 'm' ? L_MAXPOOL : L_AVGPOOL;
+        L->k = L->kh = L->kw = k;
         L->stride = s;
         *h = (*h - k) / s + 1;
         *w = (*w - k) / s + 1;
+    } else if (strcmp(type, "global_avgpool2d") == 0) {
+        if ((rc = check_keys(lj, idx, k_plain, diag)) < 0)
+            return rc;
+        if (*flat)
+            return strata_diag_set(diag, STRATA_EINVAL,
+                                   "layers[%d]: global_avgpool2d needs an image input, not a flat "
+                                   "one",
+                                   idx);
+        L->kind = L_AVGPOOL;
+        L->kh = *h;
+        L->kw = *w;
+        L->stride = 1;
+        *h = *w = 1;
+    } else if (strcmp(type, "groupnorm") == 0) {
+        if ((rc = check_keys(lj, idx, k_norm, diag)) < 0)
+            return rc;
+        int g = 0;
+        if ((rc = get_int_field(lj, "num_groups", idx, 1, 0, 1, 65536, &g, diag)) < 0)
+            return rc;
+        if (*c % g != 0)
+            return strata_diag_set(diag, STRATA_EINVAL,
+                                   "layers[%d].num_groups: %d does not divide the %d channels", idx,
+                                   g, *c);
+        json_t *ev = json_object_get(lj, "eps");
+        double eps = 1e-5;
+        if (ev != NULL) {
+            if (!json_is_number(ev) || !(json_number_value(ev) > 0.0) ||
+                json_number_value(ev) > 1.0)
+                return strata_diag_set(diag, STRATA_EINVAL,
+                                       "layers[%d].eps: expected a number in (0, 1]", idx);
+            eps = json_number_value(ev);
+        }
+        L->kind = L_GROUPNORM;
+        L->groups = g;
+        L->eps = (float)eps;
+        int64_t cs[1] = {*c};
+        if ((rc = add_param(m, lname, "weight", 1, cs, idx, &L->w, diag)) < 0 ||
+            (rc = add_param(m, lname, "bias", 1, cs, idx, &L->b, diag)) < 0)
+            return rc;
+    } else if (strcmp(type, "add") == 0) {
+        if ((rc = check_keys(lj, idx, k_add, diag)) < 0)
+            return rc;
+        const layer *O = &m->layers[with - 1];
+        if (O->out_c != *c || O->out_h != *h || O->out_w != *w || O->flat != *flat)
+            return strata_diag_set(diag, STRATA_EINVAL,
+                                   "layers[%d].with: adds a %dx%dx%d output to a %dx%dx%d input; "
+                                   "the shapes must be equal",
+                                   idx, O->out_c, O->out_h, O->out_w, *c, *h, *w);
+        L->kind = L_ADD;
     } else if (strcmp(type, "relu") == 0 || strcmp(type, "flatten") == 0) {
         if ((rc = check_keys(lj, idx, k_plain, diag)) < 0)
             return rc;
@@ -251,13 +390,67 @@ static int parse_layer(strata_model *m, json_t *lj, int idx, int *c, int *h, int
     } else {
         return strata_diag_set(diag, STRATA_EINVAL,
                                "layers[%d].type: unknown layer type '%s' (expected linear, "
-                               "conv2d, maxpool2d, relu, flatten or dropout)",
+                               "conv2d, maxpool2d, avgpool2d, global_avgpool2d, groupnorm, add, "
+                               "relu, flatten or dropout)",
                                idx, type);
     }
     L->out_c = *c;
     L->out_h = *h;
     L->out_w = *w;
+    L->flat = *flat;
     L->out_dim = (size_t)*c * (size_t)*h * (size_t)*w;
+    return STRATA_OK;
+}
+
+/* Resolves layer idx's "input" and "with" into L->src and L->with and sets
+ * the input geometry (*c, *h, *w, *flat) to that of its input. */
+static int layer_inputs(strata_model *m, json_t *layers, int idx, int *c, int *h, int *w, int *flat,
+                        strata_diag *diag)
+{
+    json_t *lj = json_array_get(layers, idx);
+    layer *L = &m->layers[idx];
+    L->src = idx;
+    L->with = -1;
+    int rc = check_id(layers, idx, diag), r;
+    if (rc == STRATA_OK && json_object_get(lj, "input") != NULL) {
+        if ((rc = find_ref(layers, idx, "input", &r, diag)) < 0)
+            return rc;
+        const layer *from = &m->layers[r];
+        L->src = r + 1;
+        *c = from->out_c;
+        *h = from->out_h;
+        *w = from->out_w;
+        *flat = from->flat;
+    }
+    const char *type = json_string_value(json_object_get(lj, "type"));
+    if (rc == STRATA_OK && type != NULL && strcmp(type, "add") == 0) {
+        if ((rc = find_ref(layers, idx, "with", &r, diag)) < 0)
+            return rc;
+        L->with = r + 1;
+    }
+    return rc;
+}
+
+/* Every activation but the logits must be read by some layer; the reader
+ * that runs last forward is the first backward and writes the gradient,
+ * the others add to it. */
+static int link_readers(strata_model *m, strata_diag *diag)
+{
+    unsigned char seen[MAX_LAYERS + 1] = {0};
+    for (int i = m->nlayers - 1; i >= 0; i--) {
+        layer *L = &m->layers[i];
+        L->acc_src = seen[L->src];
+        seen[L->src] = 1;
+        if (L->kind == L_ADD) {
+            L->acc_with = seen[L->with];
+            seen[L->with] = 1;
+        }
+    }
+    for (int k = 1; k < m->nlayers; k++)
+        if (!seen[k])
+            return strata_diag_set(diag, STRATA_EINVAL,
+                                   "layers[%d]: its output is never used (no later layer reads it)",
+                                   k - 1);
     return STRATA_OK;
 }
 
@@ -337,7 +530,9 @@ static int parse_arch(const char *json, size_t len, int dry, strata_model **out,
     int c = dims[0], h = dims[1], w = dims[2], flat = nin == 1;
     size_t max_dim = (size_t)c * h * w;
     for (size_t i = 0; i < json_array_size(layers); i++) {
-        rc = parse_layer(m, json_array_get(layers, i), (int)i, &c, &h, &w, &flat, diag);
+        rc = layer_inputs(m, layers, (int)i, &c, &h, &w, &flat, diag);
+        if (rc == STRATA_OK)
+            rc = parse_layer(m, json_array_get(layers, i), (int)i, &c, &h, &w, &flat, diag);
         if (rc < 0)
             goto out;
         m->nlayers++;
@@ -351,6 +546,8 @@ static int parse_arch(const char *json, size_t len, int dry, strata_model **out,
             max_dim = od;
     }
     m->max_dim = max_dim;
+    if ((rc = link_readers(m, diag)) < 0)
+        goto out;
     if (nparams != NULL)
         *nparams = m->nparams;
     if (dry) {
@@ -401,7 +598,7 @@ int strata_model_new(const char *spec, strata_model **out, strata_diag *diag)
         return STRATA_ENOMEM;
     if (rc < 0)
         return strata_diag_set(diag, STRATA_EINVAL,
-                               "model '%s': not a built-in model (mlp, cnn) nor a readable "
+                               "model '%s': not a built-in model (mlp, cnn, resnet) nor a readable "
                                "architecture JSON file",
                                spec ? spec : "(null)");
     rc = strata_model_from_json((const char *)buf, n, out, diag);
@@ -416,13 +613,19 @@ static void free_buffers(strata_model *m)
             strata_free_floats(m->act[i]);
     free(m->act);
     m->act = NULL;
-    for (int i = 0; i < 2; i++) {
-        strata_free_floats(m->gbuf[i]);
-        m->gbuf[i] = NULL;
-    }
+    if (m->gact != NULL)
+        for (int i = 0; i <= m->nlayers; i++)
+            strata_free_floats(m->gact[i]);
+    free(m->gact);
+    m->gact = NULL;
+    strata_free_floats(m->gtmp);
+    m->gtmp = NULL;
     for (int i = 0; i < m->nlayers; i++) {
         strata_free_floats(m->layers[i].mask);
-        m->layers[i].mask = NULL;
+        strata_free_floats(m->layers[i].stats);
+        free(m->layers[i].chs);
+        m->layers[i].mask = m->layers[i].stats = NULL;
+        m->layers[i].chs = NULL;
     }
     strata__ref_free(m);
     strata_free_floats(m->probs);
@@ -477,6 +680,12 @@ void strata_model_init_params(strata_model *m, uint64_t seed)
         if (L->w < 0)
             continue;
         strata_tensor *w = &m->params.items[L->w];
+        if (L->kind == L_GROUPNORM) { /* the identity: weight 1, bias 0 */
+            for (size_t j = 0; j < w->numel; j++)
+                w->data[j] = 1.0f;
+            memset(m->params.items[L->b].data, 0, w->numel * sizeof(float));
+            continue;
+        }
         size_t fan_in = w->numel / (size_t)w->shape[0];
         double bound = 1.0 / sqrt((double)fan_in);
         for (size_t j = 0; j < w->numel; j++)
@@ -540,23 +749,31 @@ static int ensure_batch(strata_model *m, size_t batch)
             return STRATA_ETOOBIG;
     free_buffers(m);
     m->act = calloc((size_t)m->nlayers + 1, sizeof(float *));
-    if (m->act == NULL)
+    m->gact = calloc((size_t)m->nlayers + 1, sizeof(float *));
+    if (m->act == NULL || m->gact == NULL) {
+        free_buffers(m);
         return STRATA_ENOMEM;
+    }
     int ok = 1;
     m->act[0] = strata_alloc_floats(batch * m->layers[0].in_dim);
     ok &= m->act[0] != NULL;
     for (int i = 0; i < m->nlayers && ok; i++) {
         layer *L = &m->layers[i];
         m->act[i + 1] = strata_alloc_floats(batch * L->out_dim);
-        ok &= m->act[i + 1] != NULL;
+        m->gact[i + 1] = strata_alloc_floats(batch * L->out_dim);
+        ok &= m->act[i + 1] != NULL && m->gact[i + 1] != NULL;
         if (L->kind == L_DROPOUT) {
             L->mask = strata_alloc_floats(batch * L->out_dim);
             ok &= L->mask != NULL;
+        } else if (L->kind == L_GROUPNORM) {
+            L->stats = strata_alloc_floats(4 * batch * (size_t)L->groups);
+            L->chs = malloc(2 * batch * (size_t)L->in_c * sizeof(double));
+            ok &= L->stats != NULL && L->chs != NULL;
         }
     }
-    for (int i = 0; i < 2 && ok; i++) {
-        m->gbuf[i] = strata_alloc_floats(batch * m->max_dim);
-        ok &= m->gbuf[i] != NULL;
+    if (ok) {
+        m->gtmp = strata_alloc_floats(batch * m->max_dim);
+        ok = m->gtmp != NULL;
     }
     if (ok) {
         m->probs = strata_alloc_floats(batch * strata_model_output_dim(m));
@@ -619,10 +836,11 @@ int strata_model_forward(strata_model *m, const float *x, size_t batch, int trai
     int rc = ensure_batch(m, batch);
     if (rc < 0)
         return rc;
-    int dn = 0, dnnl_layers = 0; /* conv2d, linear or maxpool2d present */
-    for (int li = 0; li < m->nlayers; li++)
-        dnnl_layers |= m->layers[li].kind != L_RELU && m->layers[li].kind != L_FLATTEN &&
-                       m->layers[li].kind != L_DROPOUT;
+    int dn = 0, dnnl_layers = 0; /* conv2d, linear or pooling present */
+    for (int li = 0; li < m->nlayers; li++) {
+        layer_kind k = m->layers[li].kind;
+        dnnl_layers |= k == L_LINEAR || k == L_CONV2D || k == L_MAXPOOL || k == L_AVGPOOL;
+    }
     if (dnnl_layers && !m->reference && !m->dnnl_unusable) {
         rc = strata__dnnl_prepare(m, batch);
         if (rc == STRATA_ENOMEM)
@@ -641,7 +859,7 @@ int strata_model_forward(strata_model *m, const float *x, size_t batch, int trai
         a0[i] = (x[i] - mean) * inv;
     for (int li = 0; li < m->nlayers; li++) {
         layer *L = &m->layers[li];
-        const float *in = m->act[li];
+        const float *in = m->act[L->src];
         float *o = m->act[li + 1];
         const size_t n = batch * L->out_dim;
         switch (L->kind) {
@@ -660,10 +878,19 @@ int strata_model_forward(strata_model *m, const float *x, size_t batch, int trai
                 strata__ref_conv_forward(m, L, in, o, batch);
             break;
         case L_MAXPOOL:
+        case L_AVGPOOL:
             if (dn)
                 rc = strata__dnnl_pool_forward(m, li, in, o);
-            else
+            else if (L->kind == L_MAXPOOL)
                 strata__ref_maxpool_forward(L, in, o, batch);
+            else
+                strata__avgpool_forward(L, in, o, batch);
+            break;
+        case L_GROUPNORM:
+            strata__groupnorm_forward(m, L, in, o, batch, dn && strata__dnnl_blocked(m, L->src));
+            break;
+        case L_ADD:
+            strata__add(o, in, m->act[L->with], n);
             break;
         case L_RELU:
             if (dn && strata__dnnl_fused_relu(m, li - 1))
@@ -704,19 +931,44 @@ int strata_model_forward(strata_model *m, const float *x, size_t batch, int trai
     return STRATA_OK;
 }
 
+/* Where the gradient of act[k] goes: gact[k], or the input gradient for
+ * k = 0 (NULL when it is not wanted). */
+static float *grad_of(strata_model *m, int k)
+{
+    if (k > 0)
+        return m->gact[k];
+    return m->input_grad ? m->dinput : NULL;
+}
+
+/* Passes dy (n floats) on to the gradient of act[k]: copied, or added when
+ * acc (another reader wrote it first). */
+static void pass_on(strata_model *m, int k, int acc, const float *dy, size_t n)
+{
+    float *g = grad_of(m, k);
+    if (g == NULL)
+        return;
+    if (acc)
+        strata__add(g, dy, NULL, n);
+    else
+        memcpy(g, dy, n * sizeof(float));
+}
+
 int strata_model_backward_from(strata_model *m, const float *dlogits)
 {
     if (m->batch == 0)
         return STRATA_ESTATE;
     const size_t B = m->batch;
-    float *dy = m->gbuf[0];
-    memcpy(dy, dlogits, B * strata_model_output_dim(m) * sizeof(float));
-    int cur = 0, rc = STRATA_OK;
+    memcpy(m->gact[m->nlayers], dlogits, B * strata_model_output_dim(m) * sizeof(float));
+    int rc = STRATA_OK;
     const int dn = m->dnnl_active;
     for (int li = m->nlayers - 1; li >= 0; li--) {
         layer *L = &m->layers[li];
-        float *dx = li == 0 ? (m->input_grad ? m->dinput : NULL) : m->gbuf[1 - cur];
-        const float *in = m->act[li], *out = m->act[li + 1];
+        const float *dy = m->gact[li + 1];
+        float *target = grad_of(m, L->src);
+        /* A reader that is not the first to write its input's gradient
+         * computes its share in gtmp and adds it. */
+        float *dx = target != NULL && L->acc_src ? m->gtmp : target;
+        const float *in = m->act[L->src], *out = m->act[li + 1];
         const size_t n = B * L->in_dim;
         switch (L->kind) {
         case L_LINEAR:
@@ -732,10 +984,20 @@ int strata_model_backward_from(strata_model *m, const float *dlogits)
                 strata__ref_conv_backward(m, L, dy, dx, B);
             break;
         case L_MAXPOOL:
+        case L_AVGPOOL:
             if (dx && dn)
                 rc = strata__dnnl_pool_backward(m, li, dy, dx);
-            else if (dx)
+            else if (dx && L->kind == L_MAXPOOL)
                 strata__ref_maxpool_backward(L, dy, dx, B);
+            else if (dx)
+                strata__avgpool_backward(L, dy, dx, B);
+            break;
+        case L_GROUPNORM:
+            strata__groupnorm_backward(m, L, in, dy, dx, B, dn && strata__dnnl_blocked(m, L->src));
+            break;
+        case L_ADD: /* the second input after the first (they may be one) */
+            if (dx)
+                memcpy(dx, dy, n * sizeof(float));
             break;
         case L_RELU:
             if (dx) {
@@ -760,10 +1022,10 @@ int strata_model_backward_from(strata_model *m, const float *dlogits)
         }
         if (rc < 0)
             return rc;
-        if (dx == NULL)
-            break;
-        dy = dx;
-        cur = 1 - cur;
+        if (dx != NULL && dx != target)
+            strata__add(target, dx, NULL, n);
+        if (L->kind == L_ADD)
+            pass_on(m, L->with, L->acc_with, dy, n);
     }
     return STRATA_OK;
 }

@@ -1,9 +1,10 @@
 /* The model's layers on oneDNN: convolution, linear (inner product) and
- * max pooling, forward and backward, with the bias and a following ReLU
+ * max and average pooling, forward and backward, with the bias and a following ReLU
  * fused into the forward primitive. Primitives are created once per batch
  * size and reused across steps; images stay in oneDNN's blocked layout
  * between them (model_internal.h says where layouts change). Element-wise
- * layers stay on the model's own loops (model.c); all of them share the one
+ * layers, GroupNorm and the residual add stay on the model's own loops
+ * (model.c, model_ops.c), on either layout; all of them share the one
  * OpenMP thread pool set by strata_set_threads().
  *
  * At a fixed thread count oneDNN's CPU kernels are deterministic, so a
@@ -267,20 +268,23 @@ static int plan_pool(strata__dnnl *d, const layer *L, dlayer *dl, dnnl_format_ta
 {
     md4(&dl->x_md, B, L->in_c, L->in_h, L->in_w, t);
     md4(&dl->y_md, B, L->out_c, L->out_h, L->out_w, t);
-    dnnl_dims_t strides = {L->stride, L->stride}, kernel = {L->k, L->k}, zero = {0, 0};
+    const int max = L->kind == L_MAXPOOL;
+    const dnnl_alg_kind_t alg = max ? dnnl_pooling_max : dnnl_pooling_avg_exclude_padding;
+    dnnl_dims_t strides = {L->stride, L->stride}, zero = {0, 0};
+    dnnl_dims_t kernel = {max ? L->k : L->kh, max ? L->k : L->kw};
     dnnl_pooling_desc_t pdesc;
     dnnl_primitive_desc_t fpd = NULL;
-    if (dnnl_pooling_forward_desc_init(&pdesc, dnnl_forward_training, dnnl_pooling_max, &dl->x_md,
-                                       &dl->y_md, strides, kernel, zero, zero) != dnnl_success)
+    if (dnnl_pooling_forward_desc_init(&pdesc, dnnl_forward_training, alg, &dl->x_md, &dl->y_md,
+                                       strides, kernel, zero, zero) != dnnl_success)
         return STRATA_EINVAL;
     int rc = make(d, &pdesc, NULL, NULL, &dl->fwd, &fpd);
-    if (rc == STRATA_OK) {
+    if (rc == STRATA_OK && max) { /* the arg-max positions */
         dl->ws_md = *dnnl_primitive_desc_query_md(fpd, dnnl_query_workspace_md, 0);
         rc = alloc_md(&dl->ws_md, &dl->ws);
     }
     if (rc == STRATA_OK &&
-        dnnl_pooling_backward_desc_init(&pdesc, dnnl_pooling_max, &dl->x_md, &dl->y_md, strides,
-                                        kernel, zero, zero) != dnnl_success)
+        dnnl_pooling_backward_desc_init(&pdesc, alg, &dl->x_md, &dl->y_md, strides, kernel, zero,
+                                        zero) != dnnl_success)
         rc = STRATA_EINVAL;
     if (rc == STRATA_OK)
         rc = make(d, &pdesc, NULL, fpd, &dl->bwd_data, NULL);
@@ -298,8 +302,19 @@ static int plan_flatten(strata__dnnl *d, const layer *L, dlayer *dl, size_t B)
     return rc < 0 ? rc : make_reorder(d, &plain, &dl->x_md, &dl->to_blocked);
 }
 
+/* Layers that read and write one layout, whatever it is. */
+static int keeps_layout(layer_kind k)
+{
+    return k == L_MAXPOOL || k == L_AVGPOOL || k == L_GROUPNORM || k == L_ADD || k == L_RELU ||
+           k == L_DROPOUT;
+}
+
 /* Chooses the layout of every activation (blocked[i]: act[i] is nChw16c)
- * and creates the primitives for batch B. */
+ * and creates the primitives for batch B. Convolutions choose their output
+ * layout; the layers that keep a layout pass theirs on. STRATA_EINVAL when
+ * the layouts cannot agree (an add of a blocked and a plain image, an
+ * element-wise tail between a residual and the logits): the model then runs
+ * on the reference kernels. */
 static int plan_new(strata__dnnl *d, const strata_model *m, size_t B, plan **out)
 {
     *out = NULL;
@@ -309,35 +324,48 @@ static int plan_new(strata__dnnl *d, const strata_model *m, size_t B, plan **out
     p->batch = B;
     p->threads = omp_get_max_threads();
     int *blocked = p->blocked;
+    int readers[MAX_LAYERS + 1] = {0};
     for (int i = 0; i < m->nlayers; i++) {
         const layer *L = &m->layers[i];
+        readers[L->src]++;
+        if (L->kind == L_ADD)
+            readers[L->with]++;
         if (L->kind == L_CONV2D)
             blocked[i + 1] = blockable(L->out_c);
-        else if (L->kind == L_MAXPOOL || L->kind == L_RELU || L->kind == L_DROPOUT)
-            blocked[i + 1] = blocked[i];
+        else if (keeps_layout(L->kind))
+            blocked[i + 1] = blocked[L->src];
     }
     /* The logits are plain, and so is every image an element-wise tail
      * before them reads. */
-    for (int i = m->nlayers; i > 0; i--) {
-        layer_kind k = m->layers[i - 1].kind;
+    for (int i = m->nlayers; i > 0;) {
+        const layer *L = &m->layers[i - 1];
         blocked[i] = 0;
-        if (k != L_RELU && k != L_DROPOUT && k != L_MAXPOOL)
+        if (L->kind != L_RELU && L->kind != L_DROPOUT && L->kind != L_MAXPOOL &&
+            L->kind != L_AVGPOOL)
             break;
+        i = L->src;
     }
     int rc = STRATA_OK;
     for (int i = 0; i < m->nlayers && rc == STRATA_OK; i++) {
         const layer *L = &m->layers[i];
-        dnnl_format_tag_t xt = blocked[i] ? dnnl_nChw16c : dnnl_nchw;
+        dnnl_format_tag_t xt = blocked[L->src] ? dnnl_nChw16c : dnnl_nchw;
         dnnl_format_tag_t yt = blocked[i + 1] ? dnnl_nChw16c : dnnl_nchw;
+        if (keeps_layout(L->kind) &&
+            (xt != yt || (L->kind == L_ADD && blocked[L->with] != blocked[i + 1])))
+            rc = STRATA_EINVAL;
+        /* The ReLU is fused when it alone reads the layer's output. */
         p->fused[i] = (L->kind == L_CONV2D || L->kind == L_LINEAR) && i + 1 < m->nlayers &&
-                      m->layers[i + 1].kind == L_RELU;
+                      m->layers[i + 1].kind == L_RELU && m->layers[i + 1].src == i + 1 &&
+                      readers[i + 1] == 1;
+        if (rc < 0)
+            break;
         if (L->kind == L_LINEAR)
             rc = plan_linear(d, L, &p->L[i], p->fused[i], B);
         else if (L->kind == L_CONV2D)
             rc = plan_conv(d, L, &p->L[i], xt, yt, p->fused[i], B);
-        else if (L->kind == L_MAXPOOL)
-            rc = xt == yt ? plan_pool(d, L, &p->L[i], xt, B) : STRATA_EINVAL;
-        else if (L->kind == L_FLATTEN && blocked[i])
+        else if (L->kind == L_MAXPOOL || L->kind == L_AVGPOOL)
+            rc = plan_pool(d, L, &p->L[i], xt, B);
+        else if (L->kind == L_FLATTEN && blocked[L->src])
             rc = plan_flatten(d, L, &p->L[i], B);
     }
     if (rc < 0) {
@@ -524,13 +552,15 @@ int strata__dnnl_linear_backward(strata_model *m, int li, const float *x, const 
     return run(m->dnnl, dl->bwd_data, 3, b);
 }
 
+/* Max pooling passes its workspace (the arg-max positions); average
+ * pooling has none. */
 int strata__dnnl_pool_forward(strata_model *m, int li, const float *x, float *y)
 {
     dlayer *dl = &m->dnnl->cur->L[li];
     const arg a[3] = {{DNNL_ARG_SRC, &dl->x_md, x},
                       {DNNL_ARG_DST, &dl->y_md, y},
                       {DNNL_ARG_WORKSPACE, &dl->ws_md, dl->ws}};
-    return run(m->dnnl, dl->fwd, 3, a);
+    return run(m->dnnl, dl->fwd, dl->ws != NULL ? 3 : 2, a);
 }
 
 int strata__dnnl_pool_backward(strata_model *m, int li, const float *dy, float *dx)
@@ -539,7 +569,7 @@ int strata__dnnl_pool_backward(strata_model *m, int li, const float *dy, float *
     const arg a[3] = {{DNNL_ARG_DIFF_DST, &dl->y_md, dy},
                       {DNNL_ARG_DIFF_SRC, &dl->x_md, dx},
                       {DNNL_ARG_WORKSPACE, &dl->ws_md, dl->ws}};
-    return run(m->dnnl, dl->bwd_data, 3, a);
+    return run(m->dnnl, dl->bwd_data, dl->ws != NULL ? 3 : 2, a);
 }
 
 int strata__dnnl_flatten_forward(strata_model *m, int li, const float *x, float *y)
@@ -568,9 +598,14 @@ int strata__dnnl_flatten_backward(strata_model *m, int li, const float *dy, floa
     return reorder(m->dnnl, dl->to_blocked, &plain, dy, &dl->x_md, dx);
 }
 
+int strata__dnnl_blocked(const strata_model *m, int k)
+{
+    return m->dnnl->cur->blocked[k];
+}
+
 size_t strata__dnnl_index(const strata_model *m, int li, size_t i)
 {
-    if (!m->dnnl->cur->blocked[li])
+    if (!m->dnnl->cur->blocked[m->layers[li].src])
         return i;
     const layer *L = &m->layers[li];
     const size_t C = (size_t)L->in_c, HW = (size_t)L->in_h * L->in_w;

@@ -1,8 +1,17 @@
 /* Internals of the model engine shared by its files: model.c (the
  * architecture, buffers, element-wise layers, the reference linear layer,
  * the loss and the forward/backward drivers), model_ref.c (the reference
- * convolution and pooling kernels) and model_dnnl.c (convolution, linear
- * and pooling on oneDNN primitives).
+ * convolution and pooling kernels), model_ops.c (GroupNorm, average pooling
+ * on plain images and the residual add) and model_dnnl.c (convolution,
+ * linear and pooling on oneDNN primitives).
+ *
+ * The network is a list of layers. act[0] is the (normalised) input and
+ * act[i + 1] the output of layer i; layer i reads act[src] (src = i unless
+ * the architecture names another layer's output as its "input"), and an add
+ * layer also reads act[with]. Every activation but the logits has at least
+ * one reader. Backward writes the gradient of act[k] into gact[k]: the last
+ * reader of act[k] (the first one the backward pass meets) writes it, the
+ * others add theirs (acc_src, acc_with).
  *
  * Activation buffers act[i] hold batch * dim floats. On the reference path
  * they are plain (NCHW for images, row-major for flat vectors). On the
@@ -18,24 +27,43 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define MAX_LAYERS 64
+#define MAX_LAYERS 128
 #define MAX_ARCH_BYTES (1u << 20)
 #define MAX_DIM_SIZE 65536
 /* Loops over fewer elements run on one thread: a parallel region costs more
  * than it saves there, and far more when a core is busy with another process. */
 #define PAR_MIN ((size_t)1 << 16)
 
-typedef enum { L_LINEAR, L_CONV2D, L_MAXPOOL, L_RELU, L_FLATTEN, L_DROPOUT } layer_kind;
+typedef enum {
+    L_LINEAR,
+    L_CONV2D,
+    L_MAXPOOL,
+    L_AVGPOOL, /* also the global average pooling: a kernel the size of the input */
+    L_GROUPNORM,
+    L_ADD,
+    L_RELU,
+    L_FLATTEN,
+    L_DROPOUT
+} layer_kind;
 
 typedef struct layer {
     layer_kind kind;
     int in_c, in_h, in_w; /* per-sample input geometry (flat: in_c features) */
     int out_c, out_h, out_w;
     size_t in_dim, out_dim;
-    int k, stride, pad; /* conv2d, maxpool2d */
+    int flat;              /* the output is a flat vector */
+    int src, with;         /* act[src] is the input; add: act[with] is added to it */
+    int acc_src, acc_with; /* backward adds to gact[src] / gact[with] */
+    int k, stride, pad;    /* conv2d, maxpool2d, avgpool2d (k: square kernel) */
+    int kh, kw;            /* avgpool2d, global_avgpool2d: the kernel */
+    int groups;            /* groupnorm */
+    float eps;             /* groupnorm */
     int has_bias;
     float p;         /* dropout probability */
     int w, b;        /* indices into params/grads, -1 when absent */
+    float *stats;    /* groupnorm: per (sample, group) mean, 1/std and two
+                        backward coefficients, 4 * B * groups */
+    double *chs;     /* groupnorm: two sums per (sample, channel), 2 * B * C */
     float *cols;     /* conv2d (reference): im2col of the last forward, K x (B*P) */
     int32_t *argmax; /* maxpool2d (reference): flat input offset per output */
     float *mask;     /* dropout: scale per element of the last forward */
@@ -65,8 +93,9 @@ struct strata_model {
     float mean, std;
     size_t cap_batch;  /* buffers sized for this many samples */
     size_t batch;      /* samples in the last forward */
-    float **act;       /* act[i]: input of layer i; act[nlayers]: logits */
-    float *gbuf[2];    /* ping-pong gradient buffers */
+    float **act;       /* act[0]: input; act[i + 1]: output of layer i */
+    float **gact;      /* gact[k]: gradient of act[k] (k >= 1) */
+    float *gtmp;       /* a layer's input gradient before it is added */
     float *scratch[2]; /* conv2d workspaces (reference) */
     size_t max_dim, max_scratch;
     float *probs; /* softmax of the last loss computation */
@@ -90,6 +119,22 @@ void strata__ref_conv_forward(strata_model *m, layer *L, const float *x, float *
 void strata__ref_conv_backward(strata_model *m, layer *L, const float *dy, float *dx, size_t B);
 void strata__ref_maxpool_forward(layer *L, const float *x, float *y, size_t B);
 void strata__ref_maxpool_backward(layer *L, const float *dy, float *dx, size_t B);
+
+/* Average pooling on plain images (model_ops.c). */
+void strata__avgpool_forward(const layer *L, const float *x, float *y, size_t B);
+void strata__avgpool_backward(const layer *L, const float *dy, float *dx, size_t B);
+
+/* GroupNorm (model_ops.c) on plain images, or on nChw16c ones when blocked
+ * is 1 (C a multiple of 16). Forward keeps each group's statistics in
+ * L->stats for the backward pass, which writes the weight and bias
+ * gradients and, when dx is not NULL, the input gradient. */
+void strata__groupnorm_forward(strata_model *m, layer *L, const float *x, float *y, size_t B,
+                               int blocked);
+void strata__groupnorm_backward(strata_model *m, layer *L, const float *x, const float *dy,
+                                float *dx, size_t B, int blocked);
+
+/* y = a + b, or y += a when b is NULL, over n floats (model_ops.c). */
+void strata__add(float *y, const float *a, const float *b, size_t n);
 
 /* Makes the oneDNN primitives for batch samples ready (created once per
  * batch size; the two most recent sizes are kept). Returns STRATA_OK when
@@ -123,9 +168,12 @@ int strata__dnnl_flatten_backward(strata_model *m, int li, const float *dy, floa
  * forward has nothing left to do; its backward runs as usual. */
 int strata__dnnl_fused_relu(const strata_model *m, int li);
 
-/* Where plain element i (in NCHW order) of act[li] lies in the layout the
- * plan chose for it. */
+/* Where plain element i (in NCHW order) of layer li's input lies in the
+ * layout the plan chose for it. */
 size_t strata__dnnl_index(const strata_model *m, int li, size_t i);
+
+/* 1 when the plan keeps act[k] in the blocked layout. */
+int strata__dnnl_blocked(const strata_model *m, int k);
 
 /* Chooses the kernels of m: on = 1 forces the reference kernels (im2col +
  * sgemm, plain layouts), on = 0 (the default) uses oneDNN wherever it has

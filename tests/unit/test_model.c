@@ -29,7 +29,9 @@ static void test_builtin_counts(void)
         size_t params;
         size_t tensors;
         const char *first;
-    } cases[] = {{"mlp", 199210, 6, "fc1.weight"}, {"cnn", 1663370, 8, "conv1.weight"}};
+    } cases[] = {{"mlp", 199210, 6, "fc1.weight"},
+                 {"cnn", 1663370, 8, "conv1.weight"},
+                 {"resnet", 701178, 62, "conv1.weight"}};
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         strata_model *m = NULL;
         CU_ASSERT_EQUAL_FATAL(strata_model_new(cases[i].name, &m, NULL), STRATA_OK);
@@ -49,6 +51,49 @@ static void test_builtin_counts(void)
     w = strata_tensor_list_find(strata_model_params(m), "fc1.weight");
     CU_ASSERT_PTR_NOT_NULL_FATAL(w);
     CU_ASSERT(w->ndim == 2 && w->shape[0] == 512 && w->shape[1] == 3136);
+    strata_model_free(m);
+}
+
+/* resnet: torchvision's names and shapes, and the many small tensors the
+ * layer-wise budgets are about. */
+static void test_resnet_names(void)
+{
+    strata_model *m = NULL;
+    CU_ASSERT_EQUAL_FATAL(strata_model_new("resnet", &m, NULL), STRATA_OK);
+    strata_tensor_list *p = strata_model_params(m);
+    static const struct {
+        const char *name;
+        int ndim;
+        int64_t shape[4];
+    } want[] = {{"conv1.weight", 4, {16, 1, 3, 3}},
+                {"bn1.weight", 1, {16}},
+                {"layer1.0.conv1.weight", 4, {16, 16, 3, 3}},
+                {"layer1.1.bn2.bias", 1, {16}},
+                {"layer2.0.conv1.weight", 4, {32, 16, 3, 3}},
+                {"layer2.0.downsample.0.weight", 4, {32, 16, 1, 1}},
+                {"layer2.0.downsample.1.weight", 1, {32}},
+                {"layer3.0.downsample.1.bias", 1, {64}},
+                {"layer4.1.conv2.weight", 4, {128, 128, 3, 3}},
+                {"fc.weight", 2, {10, 128}},
+                {"fc.bias", 1, {10}}};
+    for (size_t i = 0; i < sizeof(want) / sizeof(want[0]); i++) {
+        strata_tensor *t = strata_tensor_list_find(p, want[i].name);
+        CU_ASSERT_PTR_NOT_NULL_FATAL(t);
+        CU_ASSERT_EQUAL(t->ndim, want[i].ndim);
+        for (int d = 0; d < want[i].ndim; d++)
+            CU_ASSERT_EQUAL(t->shape[d], want[i].shape[d]);
+    }
+    CU_ASSERT_STRING_EQUAL(p->items[p->count - 1].name, "fc.bias");
+    size_t small = 0;
+    for (size_t i = 0; i < p->count; i++)
+        small += p->items[i].numel < 1000;
+    /* 20 GroupNorms' weights and biases, fc.bias, conv1.weight (144) and
+     * layer2.0.downsample.0.weight (512) */
+    CU_ASSERT_EQUAL(small, 43);
+    strata_model_init_params(m, 3);
+    strata_tensor *g = strata_tensor_list_find(p, "layer3.1.bn1.weight");
+    strata_tensor *b = strata_tensor_list_find(p, "layer3.1.bn1.bias");
+    CU_ASSERT(g->data[0] == 1.0f && g->data[63] == 1.0f && b->data[0] == 0.0f);
     strata_model_free(m);
 }
 
@@ -82,6 +127,29 @@ static void test_arch_errors(void)
          "{\"type\":\"linear\",\"name\":\"a\",\"out_features\":3}]}",
          "used twice"},
         {"{\"input\":[4],\"layers\":[{\"type\":\"dropout\",\"p\":1.5}]}", "layers[0].p"},
+        {"{\"input\":[4],\"layers\":[{\"type\":\"relu\"},{\"type\":\"add\",\"with\":\"x\"}]}",
+         "layers[1].with: no earlier layer"},
+        {"{\"input\":[4],\"layers\":[{\"type\":\"relu\",\"id\":\"a\"},{\"type\":\"relu\","
+         "\"id\":\"a\"}]}",
+         "layers[1].id: 'a' is already used"},
+        {"{\"input\":[4],\"layers\":[{\"type\":\"relu\",\"id\":\"a\"},{\"type\":\"linear\","
+         "\"name\":\"f\",\"out_features\":3},{\"type\":\"add\",\"with\":\"a\"}]}",
+         "layers[2].with: adds a 4x1x1 output to a 3x1x1 input"},
+        {"{\"input\":[4],\"layers\":[{\"type\":\"relu\",\"id\":\"a\"},{\"type\":\"relu\"},"
+         "{\"type\":\"relu\",\"input\":\"a\"}]}",
+         "layers[1]: its output is never used"},
+        {"{\"input\":[4],\"layers\":[{\"type\":\"relu\",\"input\":\"relu\"}]}",
+         "layers[0].input: no earlier layer"},
+        {"{\"input\":[6,2,2],\"layers\":[{\"type\":\"groupnorm\",\"name\":\"g\","
+         "\"num_groups\":4}]}",
+         "layers[0].num_groups: 4 does not divide the 6 channels"},
+        {"{\"input\":[6,2,2],\"layers\":[{\"type\":\"groupnorm\",\"name\":\"g\","
+         "\"num_groups\":3,\"eps\":0}]}",
+         "layers[0].eps"},
+        {"{\"input\":[6],\"layers\":[{\"type\":\"global_avgpool2d\"}]}",
+         "global_avgpool2d needs an image input"},
+        {"{\"input\":[1,3,3],\"layers\":[{\"type\":\"avgpool2d\",\"kernel_size\":4}]}",
+         "layers[0].kernel_size"},
         {"{\"input\":[4],\"layers\":[{\"type\":\"relu\"}],\"extra\":1}", "extra"},
         {"{\"input\":[4],\"input\":[4],\"layers\":[{\"type\":\"relu\"}]}", "line"},
         {"{\"input\":[4], \"layers\":[", "line 1"},
@@ -207,7 +275,7 @@ static double gradcheck(const char *json, size_t B, enum input_kind kind, int us
         labels[b] = (uint8_t)strata_rng_below(&r, strata_model_output_dim(m));
 
     eval_loss(m, x, B, R, labels);
-    int spatial = strstr(json, "conv2d") != NULL || strstr(json, "maxpool2d") != NULL ||
+    int spatial = strstr(json, "conv2d") != NULL || strstr(json, "pool2d") != NULL ||
                   strstr(json, "linear") != NULL;
     CU_ASSERT_STRING_EQUAL(strata__model_kernels(m),
                            !reference && spatial ? "onednn" : "reference");
@@ -381,6 +449,77 @@ static void test_grad_blocked(void)
                2, IN_GAUSS, 1);
 }
 
+static void test_grad_avgpool(void)
+{
+    check_grad("avgpool2d k2",
+               "{\"input\":[2,6,6],\"layers\":[{\"type\":\"avgpool2d\",\"kernel_size\":2}]}", 2,
+               IN_GAUSS, 0);
+    check_grad("avgpool2d k3 s2 (overlapping)",
+               "{\"input\":[1,7,8],\"layers\":[{\"type\":\"avgpool2d\","
+               "\"kernel_size\":3,\"stride\":2}]}",
+               2, IN_GAUSS, 0);
+    check_grad("global_avgpool2d",
+               "{\"input\":[3,5,4],\"layers\":[{\"type\":\"global_avgpool2d\"}]}", 2, IN_GAUSS, 0);
+    check_grad("global_avgpool2d on blocked images",
+               "{\"input\":[1,5,5],\"layers\":[{\"type\":\"conv2d\",\"name\":\"c\","
+               "\"out_channels\":16,\"kernel_size\":3,\"padding\":1},{\"type\":"
+               "\"global_avgpool2d\"},{\"type\":\"flatten\"},{\"type\":\"linear\","
+               "\"name\":\"fc\",\"out_features\":3}]}",
+               2, IN_GAUSS, 1);
+}
+
+static void test_grad_groupnorm(void)
+{
+    check_grad("groupnorm, 2 groups of 2 channels",
+               "{\"input\":[4,3,3],\"layers\":[{\"type\":\"groupnorm\",\"name\":\"g\","
+               "\"num_groups\":2}]}",
+               3, IN_GAUSS, 0);
+    check_grad("groupnorm on a flat input, eps 0.1",
+               "{\"input\":[6],\"layers\":[{\"type\":\"groupnorm\",\"name\":\"g\","
+               "\"num_groups\":1,\"eps\":0.1}]}",
+               3, IN_GAUSS, 0);
+    /* After a 16-channel convolution the oneDNN plan keeps the image blocked,
+     * so the blocked layout of GroupNorm is checked too. */
+    check_grad("groupnorm on blocked images",
+               "{\"input\":[1,4,4],\"layers\":[{\"type\":\"conv2d\",\"name\":\"c\","
+               "\"out_channels\":16,\"kernel_size\":3,\"padding\":1,\"bias\":false},"
+               "{\"type\":\"groupnorm\",\"name\":\"g\",\"num_groups\":4},{\"type\":"
+               "\"flatten\"},{\"type\":\"linear\",\"name\":\"fc\",\"out_features\":3}]}",
+               2, IN_GAUSS, 1);
+}
+
+/* A small residual network on 16- and 32-channel images (blocked on the
+ * oneDNN path): an identity shortcut, a projection shortcut read through
+ * "input", and one output (d.conv1) read by three layers: both adds and
+ * the layer after it. */
+static const char RESIDUAL_JSON[] =
+    "{\"input\":[1,6,6],\"layers\":["
+    "{\"type\":\"conv2d\",\"name\":\"stem\",\"out_channels\":16,\"kernel_size\":3,"
+    "\"padding\":1,\"bias\":false,\"id\":\"x\"},"
+    "{\"type\":\"conv2d\",\"name\":\"b.conv1\",\"out_channels\":16,\"kernel_size\":3,"
+    "\"padding\":1},"
+    "{\"type\":\"groupnorm\",\"name\":\"b.bn1\",\"num_groups\":4},"
+    "{\"type\":\"add\",\"with\":\"x\",\"id\":\"y\"},"
+    "{\"type\":\"conv2d\",\"name\":\"d.conv1\",\"out_channels\":32,\"kernel_size\":3,"
+    "\"stride\":2,\"padding\":1},"
+    "{\"type\":\"conv2d\",\"name\":\"d.down\",\"input\":\"y\",\"out_channels\":32,"
+    "\"kernel_size\":1,\"stride\":2},"
+    "{\"type\":\"add\",\"with\":\"d.conv1\"},"
+    "{\"type\":\"add\",\"with\":\"d.conv1\"},"
+    "{\"type\":\"global_avgpool2d\"},{\"type\":\"flatten\"},"
+    "{\"type\":\"linear\",\"name\":\"fc\",\"out_features\":3}]}";
+
+static void test_grad_residual(void)
+{
+    /* x + x + x on plain images: one output read three times. */
+    check_grad("residual add, plain (x + x)",
+               "{\"input\":[2,3,3],\"layers\":[{\"type\":\"conv2d\",\"name\":\"c\","
+               "\"out_channels\":2,\"kernel_size\":3,\"padding\":1},{\"type\":\"add\","
+               "\"with\":\"c\"},{\"type\":\"add\",\"with\":\"c\"}]}",
+               2, IN_GAUSS, 0);
+    check_grad("residual network, blocked", RESIDUAL_JSON, 2, IN_GAUSS, 1);
+}
+
 /* ---- oneDNN against the reference kernels ---- */
 
 static double max_rel(const float *a, const float *b, size_t n)
@@ -469,6 +608,15 @@ static void test_onednn_matches_reference(void)
                     "{\"type\":\"flatten\"},{\"type\":\"linear\",\"name\":\"fc\","
                     "\"out_features\":5}]}",
                     4, 1);
+    compare_kernels("residual network", RESIDUAL_JSON, 3, 1);
+    compare_kernels("resnet", strata_model_builtin_json("resnet"), 4, 1);
+    compare_kernels("avgpool",
+                    "{\"input\":[1,9,9],\"layers\":[{\"type\":\"conv2d\",\"name\":\"c\","
+                    "\"out_channels\":16,\"kernel_size\":3},{\"type\":\"avgpool2d\","
+                    "\"kernel_size\":3,\"stride\":2},{\"type\":\"groupnorm\",\"name\":"
+                    "\"g\",\"num_groups\":2},{\"type\":\"flatten\"},{\"type\":\"linear\","
+                    "\"name\":\"fc\",\"out_features\":4}]}",
+                    2, 1);
     /* Image outputs: the logits stay plain. */
     compare_kernels("image output",
                     "{\"input\":[2,6,6],\"layers\":[{\"type\":\"conv2d\",\"name\":\"c\","
@@ -550,6 +698,7 @@ int main(void)
     strata_set_threads(0);
     CU_TestInfo arch_tests[] = {
         {"built-in parameter counts", test_builtin_counts},
+        {"resnet names and shapes", test_resnet_names},
         {"architecture errors name the field", test_arch_errors},
         {"parameter count, limits, failed forward", test_count_and_limits},
         CU_TEST_INFO_NULL,
@@ -565,6 +714,9 @@ int main(void)
         {"dropout", test_grad_dropout},
         {"softmax cross-entropy", test_grad_softmax_xent},
         {"small cnn stack", test_grad_small_cnn},
+        {"avgpool2d, global_avgpool2d", test_grad_avgpool},
+        {"groupnorm", test_grad_groupnorm},
+        {"residual add", test_grad_residual},
         {"blocked (16-channel) stack", test_grad_blocked},
         CU_TEST_INFO_NULL,
     };

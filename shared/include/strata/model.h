@@ -1,11 +1,14 @@
 /* Models: a sequential network of layers described in JSON, with named
  * parameters (PyTorch state_dict names), forward and backward passes.
  *
- * Layers: linear, conv2d (stride, padding), maxpool2d, relu, flatten,
- * dropout; convolutions, linear layers and pooling run on oneDNN, with
- * reference kernels (im2col + OpenBLAS sgemm) beside them. The loss is softmax cross-entropy over
- * the last layer's outputs. Built-in architectures "mlp" and "cnn" are defined in the same JSON
- * form as custom ones (docs/architecture.md describes the format).
+ * Layers: linear, conv2d (stride, padding), maxpool2d, avgpool2d,
+ * global_avgpool2d, groupnorm, add (a residual connection: a layer may read
+ * any earlier layer's output), relu, flatten, dropout; convolutions, linear
+ * layers and pooling run on oneDNN, with reference kernels (im2col +
+ * OpenBLAS sgemm) beside them. The loss is softmax cross-entropy over the
+ * last layer's outputs. Built-in architectures "mlp", "cnn" and "resnet"
+ * are defined in the same JSON form as custom ones (docs/architecture.md
+ * describes the format).
  *
  * A model owns its parameters, gradients and activation buffers; it is used
  * by one thread at a time (its kernels use OpenMP and BLAS threads inside).
@@ -25,7 +28,7 @@ typedef struct strata_model strata_model;
 /* Most parameters a model may have (1 GiB of float32). */
 #define STRATA_MODEL_MAX_PARAMS ((size_t)1 << 28)
 
-/* Builds a model from a built-in name ("mlp", "cnn") or, when spec names an
+/* Builds a model from a built-in name ("mlp", "cnn", "resnet") or, when spec names an
  * existing file, from a JSON architecture file. Parameters are zero until
  * strata_model_init_params() or a load. Errors name the offending field. */
 int strata_model_new(const char *spec, strata_model **out, strata_diag *diag);
@@ -54,7 +57,8 @@ strata_tensor_list *strata_model_params(strata_model *m);
 strata_tensor_list *strata_model_grads(strata_model *m);
 
 /* PyTorch's default initialisation: weights and biases uniform in
- * +-1/sqrt(fan_in), drawn from a generator seeded with seed. */
+ * +-1/sqrt(fan_in), drawn from a generator seeded with seed; GroupNorm
+ * weights 1 and biases 0. */
 void strata_model_init_params(strata_model *m, uint64_t seed);
 
 /* Input preprocessing applied after scaling pixels to [0,1]:

@@ -1,0 +1,200 @@
+/* The model's own kernels for GroupNorm, average pooling (on plain images;
+ * oneDNN pools blocked ones) and the residual add. GroupNorm runs on both
+ * layouts: every pass is a loop over (sample, channel) pairs, whose values
+ * lie at base + s * step for the s-th spatial position (step 1 in NCHW,
+ * 16 in nChw16c), so one code serves both kernel sets. Reductions are
+ * sequential within a pair and summed in double: results do not depend on
+ * the thread count. */
+#include "model_internal.h"
+
+#include <math.h>
+#include <string.h>
+
+void strata__add(float *y, const float *a, const float *b, size_t n)
+{
+    if (b == NULL) {
+#pragma omp parallel for schedule(static) if (n >= PAR_MIN)
+        for (size_t i = 0; i < n; i++)
+            y[i] += a[i];
+        return;
+    }
+#pragma omp parallel for schedule(static) if (n >= PAR_MIN)
+    for (size_t i = 0; i < n; i++)
+        y[i] = a[i] + b[i];
+}
+
+void strata__avgpool_forward(const layer *L, const float *x, float *y, size_t B)
+{
+    const int KH = L->kh, KW = L->kw, S = L->stride, W = L->in_w, OH = L->out_h, OW = L->out_w;
+    const size_t planes = B * (size_t)L->in_c, iplane = (size_t)L->in_h * W;
+    const size_t oplane = (size_t)OH * OW;
+    const float inv = 1.0f / (float)(KH * KW);
+#pragma omp parallel for schedule(static) if (planes * iplane >= PAR_MIN)
+    for (size_t pl = 0; pl < planes; pl++) {
+        const float *xp = x + pl * iplane;
+        float *yp = y + pl * oplane;
+        for (int oh = 0; oh < OH; oh++)
+            for (int ow = 0; ow < OW; ow++) {
+                float s = 0.0f;
+                for (int i = 0; i < KH; i++)
+                    for (int j = 0; j < KW; j++)
+                        s += xp[(size_t)(oh * S + i) * W + ow * S + j];
+                yp[oh * OW + ow] = s * inv;
+            }
+    }
+}
+
+void strata__avgpool_backward(const layer *L, const float *dy, float *dx, size_t B)
+{
+    const int KH = L->kh, KW = L->kw, S = L->stride, W = L->in_w, OH = L->out_h, OW = L->out_w;
+    const size_t planes = B * (size_t)L->in_c, iplane = (size_t)L->in_h * W;
+    const size_t oplane = (size_t)OH * OW;
+    const float inv = 1.0f / (float)(KH * KW);
+#pragma omp parallel for schedule(static) if (planes * iplane >= PAR_MIN)
+    for (size_t pl = 0; pl < planes; pl++) {
+        float *dp = dx + pl * iplane;
+        const float *g = dy + pl * oplane;
+        memset(dp, 0, iplane * sizeof(float));
+        for (int oh = 0; oh < OH; oh++)
+            for (int ow = 0; ow < OW; ow++) {
+                const float v = g[oh * OW + ow] * inv;
+                for (int i = 0; i < KH; i++)
+                    for (int j = 0; j < KW; j++)
+                        dp[(size_t)(oh * S + i) * W + ow * S + j] += v;
+            }
+    }
+}
+
+/* Offset of the first value of (sample b, channel c) and the distance
+ * between its spatial positions. */
+static size_t pair_base(size_t C, size_t HW, int blocked, size_t b, size_t c, size_t *step)
+{
+    if (!blocked) {
+        *step = 1;
+        return (b * C + c) * HW;
+    }
+    *step = 16;
+    return (b * (C / 16) + c / 16) * HW * 16 + c % 16;
+}
+
+/* chs[2 * (b * C + c) + {0, 1}] = the sums over the spatial positions of
+ * (sample b, channel c) of u and of u * v (v NULL: u * u). */
+static void pair_sums(const layer *L, const float *u, const float *v, size_t B, int blocked,
+                      double *chs)
+{
+    const size_t C = (size_t)L->in_c, HW = (size_t)L->in_h * L->in_w;
+#pragma omp parallel for schedule(static) if (B * C * HW >= PAR_MIN)
+    for (size_t bc = 0; bc < B * C; bc++) {
+        size_t step;
+        const size_t base = pair_base(C, HW, blocked, bc / C, bc % C, &step);
+        const float *up = u + base, *vp = (v ? v : u) + base;
+        double s1 = 0.0, s2 = 0.0;
+        for (size_t s = 0; s < HW; s++) {
+            s1 += up[s * step];
+            s2 += (double)up[s * step] * vp[s * step];
+        }
+        chs[2 * bc] = s1;
+        chs[2 * bc + 1] = s2;
+    }
+}
+
+/* One pass over the (sample, channel) pairs with a = rstd * gamma[c]:
+ *   forward (in = x):   out = a * x + (beta[c] - mean * a)
+ *   backward (in = dy): out = a * dy + k1 * x + k2, k1 and k2 per group. */
+static void pair_apply(const strata_model *m, const layer *L, const float *in, const float *x,
+                       float *out, size_t B, int blocked, int backward)
+{
+    const size_t C = (size_t)L->in_c, HW = (size_t)L->in_h * L->in_w;
+    const size_t G = (size_t)L->groups, cg = C / G;
+    const float *gamma = m->params.items[L->w].data, *beta = m->params.items[L->b].data;
+    const float *st = L->stats;
+#pragma omp parallel for schedule(static) if (B * C * HW >= PAR_MIN)
+    for (size_t bc = 0; bc < B * C; bc++) {
+        const size_t b = bc / C, c = bc % C, bg = b * G + c / cg;
+        const float mean = st[4 * bg], rstd = st[4 * bg + 1];
+        const float a = rstd * gamma[c];
+        size_t step;
+        const size_t base = pair_base(C, HW, blocked, b, c, &step);
+        const float *ip = in + base;
+        float *op = out + base;
+        if (!backward) {
+            const float k = beta[c] - mean * a;
+            for (size_t s = 0; s < HW; s++)
+                op[s * step] = ip[s * step] * a + k;
+        } else {
+            const float k1 = st[4 * bg + 2], k2 = st[4 * bg + 3];
+            const float *xp = x + base;
+            for (size_t s = 0; s < HW; s++)
+                op[s * step] = a * ip[s * step] + k1 * xp[s * step] + k2;
+        }
+    }
+}
+
+void strata__groupnorm_forward(strata_model *m, layer *L, const float *x, float *y, size_t B,
+                               int blocked)
+{
+    const size_t C = (size_t)L->in_c, HW = (size_t)L->in_h * L->in_w;
+    const size_t G = (size_t)L->groups, cg = C / G;
+    const double n = (double)(cg * HW);
+    pair_sums(L, x, NULL, B, blocked, L->chs);
+    for (size_t bg = 0; bg < B * G; bg++) {
+        double s1 = 0.0, s2 = 0.0;
+        const size_t b = bg / G, g = bg % G;
+        for (size_t c = g * cg; c < (g + 1) * cg; c++) {
+            s1 += L->chs[2 * (b * C + c)];
+            s2 += L->chs[2 * (b * C + c) + 1];
+        }
+        const double mean = s1 / n;
+        double var = s2 / n - mean * mean;
+        if (var < 0.0)
+            var = 0.0;
+        L->stats[4 * bg] = (float)mean;
+        L->stats[4 * bg + 1] = (float)(1.0 / sqrt(var + (double)L->eps));
+    }
+    pair_apply(m, L, x, NULL, y, B, blocked, 0);
+}
+
+/* With xhat = (x - mean) * rstd and N values per group:
+ *   dbeta[c]  = sum over samples and positions of dy
+ *   dgamma[c] = sum of dy * xhat
+ *   dx = rstd * (gamma[c] * dy - A / N - xhat * Bv / N), where A and Bv are
+ *        the group's sums of gamma * dy and of gamma * dy * xhat;
+ * so dx = rstd * gamma[c] * dy + k1 * x + k2 per (sample, group). */
+void strata__groupnorm_backward(strata_model *m, layer *L, const float *x, const float *dy,
+                                float *dx, size_t B, int blocked)
+{
+    const size_t C = (size_t)L->in_c, HW = (size_t)L->in_h * L->in_w;
+    const size_t G = (size_t)L->groups, cg = C / G;
+    const double n = (double)(cg * HW);
+    const float *gamma = m->params.items[L->w].data;
+    float *dgamma = m->grads.items[L->w].data, *dbeta = m->grads.items[L->b].data;
+    double *chs = L->chs;
+    pair_sums(L, dy, x, B, blocked, chs); /* sum dy, sum dy * x */
+    for (size_t c = 0; c < C; c++) {
+        double sg = 0.0, sb = 0.0;
+        for (size_t b = 0; b < B; b++) {
+            const size_t bg = b * G + c / cg;
+            const double mean = L->stats[4 * bg], rstd = L->stats[4 * bg + 1];
+            const double sdy = chs[2 * (b * C + c)], sdyx = chs[2 * (b * C + c) + 1];
+            sg += rstd * (sdyx - mean * sdy);
+            sb += sdy;
+        }
+        dgamma[c] = (float)sg;
+        dbeta[c] = (float)sb;
+    }
+    if (dx == NULL)
+        return;
+    for (size_t bg = 0; bg < B * G; bg++) {
+        const size_t b = bg / G, g = bg % G;
+        const double mean = L->stats[4 * bg], rstd = L->stats[4 * bg + 1];
+        double A = 0.0, Bv = 0.0;
+        for (size_t c = g * cg; c < (g + 1) * cg; c++) {
+            const double sdy = chs[2 * (b * C + c)], sdyx = chs[2 * (b * C + c) + 1];
+            A += gamma[c] * sdy;
+            Bv += gamma[c] * rstd * (sdyx - mean * sdy);
+        }
+        L->stats[4 * bg + 2] = (float)(-rstd * rstd * Bv / n);
+        L->stats[4 * bg + 3] = (float)(-rstd * A / n + rstd * rstd * mean * Bv / n);
+    }
+    pair_apply(m, L, dy, x, dx, B, blocked, 1);
+}
