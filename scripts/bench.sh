@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # Benchmarks (not part of the tests). Builds in Release, then runs:
-#   training throughput: mlp and cnn (STRATA_BENCH_MODELS), batch 32, 1 and
+#   training throughput: mlp, cnn and resnet (STRATA_BENCH_MODELS), batch 32, 1 and
 #   2 threads (STRATA_BENCH_THREADS), median of STRATA_BENCH_REPS (default 5)
 #   repetitions; when Debian's python3-torch is installed (scripts/setup.sh
 #   --bench), PyTorch on the same data, interleaved with Strata's runs, and
 #   the median ratio Strata / PyTorch; also Strata's reference kernels
-#   (OpenBLAS sgemm, im2col) instead of oneDNN.
+#   (OpenBLAS sgemm, im2col) instead of oneDNN. With PyTorch, resnet is
+#   first checked to be the same model: a Strata checkpoint (one short
+#   epoch) loads into tests/bench/torch_train.py's ResNet with
+#   load_state_dict(strict=True) and gives the same test accuracy and loss.
 #   payload: bytes per kept element and encode/decode throughput of the codec
 #   at 1% density on a 1,000,000-element Gaussian tensor.
 #   topk: top-k + error feedback at 1% density on 25,000,000 elements, 1 and
@@ -60,7 +63,25 @@ if [ "$what" = all ] || [ "$what" = train ]; then
         "strata(ref)" "onednn/ref"
     if [ $auto = 1 ]; then printf ' %14s %8s' "strata(auto)" "ratio"; fi
     printf '\n'
-    for model in ${STRATA_BENCH_MODELS:-mlp cnn}; do
+    models=${STRATA_BENCH_MODELS:-mlp cnn resnet}
+    if [ $have_torch = 1 ] && [[ " $models " == *" resnet "* ]]; then
+        tmp=$(mktemp -d)
+        ./build/strata-tool train --model resnet --data "$DATA" --epochs 1 --limit 2000 \
+            --threads 1 --out "$tmp/resnet.safetensors" >/dev/null 2>&1
+        s=$(./build/strata-tool eval --model "$tmp/resnet.safetensors" --data "$DATA" --json 2>/dev/null)
+        t=$(cd tests/bench && /usr/bin/python3 torch_check.py --checkpoint "$tmp/resnet.safetensors" \
+            --data "$DATA")
+        rm -rf "$tmp"
+        echo "resnet in PyTorch (strict load of a Strata checkpoint): test accuracy" \
+            "$(field "$t" accuracy) vs Strata $(field "$s" test_accuracy), loss" \
+            "$(field "$t" loss) vs $(field "$s" test_loss)"
+        if ! awk -v a="$(field "$t" loss)" -v b="$(field "$s" test_loss)" \
+            'BEGIN { d = a - b; exit !(d < 1e-4 && d > -1e-4) }'; then
+            echo "resnet: PyTorch and Strata disagree on the same checkpoint" >&2
+            exit 1
+        fi
+    fi
+    for model in $models; do
         for threads in ${STRATA_BENCH_THREADS:-1 2}; do
             s_all="" t_all="" r_all="" a_all=""
             # One repetition runs every variant once, in turn, so that load

@@ -14,7 +14,7 @@
 #include <string.h>
 
 const char srv_config_usage[] =
-    "usage: strata-server --state-dir DIR --model mlp|cnn|ARCH.json --data DIR [options]\n"
+    "usage: strata-server --state-dir DIR --model mlp|cnn|resnet|ARCH.json --data DIR [options]\n"
     "\n"
     "The Strata federation coordinator: runs rounds of federated averaging over the\n"
     "REST API of schemas/api.md and prints 'strata-server: listening on\n"
@@ -24,7 +24,7 @@ const char srv_config_usage[] =
     "  --config FILE.json        a JSON object with any of the keys below in snake_case\n"
     "                            (\"clients_per_round\": 10); options given here override it\n"
     "  --state-dir DIR           durable state (SQLite, updates, checkpoints); required\n"
-    "  --model SPEC              mlp, cnn or an architecture JSON file; required\n"
+    "  --model SPEC              mlp, cnn, resnet or an architecture JSON file; required\n"
     "  --data DIR                data set directory; its test split is the held-out set; required\n"
     "  --host ADDR               IPv4 address to bind (127.0.0.1)\n"
     "  --port N                  TCP port, 0 picks a free one (0)\n"
@@ -110,7 +110,7 @@ const char srv_config_usage[] =
 #define OFF(f) offsetof(srv_config, f)
 static const strata_opt OPTS[] = {
     {"state_dir", STRATA_OPT_STRING, OFF(state_dir), 0, 0, "DIR", NULL},
-    {"model", STRATA_OPT_STRING, OFF(model), 0, 0, "mlp|cnn|ARCH.json", NULL},
+    {"model", STRATA_OPT_STRING, OFF(model), 0, 0, "mlp|cnn|resnet|ARCH.json", NULL},
     {"data", STRATA_OPT_STRING, OFF(data), 0, 0, "DIR", NULL},
     {"host", STRATA_OPT_STRING, OFF(host), 0, 0, "ADDR", NULL},
     {"port", STRATA_OPT_INTEGER, OFF(port), 0, 65535, "N", NULL},

@@ -58,7 +58,7 @@ _Static_assert(NPASS == SIM_NPASS, "SIM_NPASS counts the PASS table");
 static const strata_opt OWN[] = {
     {"clients", STRATA_OPT_INTEGER, OFF(clients), 1, 1000, "N", "edge clients (10)"},
     {"rounds", STRATA_OPT_INTEGER, OFF(rounds), 1, 100000, "R", "rounds (10)"},
-    {"model", STRATA_OPT_STRING, OFF(model), 0, 0, "SPEC", "mlp (default), cnn or ARCH.json"},
+    {"model", STRATA_OPT_STRING, OFF(model), 0, 0, "SPEC", "mlp (default), cnn, resnet or ARCH.json"},
     {"data", STRATA_OPT_STRING, OFF(data), 0, 0, "DIR", "data set directory; required"},
     {"partition", STRATA_OPT_STRING, OFF(partition), 0, 0, "SPEC",
      "iid (default), dirichlet:ALPHA or shards:S"},
@@ -147,7 +147,7 @@ static void usage(FILE *f)
 {
     strata_buf b;
     strata_buf_init(&b, 1 << 16);
-    fputs("usage: strata-sim --clients N --rounds R --model mlp|cnn|ARCH.json --data DIR "
+    fputs("usage: strata-sim --clients N --rounds R --model mlp|cnn|resnet|ARCH.json --data DIR "
           "[options]\n",
           f);
     if (strata_opts_usage(OWN, NOWN, &b) == STRATA_OK)

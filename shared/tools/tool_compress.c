@@ -515,7 +515,7 @@ typedef struct policy_opts {
 #define OFF(f) offsetof(policy_opts, f)
 static const strata_opt POLICY_OPTS[] = {
     {"model", STRATA_OPT_STRING, OFF(model), 0, 0, "SPEC",
-     "a built-in model (mlp, cnn) or an ARCH.json file;\nrequired"},
+     "a built-in model (mlp, cnn, resnet) or an ARCH.json file;\nrequired"},
     {"policy", STRATA_OPT_STRING, OFF(policy), 0, 0, "SPEC",
      "a budget policy: uniform, legacy-layer,\nlegacy-phase, legacy, lgreco, JSON text or\n"
      "@file.json; required"},

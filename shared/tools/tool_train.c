@@ -21,7 +21,7 @@ typedef struct info_opts {
 
 static const strata_opt INFO_OPTS[] = {
     {"model", STRATA_OPT_STRING, offsetof(info_opts, model), 0, 0, "SPEC",
-     "a built-in model (mlp, cnn), an ARCH.json file or a\n"
+     "a built-in model (mlp, cnn, resnet), an ARCH.json file or a\n"
      ".safetensors file (listed as stored); required"},
     {"json", STRATA_OPT_FLAG, offsetof(info_opts, json), 0, 0, NULL, "print one JSON object"},
 };
@@ -102,7 +102,7 @@ typedef struct train_opts {
 #define OFF(f) offsetof(train_opts, f)
 static const strata_opt TRAIN_OPTS[] = {
     {"model", STRATA_OPT_STRING, OFF(model), 0, 0, "SPEC",
-     "a built-in model (mlp, cnn) or an ARCH.json file;\nrequired"},
+     "a built-in model (mlp, cnn, resnet) or an ARCH.json file;\nrequired"},
     {"data", STRATA_OPT_STRING, OFF(data), 0, 0, "DIR", "data set directory; required"},
     {"epochs", STRATA_OPT_INTEGER, OFF(epochs), 1, 100000, "N", "training epochs; required"},
     {"threads", STRATA_OPT_INTEGER, OFF(threads), 1, 1024, "T",

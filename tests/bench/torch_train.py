@@ -20,7 +20,54 @@ def load(data, limit):
     return torch.from_numpy(x.astype(np.float32) / 255.0), torch.from_numpy(y.astype(np.int64))
 
 
+class BasicBlock(nn.Module):
+    """torchvision's BasicBlock with GroupNorm(8, C) in place of BatchNorm."""
+
+    def __init__(self, cin, cout, stride):
+        super().__init__()
+        self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
+        self.bn1 = nn.GroupNorm(8, cout)
+        self.relu = nn.ReLU()
+        self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
+        self.bn2 = nn.GroupNorm(8, cout)
+        self.downsample = None
+        if stride != 1 or cin != cout:
+            self.downsample = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False),
+                                            nn.GroupNorm(8, cout))
+
+    def forward(self, x):
+        out = self.relu(self.bn1(self.conv1(x)))
+        out = self.bn2(self.conv2(out))
+        return self.relu(out + (x if self.downsample is None else self.downsample(x)))
+
+
+class ResNet(nn.Module):
+    """Strata's built-in resnet (docs/architecture.md): ResNet-18's layout at
+    widths 16, 32, 64, 128 for 1x28x28 inputs."""
+
+    def __init__(self, widths=(16, 32, 64, 128), classes=10):
+        super().__init__()
+        self.conv1 = nn.Conv2d(1, widths[0], 3, 1, 1, bias=False)
+        self.bn1 = nn.GroupNorm(8, widths[0])
+        self.relu = nn.ReLU()
+        cin = widths[0]
+        for i, w in enumerate(widths):
+            stride = 1 if i == 0 else 2
+            setattr(self, f"layer{i + 1}",
+                    nn.Sequential(BasicBlock(cin, w, stride), BasicBlock(w, w, 1)))
+            cin = w
+        self.avgpool = nn.AdaptiveAvgPool2d((1, 1))
+        self.fc = nn.Linear(cin, classes)
+
+    def forward(self, x):
+        x = self.relu(self.bn1(self.conv1(x)))
+        x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
+        return self.fc(torch.flatten(self.avgpool(x), 1))
+
+
 def model(name):
+    if name == "resnet":
+        return ResNet()
     if name == "mlp":
         return nn.Sequential(nn.Flatten(), nn.Linear(784, 200), nn.ReLU(), nn.Linear(200, 200),
                              nn.ReLU(), nn.Linear(200, 10))
