@@ -1,10 +1,10 @@
 /* The model's own kernels for GroupNorm, average pooling (on plain images;
  * oneDNN pools blocked ones) and the residual add. GroupNorm runs on both
- * layouts: every pass is a loop over (sample, channel) pairs, whose values
- * lie at base + s * step for the s-th spatial position (step 1 in NCHW,
- * 16 in nChw16c), so one code serves both kernel sets. Reductions are
- * sequential within a pair and summed in double: results do not depend on
- * the thread count. */
+ * layouts: every pass goes over (sample, channel) pairs, one at a time in
+ * NCHW, 16 at a time in nChw16c (where a block of 16 channels of one
+ * sample is contiguous, position by position). Each pair is summed in
+ * double, sequentially over its positions: results do not depend on the
+ * thread count, and both layouts give the same numbers. */
 #include "model_internal.h"
 
 #include <math.h>
@@ -65,33 +65,43 @@ void strata__avgpool_backward(const layer *L, const float *dy, float *dx, size_t
     }
 }
 
-/* Offset of the first value of (sample b, channel c) and the distance
- * between its spatial positions. */
-static size_t pair_base(size_t C, size_t HW, int blocked, size_t b, size_t c, size_t *step)
-{
-    if (!blocked) {
-        *step = 1;
-        return (b * C + c) * HW;
-    }
-    *step = 16;
-    return (b * (C / 16) + c / 16) * HW * 16 + c % 16;
-}
-
 /* chs[2 * (b * C + c) + {0, 1}] = the sums over the spatial positions of
- * (sample b, channel c) of u and of u * v (v NULL: u * u). */
+ * (sample b, channel c) of u and of u * v (v NULL: u * u). On blocked
+ * images a block of 16 channels is summed together, position by position:
+ * the same additions in the same order, on contiguous memory. */
 static void pair_sums(const layer *L, const float *u, const float *v, size_t B, int blocked,
                       double *chs)
 {
     const size_t C = (size_t)L->in_c, HW = (size_t)L->in_h * L->in_w;
+    if (!v)
+        v = u;
+    if (blocked) {
+        const size_t NB = B * (C / 16);
+#pragma omp parallel for schedule(static) if (B * C * HW >= PAR_MIN)
+        for (size_t blk = 0; blk < NB; blk++) {
+            const float *up = u + blk * HW * 16, *vp = v + blk * HW * 16;
+            double s1[16] = {0}, s2[16] = {0};
+            for (size_t s = 0; s < HW; s++)
+                for (int j = 0; j < 16; j++) {
+                    s1[j] += up[s * 16 + j];
+                    s2[j] += (double)up[s * 16 + j] * vp[s * 16 + j];
+                }
+            /* block blk holds channels 16 * (blk % (C / 16)) + j of sample
+             * blk / (C / 16): pairs blk * 16 + j */
+            for (int j = 0; j < 16; j++) {
+                chs[2 * (blk * 16 + j)] = s1[j];
+                chs[2 * (blk * 16 + j) + 1] = s2[j];
+            }
+        }
+        return;
+    }
 #pragma omp parallel for schedule(static) if (B * C * HW >= PAR_MIN)
     for (size_t bc = 0; bc < B * C; bc++) {
-        size_t step;
-        const size_t base = pair_base(C, HW, blocked, bc / C, bc % C, &step);
-        const float *up = u + base, *vp = (v ? v : u) + base;
+        const float *up = u + bc * HW, *vp = v + bc * HW;
         double s1 = 0.0, s2 = 0.0;
         for (size_t s = 0; s < HW; s++) {
-            s1 += up[s * step];
-            s2 += (double)up[s * step] * vp[s * step];
+            s1 += up[s];
+            s2 += (double)up[s] * vp[s];
         }
         chs[2 * bc] = s1;
         chs[2 * bc + 1] = s2;
@@ -100,32 +110,45 @@ static void pair_sums(const layer *L, const float *u, const float *v, size_t B, 
 
 /* One pass over the (sample, channel) pairs with a = rstd * gamma[c]:
  *   forward (in = x):   out = a * x + (beta[c] - mean * a)
- *   backward (in = dy): out = a * dy + k1 * x + k2, k1 and k2 per group. */
+ *   backward (in = dy): out = a * dy + k1 * x + k2, k1 and k2 per group.
+ * Each pair's coefficients are worked out once; blocked images are passed
+ * through 16 channels at a time. */
 static void pair_apply(const strata_model *m, const layer *L, const float *in, const float *x,
                        float *out, size_t B, int blocked, int backward)
 {
     const size_t C = (size_t)L->in_c, HW = (size_t)L->in_h * L->in_w;
-    const size_t G = (size_t)L->groups, cg = C / G;
+    const size_t G = (size_t)L->groups, cg = C / G, lanes = blocked ? 16 : 1;
     const float *gamma = m->params.items[L->w].data, *beta = m->params.items[L->b].data;
     const float *st = L->stats;
+    /* Runs of `lanes` pairs: one block, or one (sample, channel) pair. */
 #pragma omp parallel for schedule(static) if (B * C * HW >= PAR_MIN)
-    for (size_t bc = 0; bc < B * C; bc++) {
-        const size_t b = bc / C, c = bc % C, bg = b * G + c / cg;
-        const float mean = st[4 * bg], rstd = st[4 * bg + 1];
-        const float a = rstd * gamma[c];
-        size_t step;
-        const size_t base = pair_base(C, HW, blocked, b, c, &step);
-        const float *ip = in + base;
-        float *op = out + base;
-        if (!backward) {
-            const float k = beta[c] - mean * a;
+    for (size_t run = 0; run < B * C / lanes; run++) {
+        float a[16], k0[16], k1[16];
+        for (size_t j = 0; j < lanes; j++) {
+            const size_t bc = run * lanes + j, b = bc / C, c = bc % C, bg = b * G + c / cg;
+            const float mean = st[4 * bg], rstd = st[4 * bg + 1];
+            a[j] = rstd * gamma[c];
+            k0[j] = backward ? st[4 * bg + 3] : beta[c] - mean * a[j];
+            k1[j] = backward ? st[4 * bg + 2] : 0.0f;
+        }
+        const size_t off = run * lanes * HW;
+        const float *ip = in + off, *xp = backward ? x + off : NULL;
+        float *op = out + off;
+        if (lanes == 1) {
+            if (backward)
+                for (size_t s = 0; s < HW; s++)
+                    op[s] = a[0] * ip[s] + k1[0] * xp[s] + k0[0];
+            else
+                for (size_t s = 0; s < HW; s++)
+                    op[s] = ip[s] * a[0] + k0[0];
+        } else if (backward) {
             for (size_t s = 0; s < HW; s++)
-                op[s * step] = ip[s * step] * a + k;
+                for (int j = 0; j < 16; j++)
+                    op[s * 16 + j] = a[j] * ip[s * 16 + j] + k1[j] * xp[s * 16 + j] + k0[j];
         } else {
-            const float k1 = st[4 * bg + 2], k2 = st[4 * bg + 3];
-            const float *xp = x + base;
             for (size_t s = 0; s < HW; s++)
-                op[s * step] = a * ip[s * step] + k1 * xp[s * step] + k2;
+                for (int j = 0; j < 16; j++)
+                    op[s * 16 + j] = ip[s * 16 + j] * a[j] + k0[j];
         }
     }
 }
