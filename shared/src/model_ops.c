@@ -2,9 +2,9 @@
  * oneDNN pools blocked ones) and the residual add. GroupNorm runs on both
  * layouts: every pass goes over (sample, channel) pairs, one at a time in
  * NCHW, 16 at a time in nChw16c (where a block of 16 channels of one
- * sample is contiguous, position by position). Each pair is summed in
- * double, sequentially over its positions: results do not depend on the
- * thread count, and both layouts give the same numbers. */
+ * sample is contiguous, position by position). Each pair is summed in a
+ * fixed order (float partial sums of 64 positions, added in double), so
+ * results do not depend on the thread count. */
 #include "model_internal.h"
 
 #include <math.h>
@@ -65,10 +65,34 @@ void strata__avgpool_backward(const layer *L, const float *dy, float *dx, size_t
     }
 }
 
+/* Adds the sums of u[i * stride + j] and of u * v over i in [0, n) to
+ * s1[j] and s2[j], j < 16: float partial sums over runs of 64 positions
+ * (16 independent lanes, which the compiler vectorises), each run's added
+ * into the double totals. */
+static void lane_sums(const float *u, const float *v, size_t n, size_t stride, double *s1,
+                      double *s2)
+{
+    for (size_t i0 = 0; i0 < n; i0 += 64) {
+        const size_t i1 = i0 + 64 < n ? i0 + 64 : n;
+        float f1[16] = {0}, f2[16] = {0};
+        for (size_t i = i0; i < i1; i++)
+            for (int j = 0; j < 16; j++) {
+                const float x = u[i * stride + j];
+                f1[j] += x;
+                f2[j] += x * v[i * stride + j];
+            }
+        for (int j = 0; j < 16; j++) {
+            s1[j] += f1[j];
+            s2[j] += f2[j];
+        }
+    }
+}
+
 /* chs[2 * (b * C + c) + {0, 1}] = the sums over the spatial positions of
- * (sample b, channel c) of u and of u * v (v NULL: u * u). On blocked
- * images a block of 16 channels is summed together, position by position:
- * the same additions in the same order, on contiguous memory. */
+ * (sample b, channel c) of u and of u * v (v NULL: u * u), in a fixed order
+ * whatever the thread count. Blocked images sum the 16 channels of a block
+ * together, position by position; a plain channel is summed as 16 lanes of
+ * interleaved positions, then the lanes in order. */
 static void pair_sums(const layer *L, const float *u, const float *v, size_t B, int blocked,
                       double *chs)
 {
@@ -76,18 +100,11 @@ static void pair_sums(const layer *L, const float *u, const float *v, size_t B, 
     if (!v)
         v = u;
     if (blocked) {
-        const size_t NB = B * (C / 16);
 #pragma omp parallel for schedule(static) if (B * C * HW >= PAR_MIN)
-        for (size_t blk = 0; blk < NB; blk++) {
-            const float *up = u + blk * HW * 16, *vp = v + blk * HW * 16;
+        for (size_t blk = 0; blk < B * (C / 16); blk++) {
             double s1[16] = {0}, s2[16] = {0};
-            for (size_t s = 0; s < HW; s++)
-                for (int j = 0; j < 16; j++) {
-                    s1[j] += up[s * 16 + j];
-                    s2[j] += (double)up[s * 16 + j] * vp[s * 16 + j];
-                }
-            /* block blk holds channels 16 * (blk % (C / 16)) + j of sample
-             * blk / (C / 16): pairs blk * 16 + j */
+            lane_sums(u + blk * HW * 16, v + blk * HW * 16, HW, 16, s1, s2);
+            /* block blk holds the pairs blk * 16 + j */
             for (int j = 0; j < 16; j++) {
                 chs[2 * (blk * 16 + j)] = s1[j];
                 chs[2 * (blk * 16 + j) + 1] = s2[j];
@@ -98,13 +115,19 @@ static void pair_sums(const layer *L, const float *u, const float *v, size_t B, 
 #pragma omp parallel for schedule(static) if (B * C * HW >= PAR_MIN)
     for (size_t bc = 0; bc < B * C; bc++) {
         const float *up = u + bc * HW, *vp = v + bc * HW;
-        double s1 = 0.0, s2 = 0.0;
-        for (size_t s = 0; s < HW; s++) {
-            s1 += up[s];
-            s2 += (double)up[s] * vp[s];
+        double s1[16] = {0}, s2[16] = {0}, t1 = 0.0, t2 = 0.0;
+        const size_t full = HW / 16;
+        lane_sums(up, vp, full, 16, s1, s2);
+        for (int j = 0; j < 16; j++) {
+            t1 += s1[j];
+            t2 += s2[j];
         }
-        chs[2 * bc] = s1;
-        chs[2 * bc + 1] = s2;
+        for (size_t i = full * 16; i < HW; i++) {
+            t1 += up[i];
+            t2 += (double)up[i] * vp[i];
+        }
+        chs[2 * bc] = t1;
+        chs[2 * bc + 1] = t2;
     }
 }
 
