@@ -43,7 +43,7 @@ static const pass_opt PASS[] = {
     {"screen_factor", "F", "quarantine updates above F times the median norm; 0 = off (10)"},
     {"downlink", "SPEC",
      "downlink compression: none (default) or a compressor\nspec (fp16, topk:D[:VALUES], ...)"},
-    {"downlink_keep", "K", "deltas the coordinator keeps for lagging clients (8)"},
+    {"downlink_keep", "K", "deltas the coordinator keeps for lagging clients (8; 0: all)"},
     {"threads", "N", "the coordinator's evaluation threads (1)"},
     {"http_threads", "N", "the coordinator's request threads (16)"},
 };
