@@ -54,9 +54,9 @@ const char srv_config_usage[] =
     "                            --policy (fp16, bf16, topk:D[:VALUES], qsgd:L, ...):\n"
     "                            each round's change is published once as a delta with\n"
     "                            server-side error feedback (docs/algorithm.md)\n"
-    "  --downlink-keep K         deltas kept for clients that fell behind (8; 0 keeps\n"
-    "                            every delta, so that any client can take a chain\n"
-    "                            whenever it is smaller than the snapshot)\n"
+    "  --downlink-keep K         deltas kept for clients that fell behind: the last K,\n"
+    "                            or with 0 (default) every delta that a chain smaller\n"
+    "                            than the snapshot can still use\n"
     "  --local-epochs N          client epochs per round (1)\n"
     "  --batch N                 client batch size (32)\n"
     "  --lr X                    client learning rate (0.05)\n"
@@ -175,7 +175,7 @@ void srv_config_init(srv_config *cfg)
     cfg->server_opt = strdup("plain");
     cfg->values = strdup("fp32");
     cfg->downlink = strdup("none");
-    cfg->downlink_keep = 8;
+    cfg->downlink_keep = 0;
     cfg->rounds = 30;
     cfg->min_clients = 2;
     cfg->round_deadline = 60;

@@ -8,7 +8,8 @@
  * version V (what GET /v1/models/V serves and what the evaluation
  * measures), server-model-V.safetensors is x at version V,
  * delta-V.bin the payload that turns x̂ of V - 1 into x̂ of V; the last
- * downlink_keep deltas are kept (every one with 0). Version 0's recipe
+ * downlink_keep deltas are kept; with 0, every delta that a chain smaller
+ * than the snapshot can still use (srv__downlink_prune). Version 0's recipe
  * (strata/recipe.h) is checked once at start-up against checkpoint 0. All are written before the
  * store records the close, so a restarted coordinator serves the same bytes.
  *
@@ -152,10 +153,35 @@ void srv__downlink_prune(srv_engine *e, uint64_t v)
     if (v > 0 && strata_store_path(strata_store_dir(e->store), STRATA_STORE_FILE_SERVER_MODEL,
                                    v - 1, 0, path, sizeof(path), NULL) == 0)
         unlink(path);
-    if (e->cfg->downlink_keep > 0 && v > (uint64_t)e->cfg->downlink_keep &&
-        strata_store_path(strata_store_dir(e->store), STRATA_STORE_FILE_DELTA,
-                          v - (uint64_t)e->cfg->downlink_keep, 0, path, sizeof(path), NULL) == 0)
-        unlink(path);
+    if (e->cfg->downlink_keep > 0) {
+        if (v > (uint64_t)e->cfg->downlink_keep &&
+            strata_store_path(strata_store_dir(e->store), STRATA_STORE_FILE_DELTA,
+                              v - (uint64_t)e->cfg->downlink_keep, 0, path, sizeof(path),
+                              NULL) == 0)
+            unlink(path);
+        return;
+    }
+    /* --downlink-keep 0: a delta is kept while some chain ending at v that
+     * holds it is smaller than the snapshot (and within the chain limit);
+     * the first one that is not, and every older one, can never be served
+     * again (chains only grow). */
+    uint64_t snap = e->cache.zst_len, sum = 8, w = v;
+    struct stat st;
+    for (; w >= 1 && v - w < STRATA_DOWNLINK_MAX_CHAIN; w--) {
+        if (strata_store_path(strata_store_dir(e->store), STRATA_STORE_FILE_DELTA, w, 0, path,
+                              sizeof(path), NULL) < 0 ||
+            stat(path, &st) != 0)
+            return; /* already pruned from here down */
+        sum += 4 + (uint64_t)st.st_size;
+        if (sum >= snap)
+            break;
+    }
+    for (; w >= 1; w--) {
+        if (strata_store_path(strata_store_dir(e->store), STRATA_STORE_FILE_DELTA, w, 0, path,
+                              sizeof(path), NULL) < 0 ||
+            unlink(path) != 0)
+            return;
+    }
 }
 
 /* Why version 0 has no recipe, or "" when it has one: checkpoint 0 (x̂ of

@@ -162,8 +162,8 @@ void srv_engine_upload(srv_engine *e, uint64_t client_id, uint32_t round, const 
 /* Answers GET /v1/models/0/init: SRV_OK with version 0's recipe
  * (strata/recipe.h, JSON), counted as downlink; SRV_E_NOT_FOUND when there
  * is none (--downlink none, a version 0 that is not the seeded
- * initialisation) or the deltas from version 0 to the current one are no
- * longer kept; SRV_E_INTERNAL. */
+ * initialisation) or the delta from version 0 to 1 is no longer kept;
+ * SRV_E_INTERNAL. */
 void srv_engine_model_init(srv_engine *e, srv_result *r);
 
 /* Answers a request for the deltas from model version `from` to `to`

@@ -261,8 +261,12 @@ int srv__downlink_close(srv_engine *e, uint32_t r, uint64_t v, strata_train_stat
  * --downlink). */
 void srv__downlink_rollback(srv_engine *e);
 
-/* After version v committed: removes the delta that fell out of the kept
- * window (v - downlink_keep; none with --downlink-keep 0). */
+/* After version v committed (lock held, the new snapshot installed):
+ * removes the delta that fell out of the kept window (v - downlink_keep),
+ * or with --downlink-keep 0 every delta that no chain ending at v smaller
+ * than the zstd snapshot, and of at most STRATA_DOWNLINK_MAX_CHAIN deltas,
+ * can hold (so the kept deltas never add up to much more than one
+ * snapshot on disk). */
 void srv__downlink_prune(srv_engine *e, uint64_t v);
 
 /* ---- admin.c ---- */

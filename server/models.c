@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #define ZSTD_LEVEL 3
 
@@ -159,12 +160,14 @@ void srv_engine_model_init(srv_engine *e, srv_result *r)
     pthread_mutex_lock(&e->mu);
     uint64_t cur = e->version;
     pthread_mutex_unlock(&e->mu);
-    long keep = e->cfg->downlink_keep;
-    if (keep > 0 && cur > (uint64_t)keep) {
+    char path[4096];
+    struct stat st;
+    if (cur > 0 && (strata_store_path(strata_store_dir(e->store), STRATA_STORE_FILE_DELTA, 1, 0,
+                                      path, sizeof(path), NULL) < 0 ||
+                    stat(path, &st) != 0)) {
         srv_result_error(r, SRV_E_NOT_FOUND,
-                         "the deltas from version 0 are not kept (the last %ld are): download "
-                         "/v1/models/%llu",
-                         keep, (unsigned long long)cur);
+                         "the deltas from version 0 are no longer kept: download /v1/models/%llu",
+                         (unsigned long long)cur);
         return;
     }
     uint8_t *buf = malloc(e->recipe_len);

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Version 0 from its seed, and chains instead of snapshots, with real
-# processes on loopback: a coordinator with --downlink topk:0.1
-# --downlink-keep 0 (every delta kept; mlp, uniform 5% uplink, 5 steps a
-# round), restarted on the same state directory between phases:
+# processes on loopback: a coordinator with --downlink topk:0.1 (mlp,
+# uniform 5% uplink, 5 steps a round), restarted on the same state
+# directory between phases:
 #  1. clients A and B start with no model: both build version 0 from its
 #     recipe (GET /v1/models/0/init); round 0 serves no snapshot (its
 #     downlink bytes are exactly the two recipes), and every model they use
@@ -17,7 +17,10 @@
 #     coordinator carries on;
 #  5. restarted with another --seed, version 0 is not that seed's
 #     initialisation: no recipe (404), and a fresh client E takes a
-#     snapshot.
+#     snapshot;
+#  6. with --downlink-keep 0 (the default) the deltas that no chain
+#     smaller than the snapshot can use are removed after a round, and the
+#     recipe with them.
 . "$(dirname "$0")/lib.sh"
 SERVER="$BUILD/strata-server"
 CLIENT="$BUILD/strata-client"
@@ -65,7 +68,7 @@ start_server() { # start_server ROUNDS MIN_CLIENTS [extra options]
     "$SERVER" --state-dir "$STATE" --model mlp --data "$DATA" --port 0 --rounds "$rounds" \
         --min-clients "$minc" --clients-per-round 2 --over-select 10 --min-updates 2 \
         --round-deadline 60 --policy uniform --density 0.05 --max-steps 5 \
-        --downlink topk:0.1 --downlink-keep 0 --enrolment-secret $SECRET "$@" \
+        --downlink topk:0.1 --downlink-keep "${KEEP:-0}" --enrolment-secret $SECRET "$@" \
         >>"$WORK/server.out" 2>>"$WORK/server.err" &
     SPID=$!
     PIDS+=("$SPID")
@@ -160,9 +163,10 @@ grep -Eq "model 4: 4 deltas from version 0, [0-9]+ bytes" "$WORK/C.log" ||
 check_digests A C
 stop_server
 
-# 3. Grow the chain from 0 past the snapshot; then every chain is served
-# exactly when it is smaller than the (zstd) snapshot.
-start_server 12 3 --seed $SEED
+# 3. With every delta kept (--downlink-keep 100), grow the chain from 0
+# past the snapshot; then every chain is served exactly when it is smaller
+# than the (zstd) snapshot.
+KEEP=100 start_server 12 3 --seed $SEED
 start_client A 0
 APID=$LAST
 start_client C 2
@@ -190,7 +194,7 @@ done
 stop_server
 
 # 4. A tampered recipe (through a proxy): D falls back to a snapshot.
-start_server 13 4 --seed $SEED
+KEEP=100 start_server 13 4 --seed $SEED
 PROXIED=0
 if command -v python3 >/dev/null; then
     python3 "$(dirname "$0")/tamper_proxy.py" "$URL" "$WORK/proxy.port" 2>"$WORK/proxy.err" &
@@ -226,7 +230,7 @@ wait_until 30 "the federation to finish" finished
 stop_server
 
 # 5. Another --seed: version 0 is not its initialisation, no recipe.
-start_server 14 5 --seed $((SEED + 1))
+KEEP=100 start_server 14 5 --seed $((SEED + 1))
 grep -q "no recipe for version 0: version 0 .* is not the initialisation from --seed $((SEED + 1))" \
     "$WORK/server.err" || die "the coordinator did not refuse the recipe"
 [ "$("${C[@]}" -o /dev/null -w '%{http_code}' "${AUTH[@]}" "$URL/v1/models/0/init")" = 404 ] ||
@@ -241,5 +245,38 @@ grep -q "model 0: no recipe (HTTP 404): taking the snapshot" "$WORK/E.log" ||
 grep -Eq "model 13: snapshot, [0-9]+ bytes, digest [0-9a-f]+ matches" "$WORK/E.log" ||
     die "E's snapshot was not checked"
 check_digests E
+stop_server
+
+# 6. --downlink-keep 0 (the default) after a round: the deltas no chain
+# smaller than the snapshot can use are removed, the others kept; the
+# recipe is withdrawn once the delta from version 0 is gone.
+start_server 15 5 --seed $SEED
+grep -q "version 0 is the initialisation from --seed $SEED" "$WORK/server.err" ||
+    die "the restarted coordinator did not publish the recipe"
+start_client A 0
+APID=$LAST
+start_client C 2
+CPID=$LAST
+wait_clients "$APID" "$CPID"
+wait_until 30 "the federation to finish" finished
+V=$(version)
+SNAP=$("${C[@]}" -o /dev/null -w '%{size_download}' "${AUTH[@]}" -H "Accept-Encoding: zstd" "$URL/v1/models/$V")
+k=$V sum=8
+while [ -f "$STATE/checkpoints/delta-$k.bin" ]; do
+    sum=$((sum + 4 + $(stat -c %s "$STATE/checkpoints/delta-$k.bin")))
+    k=$((k - 1))
+done
+[ "$k" -ge 1 ] || die "every delta is still kept"
+[ "$k" -lt "$V" ] || die "no delta is kept"
+[ "$sum" -lt "$SNAP" ] || die "the kept deltas ($sum bytes) reach the snapshot ($SNAP)"
+for ((w = 1; w < k; w++)); do
+    [ -f "$STATE/checkpoints/delta-$w.bin" ] && die "delta $w is kept below the gap at $k"
+done
+[ "$("${C[@]}" -o /dev/null -w '%{http_code}' "${AUTH[@]}" "$URL/v1/models/$V/delta?from=$k")" = 200 ] ||
+    die "the chain of every kept delta is not served"
+[ "$("${C[@]}" -o /dev/null -w '%{http_code}' "${AUTH[@]}" "$URL/v1/models/$V/delta?from=$((k - 1))")" = 404 ] ||
+    die "a chain with a removed delta is served"
+[ "$("${C[@]}" -o /dev/null -w '%{http_code}' "${AUTH[@]}" "$URL/v1/models/0/init")" = 404 ] ||
+    die "the recipe is served without the deltas from version 0"
 stop_server
 echo "PASS test_downlink_init (tampered recipe via proxy: $PROXIED, $((SECONDS - T_START)) s)"
