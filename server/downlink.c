@@ -243,12 +243,12 @@ int srv__downlink_recipe(srv_engine *e, strata_diag *d)
     /* The published recipe must rebuild version 0 through the same decoder
      * and builder a client runs. */
     strata_diag bd = {{0}};
-    if (rc == 0 && why[0] == '\0' &&
-        ((rc = strata_recipe_of(seeded, (uint64_t)e->cfg->seed, &rec, d)) < 0 ||
-         (rc = strata_recipe_encode(&rec, &json, &len, d)) < 0))
-        goto out;
     if (rc == 0 && why[0] == '\0') {
-        int brc = strata_recipe_decode(json, len, &dec, &bd);
+        int brc = strata_recipe_of(seeded, (uint64_t)e->cfg->seed, &rec, &bd);
+        if (brc == 0)
+            brc = strata_recipe_encode(&rec, &json, &len, &bd);
+        if (brc == 0)
+            brc = strata_recipe_decode(json, len, &dec, &bd);
         if (brc == 0)
             brc = strata_recipe_build(&dec, SIZE_MAX, &back, &bd);
         if (brc == STRATA_ENOMEM) {
@@ -256,7 +256,7 @@ int srv__downlink_recipe(srv_engine *e, strata_diag *d)
             goto out;
         }
         if (brc < 0)
-            snprintf(why, sizeof(why), "its recipe does not rebuild it (%s)",
+            snprintf(why, sizeof(why), "its recipe cannot be made or does not rebuild it (%s)",
                      strata_diag_msg(&bd, brc));
     }
     if (rc == 0 && why[0] == '\0') {
