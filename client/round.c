@@ -12,6 +12,7 @@
 #include "strata/ef.h"
 #include "strata/log.h"
 #include "strata/payload.h"
+#include "strata/recipe.h"
 #include "strata/train.h"
 
 #include <jansson.h>
@@ -174,11 +175,68 @@ static int fetch_deltas(const strata_client_round_ctx *c, const strata_task *t, 
     return STRATA_OK;
 }
 
+/* For a client that holds no model: builds version 0 from the
+ * coordinator's recipe (GET /v1/models/0/init), checks it against version
+ * 0's digest, and brings it to t's version with the chain of deltas from
+ * version 0. Returns STRATA_OK with *m, or an error after which the caller
+ * takes a snapshot (the reason is logged). *downloaded counts the recipe
+ * and the chain. */
+static int fetch_from_recipe(const strata_client_round_ctx *c, const strata_task *t,
+                             strata_model **m, size_t *downloaded)
+{
+    *m = NULL;
+    *downloaded = 0;
+    uint64_t v = t->model_version;
+    strata_http_response r;
+    strata_diag d = {{0}};
+    int rc = strata_http_request_retry(c->http, "GET", "/v1/models/0/init", NULL, NULL, 0, NULL, 0,
+                                       STRATA_RECIPE_MAX_BYTES, 0, 30.0, &r, &d);
+    if (rc < 0) {
+        strata_log_warn("model 0: recipe: %s; taking the snapshot", strata_diag_msg(&d, rc));
+        return rc;
+    }
+    if (r.status != 200) {
+        strata_log_info("model 0: no recipe (HTTP %ld): taking the snapshot", r.status);
+        strata_http_response_cleanup(&r);
+        return STRATA_ESTATE;
+    }
+    *downloaded = r.len;
+    strata_recipe rec;
+    strata_model *m0 = NULL;
+    rc = strata_recipe_decode((const char *)r.body, r.len, &rec, &d);
+    strata_http_response_cleanup(&r);
+    if (rc == 0)
+        rc = strata_recipe_build(&rec, STRATA_CLIENT_MAX_BODY / sizeof(float), &m0, &d);
+    if (rc == 0 && v == 0 && t->model_digest[0] != '\0' && strcmp(rec.digest, t->model_digest) != 0)
+        rc = strata_diag_set(&d, STRATA_EPROTO, "the recipe's digest is not the task's");
+    if (rc < 0) {
+        strata_log_warn("model 0 from its recipe failed: %s; taking the snapshot",
+                        strata_diag_msg(&d, rc));
+        strata_recipe_cleanup(&rec);
+        return rc;
+    }
+    strata_log_info("model 0: built from its recipe (%zu bytes, init seed %llu), digest %s "
+                    "matches",
+                    *downloaded, (unsigned long long)rec.seed, rec.digest);
+    strata_recipe_cleanup(&rec);
+    cache_model(c, m0, 0);
+    if (v == 0) {
+        *m = m0;
+        return STRATA_OK;
+    }
+    strata_model_free(m0);
+    size_t got = 0;
+    rc = fetch_deltas(c, t, 0, m, &got);
+    *downloaded += got;
+    return rc;
+}
+
 /* Gets the model of task t: deltas from the cached version when the
- * coordinator publishes them, else (or when they fail) the snapshot; the
- * result is checked against the task's digest, and a cached copy that does
- * not match is replaced by a fresh snapshot (logged). *downloaded is the
- * bytes received. */
+ * coordinator publishes them, version 0 built from its recipe and the
+ * deltas from there when the client holds no model, else (or when they
+ * fail) the snapshot; the result is checked against the task's digest,
+ * and a cached copy that does not match is replaced by a fresh snapshot
+ * (logged). *downloaded is the bytes received. */
 static int fetch_model(const strata_client_round_ctx *c, const strata_task *t, strata_model **m,
                        size_t *downloaded)
 {
@@ -189,9 +247,15 @@ static int fetch_model(const strata_client_round_ctx *c, const strata_task *t, s
     unsigned long long u = 0;
     strata_client_state_model_etag(c->state, etag, sizeof(etag));
     size_t got = 0;
-    if (t->downlink && sscanf(etag, "\"m%llu\"", &u) == 1 && u < v &&
-        fetch_deltas(c, t, u, m, &got) == STRATA_OK) {
+    int have = sscanf(etag, "\"m%llu\"", &u) == 1;
+    if (t->downlink && have && u < v && fetch_deltas(c, t, u, m, &got) == STRATA_OK) {
         *downloaded = got;
+        return STRATA_OK;
+    }
+    *downloaded += got;
+    got = 0;
+    if (t->downlink && !have && fetch_from_recipe(c, t, m, &got) == STRATA_OK) {
+        *downloaded += got;
         return STRATA_OK;
     }
     *downloaded += got;

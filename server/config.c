@@ -54,7 +54,9 @@ const char srv_config_usage[] =
     "                            --policy (fp16, bf16, topk:D[:VALUES], qsgd:L, ...):\n"
     "                            each round's change is published once as a delta with\n"
     "                            server-side error feedback (docs/algorithm.md)\n"
-    "  --downlink-keep K         deltas kept for clients that fell behind (8)\n"
+    "  --downlink-keep K         deltas kept for clients that fell behind: the last K,\n"
+    "                            or with 0 (default) every delta that a chain smaller\n"
+    "                            than the snapshot can still use\n"
     "  --local-epochs N          client epochs per round (1)\n"
     "  --batch N                 client batch size (32)\n"
     "  --lr X                    client learning rate (0.05)\n"
@@ -127,7 +129,7 @@ static const strata_opt OPTS[] = {
     {"density", STRATA_OPT_DOUBLE, OFF(density), 1e-12, 1, "D", NULL},
     {"values", STRATA_OPT_STRING, OFF(values), 0, 0, "F", NULL},
     {"downlink", STRATA_OPT_STRING, OFF(downlink), 0, 0, "SPEC", NULL},
-    {"downlink_keep", STRATA_OPT_INTEGER, OFF(downlink_keep), 1, 4096, "K", NULL},
+    {"downlink_keep", STRATA_OPT_INTEGER, OFF(downlink_keep), 0, 4096, "K", NULL},
     {"local_epochs", STRATA_OPT_INTEGER, OFF(local_epochs), 1, 1000, "N", NULL},
     {"batch", STRATA_OPT_INTEGER, OFF(batch), 1, 1 << 20, "N", NULL},
     {"lr", STRATA_OPT_DOUBLE, OFF(lr), 0, 1e6, "X", NULL},
@@ -173,7 +175,7 @@ void srv_config_init(srv_config *cfg)
     cfg->server_opt = strdup("plain");
     cfg->values = strdup("fp32");
     cfg->downlink = strdup("none");
-    cfg->downlink_keep = 8;
+    cfg->downlink_keep = 0;
     cfg->rounds = 30;
     cfg->min_clients = 2;
     cfg->round_deadline = 60;

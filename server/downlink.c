@@ -8,8 +8,10 @@
  * version V (what GET /v1/models/V serves and what the evaluation
  * measures), server-model-V.safetensors is x at version V,
  * delta-V.bin the payload that turns x̂ of V - 1 into x̂ of V; the last
- * downlink_keep deltas are kept. All are written before the store records
- * the close, so a restarted coordinator serves the same bytes.
+ * downlink_keep deltas are kept; with 0, every delta that a chain smaller
+ * than the snapshot can still use (srv__downlink_prune). Version 0's recipe
+ * (strata/recipe.h) is checked once at start-up against checkpoint 0. All are written before the
+ * store records the close, so a restarted coordinator serves the same bytes.
  *
  * May call: the store (paths), libstrata (downlink, checkpoint,
  * safetensors, payload, fileio, train, log). */
@@ -18,8 +20,10 @@
 #include "strata/checkpoint.h"
 #include "strata/fileio.h"
 #include "strata/log.h"
+#include "strata/recipe.h"
 #include "strata/safetensors.h"
 
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -149,8 +153,129 @@ void srv__downlink_prune(srv_engine *e, uint64_t v)
     if (v > 0 && strata_store_path(strata_store_dir(e->store), STRATA_STORE_FILE_SERVER_MODEL,
                                    v - 1, 0, path, sizeof(path), NULL) == 0)
         unlink(path);
-    if (v > (uint64_t)e->cfg->downlink_keep &&
-        strata_store_path(strata_store_dir(e->store), STRATA_STORE_FILE_DELTA,
-                          v - (uint64_t)e->cfg->downlink_keep, 0, path, sizeof(path), NULL) == 0)
-        unlink(path);
+    if (e->cfg->downlink_keep > 0) {
+        if (v > (uint64_t)e->cfg->downlink_keep &&
+            strata_store_path(strata_store_dir(e->store), STRATA_STORE_FILE_DELTA,
+                              v - (uint64_t)e->cfg->downlink_keep, 0, path, sizeof(path),
+                              NULL) == 0)
+            unlink(path);
+        return;
+    }
+    /* --downlink-keep 0: a delta is kept while some chain ending at v that
+     * holds it is smaller than the snapshot (and within the chain limit);
+     * the first one that is not, and every older one, can never be served
+     * again (chains only grow). */
+    uint64_t snap = e->cache.zst_len, sum = 8, w = v;
+    struct stat st;
+    for (; w >= 1 && v - w < STRATA_DOWNLINK_MAX_CHAIN; w--) {
+        if (strata_store_path(strata_store_dir(e->store), STRATA_STORE_FILE_DELTA, w, 0, path,
+                              sizeof(path), NULL) < 0 ||
+            stat(path, &st) != 0)
+            return; /* already pruned from here down */
+        sum += 4 + (uint64_t)st.st_size;
+        if (sum >= snap)
+            break;
+    }
+    for (; w >= 1; w--) {
+        if (strata_store_path(strata_store_dir(e->store), STRATA_STORE_FILE_DELTA, w, 0, path,
+                              sizeof(path), NULL) < 0 ||
+            unlink(path) != 0)
+            return;
+    }
+}
+
+/* Why version 0 has no recipe, or "" when it has one: checkpoint 0 (x̂ of
+ * version 0) against the seeded model, then the deltas from version 0. */
+static int recipe_check(srv_engine *e, const strata_model *seeded, char *why, size_t cap,
+                        strata_diag *d)
+{
+    char path[4096];
+    strata_model *m0 = NULL;
+    strata_diag ld = {{0}};
+    int rc = strata_store_checkpoint_path(e->store, 0, path, sizeof(path), &ld);
+    if (rc == 0)
+        rc = strata_checkpoint_load(path, &m0, &ld);
+    if (rc == STRATA_ENOMEM)
+        return strata_diag_set(d, rc, "version 0: out of memory");
+    if (rc < 0) {
+        snprintf(why, cap, "version 0 cannot be read (%s)", strata_diag_msg(&ld, rc));
+        return 0;
+    }
+    float m_a, s_a, m_b, s_b;
+    strata_model_get_normalization(m0, &m_a, &s_a);
+    strata_model_get_normalization(seeded, &m_b, &s_b);
+    char h0[STRATA_DIGEST_HEX_SIZE], hs[STRATA_DIGEST_HEX_SIZE];
+    strata_downlink_digest(strata_model_params(m0), h0);
+    strata_downlink_digest(strata_model_params((strata_model *)seeded), hs);
+    if (strcmp(strata_model_arch(m0), strata_model_arch(seeded)) != 0)
+        snprintf(why, cap, "version 0 has another architecture than --model");
+    else if (memcmp(&m_a, &m_b, sizeof(m_a)) != 0 || memcmp(&s_a, &s_b, sizeof(s_a)) != 0)
+        snprintf(why, cap, "version 0 has another normalisation than the test split's");
+    else if (strcmp(h0, hs) != 0)
+        snprintf(why, cap,
+                 "version 0 (digest %.16s...) is not the initialisation from --seed "
+                 "%ld (%.16s...)",
+                 h0, e->cfg->seed, hs);
+    strata_model_free(m0);
+    struct stat st;
+    if (why[0] == '\0' && e->version > 0 &&
+        (strata_store_path(strata_store_dir(e->store), STRATA_STORE_FILE_DELTA, 1, 0, path,
+                           sizeof(path), NULL) < 0 ||
+         stat(path, &st) != 0))
+        snprintf(why, cap, "the delta from version 0 to 1 is not kept");
+    return 0;
+}
+
+int srv__downlink_recipe(srv_engine *e, strata_diag *d)
+{
+    if (e->xhat == NULL)
+        return 0;
+    strata_model *seeded = NULL, *back = NULL;
+    strata_recipe rec, dec;
+    memset(&rec, 0, sizeof(rec));
+    memset(&dec, 0, sizeof(dec));
+    char why[512] = "";
+    char *json = NULL;
+    size_t len = 0;
+    int rc = srv__seeded_model(e, &seeded, d);
+    if (rc == 0)
+        rc = recipe_check(e, seeded, why, sizeof(why), d);
+    /* The published recipe must rebuild version 0 through the same decoder
+     * and builder a client runs. */
+    strata_diag bd = {{0}};
+    if (rc == 0 && why[0] == '\0') {
+        int brc = strata_recipe_of(seeded, (uint64_t)e->cfg->seed, &rec, &bd);
+        if (brc == 0)
+            brc = strata_recipe_encode(&rec, &json, &len, &bd);
+        if (brc == 0)
+            brc = strata_recipe_decode(json, len, &dec, &bd);
+        if (brc == 0)
+            brc = strata_recipe_build(&dec, SIZE_MAX, &back, &bd);
+        if (brc == STRATA_ENOMEM) {
+            rc = strata_diag_set(d, brc, "version 0's recipe: out of memory");
+            goto out;
+        }
+        if (brc < 0)
+            snprintf(why, sizeof(why), "its recipe cannot be made or does not rebuild it (%s)",
+                     strata_diag_msg(&bd, brc));
+    }
+    if (rc == 0 && why[0] == '\0') {
+        e->recipe = json;
+        e->recipe_len = len;
+        json = NULL;
+        strata_log_info("version 0 is the initialisation from --seed %ld (digest %.16s...): "
+                        "clients without a model build it (GET /v1/models/0/init)",
+                        e->cfg->seed, rec.digest);
+    } else if (rc == 0) {
+        strata_log_info("no recipe for version 0: %s; clients without a model download a "
+                        "snapshot",
+                        why);
+    }
+out:
+    free(json);
+    strata_recipe_cleanup(&rec);
+    strata_recipe_cleanup(&dec);
+    strata_model_free(seeded);
+    strata_model_free(back);
+    return rc;
 }

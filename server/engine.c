@@ -23,6 +23,24 @@ void srv__opt_path(const srv_engine *e, uint64_t v, char *buf, size_t cap)
         buf[0] = '\0';
 }
 
+int srv__seeded_model(const srv_engine *e, strata_model **out, strata_diag *d)
+{
+    *out = NULL;
+    strata_model *m = NULL;
+    int rc = strata_model_new(e->cfg->model, &m, d);
+    if (rc < 0)
+        return rc;
+    strata_model_init_params(m, (uint64_t)e->cfg->seed);
+    double mean = 0, sd = 1;
+    if ((rc = strata_dataset_stats(&e->test, &mean, &sd)) < 0 ||
+        (rc = strata_model_set_normalization(m, (float)mean, sd > 0 ? (float)sd : 1.0f)) < 0) {
+        strata_model_free(m);
+        return rc;
+    }
+    *out = m;
+    return 0;
+}
+
 /* The global model: the latest checkpoint of the state directory (which
  * must hold cfg's architecture), or a new one, initialised from the seed
  * and normalised with the test split's statistics, saved as version 0. */
@@ -49,13 +67,7 @@ static int load_model(srv_engine *e, strata_diag *d)
                                    "model: the state directory holds a different architecture");
         e->version = latest;
     } else {
-        if ((rc = strata_model_new(cfg->model, &e->model, d)) < 0)
-            return rc;
-        strata_model_init_params(e->model, (uint64_t)cfg->seed);
-        double mean = 0, sd = 1;
-        if ((rc = strata_dataset_stats(&e->test, &mean, &sd)) < 0 ||
-            (rc = strata_model_set_normalization(e->model, (float)mean,
-                                                 sd > 0 ? (float)sd : 1.0f)) < 0)
+        if ((rc = srv__seeded_model(e, &e->model, d)) < 0)
             return rc;
         if ((rc = strata_store_checkpoint_path(e->store, 0, path, sizeof(path), d)) < 0 ||
             (rc = strata_checkpoint_save(e->model, path, d)) < 0 ||
@@ -154,7 +166,7 @@ int srv_engine_open(const srv_config *cfg, srv_engine **out, strata_diag *d)
     if ((rc = strata_data_load_dir(cfg->data, "test", 0, &e->test, d)) < 0)
         goto fail;
     if ((rc = load_model(e, d)) < 0 || (rc = derive_limits(e)) < 0 ||
-        (rc = srv__downlink_load(e, d)) < 0)
+        (rc = srv__downlink_load(e, d)) < 0 || (rc = srv__downlink_recipe(e, d)) < 0)
         goto fail;
     if ((rc = strata_agg_new(strata_model_params(e->model), &e->agg)) < 0)
         goto fail;
@@ -225,6 +237,7 @@ void srv_engine_free(srv_engine *e)
     strata_dataset_cleanup(&e->test);
     strata_model_free(e->model);
     strata_model_free(e->xhat);
+    free(e->recipe);
     strata_tensor_list_cleanup(&e->xhat_rollback);
     strata_policy_free(e->policy);
     strata_agg_free(e->agg);

@@ -159,13 +159,21 @@ void srv_engine_upload(srv_engine *e, uint64_t client_id, uint32_t round, const 
 
 /* ---- models (models.c) ---- */
 
+/* Answers GET /v1/models/0/init: SRV_OK with version 0's recipe
+ * (strata/recipe.h, JSON), counted as downlink; SRV_E_NOT_FOUND when there
+ * is none (--downlink none, a version 0 that is not the seeded
+ * initialisation) or the delta from version 0 to 1 is no longer kept;
+ * SRV_E_INTERNAL. */
+void srv_engine_model_init(srv_engine *e, srv_result *r);
+
 /* Answers a request for the deltas from model version `from` to `to`
  * (GET /v1/models/{to}/delta?from=from; from < to, checked by the caller)
  * as one chain (strata/downlink.h): SRV_OK with the chain and the ETag
  * "d<from>-<to>" (quoted); SRV_NOT_MODIFIED when if_none_match is that
  * ETag; SRV_E_NOT_FOUND (the client takes the snapshot instead) when the
  * coordinator publishes no deltas (--downlink none), `to` is newer than
- * the current version, a delta of the chain is no longer kept, or the
+ * the current version, a delta of the chain is no longer kept, the chain
+ * would be longer than STRATA_DOWNLINK_MAX_CHAIN deltas, or the
  * chain would not be smaller than the current snapshot (zstd); SRV_E_INTERNAL.
  * Reads the delta files without the engine lock. */
 void srv_engine_model_delta(srv_engine *e, uint64_t to, uint64_t from, const char *if_none_match,

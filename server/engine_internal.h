@@ -183,6 +183,11 @@ struct srv_engine {
     strata_model *xhat;
     strata_tensor_list xhat_rollback; /* x̂ before a close's step */
     char digest[STRATA_DIGEST_HEX_SIZE];
+    /* Version 0's recipe (strata/recipe.h, GET /v1/models/0/init): set at
+     * start-up when version 0 is the seeded initialisation, else NULL;
+     * never changed afterwards (read without the lock). */
+    char *recipe;
+    size_t recipe_len;
 
     /* ---- metrics.c: counters (atomics; no lock) ---- */
     _Atomic int64_t ctr[SRV_CTR_COUNT], pending[SRV_CTR_COUNT];
@@ -213,6 +218,12 @@ void srv__result_json(srv_result *r, srv_outcome o, struct json_t *j);
  * that composes it. */
 void srv__opt_path(const srv_engine *e, uint64_t v, char *buf, size_t cap);
 
+/* The model a fresh federation starts from: cfg's architecture,
+ * strata_model_init_params with cfg's seed, normalised with the test split's
+ * statistics. *out is new (strata_model_free). Errors: the model
+ * builder's. */
+int srv__seeded_model(const srv_engine *e, strata_model **out, strata_diag *d);
+
 /* ---- downlink.c ---- */
 
 /* The model the clients download and train from: xhat with --downlink,
@@ -226,6 +237,15 @@ strata_model *srv__served_model(const srv_engine *e);
  * checkpoint and safetensors readers; STRATA_EINVAL for an x of another
  * layout. */
 int srv__downlink_load(srv_engine *e, strata_diag *d);
+
+/* Start-up, after srv__downlink_load: with --downlink, sets e->recipe when
+ * version 0's checkpoint is exactly the seeded initialisation
+ * (srv__seeded_model: same architecture, normalisation and digest) and the
+ * deltas from version 0 are all on disk; logs which. A state directory
+ * whose version 0 differs (another seed, a model loaded from elsewhere, a
+ * version 0 no longer kept) leaves it NULL: clients take snapshots.
+ * Errors: STRATA_ENOMEM (a failed check is not an error). */
+int srv__downlink_recipe(srv_engine *e, strata_diag *d);
 
 /* Closing round r into version v, after the server step moved model (x)
  * and its evaluation is in *st: with --downlink, compresses x - x̂ into
@@ -241,8 +261,12 @@ int srv__downlink_close(srv_engine *e, uint32_t r, uint64_t v, strata_train_stat
  * --downlink). */
 void srv__downlink_rollback(srv_engine *e);
 
-/* After version v committed: removes the delta that fell out of the kept
- * window (v - downlink_keep). */
+/* After version v committed (lock held, the new snapshot installed):
+ * removes the delta that fell out of the kept window (v - downlink_keep),
+ * or with --downlink-keep 0 every delta that no chain ending at v smaller
+ * than the zstd snapshot, and of at most STRATA_DOWNLINK_MAX_CHAIN deltas,
+ * can hold (so the kept deltas never add up to much more than one
+ * snapshot on disk). */
 void srv__downlink_prune(srv_engine *e, uint64_t v);
 
 /* ---- admin.c ---- */

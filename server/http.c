@@ -104,6 +104,7 @@ typedef enum {
     R_TASKS,
     R_MODEL,
     R_DELTA,
+    R_INIT,
     R_ROUNDS,
     R_ROUND,
     R_UPDATES,
@@ -180,6 +181,8 @@ static route match(const char *url, unsigned long long *arg, const char **method
     if (strncmp(url, "/v1/models/", 11) == 0) {
         const char *s = url + 11;
         const char *slash = strchr(s, '/');
+        if (slash != NULL && strcmp(slash, "/init") == 0)
+            return slash - s == 1 && s[0] == '0' ? R_INIT : R_NONE;
         if (slash != NULL)
             return strcmp(slash, "/delta") == 0 &&
                            parse_id(s, (size_t)(slash - s), (unsigned long long)INT64_MAX, arg) == 0
@@ -475,6 +478,9 @@ static void dispatch(srv_http *h, struct MHD_Connection *c, req *q, srv_result *
             e, q->arg, a,
             MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_IF_NONE_MATCH), r);
         break;
+    case R_INIT:
+        srv_engine_model_init(e, r);
+        break;
     case R_ROUNDS:
         if (query_ulong(c, "from", 0, UINT32_MAX, &a) < 0 ||
             query_ulong(c, "limit", 100, 1000, &b) < 0 || b == 0) {
@@ -636,8 +642,8 @@ static int check_headers(srv_http *h, struct MHD_Connection *c, req *q, const ch
 {
     const char *allowed;
     q->rt = match(url, &q->arg, &allowed);
-    q->acc = q->rt == R_TASKS || q->rt == R_MODEL || q->rt == R_DELTA || q->rt == R_UPDATES ||
-                     q->rt == R_SKIP
+    q->acc = q->rt == R_TASKS || q->rt == R_MODEL || q->rt == R_DELTA || q->rt == R_INIT ||
+                     q->rt == R_UPDATES || q->rt == R_SKIP
                  ? A_CLIENT
              : q->rt == R_ADMIN_ACTION || q->rt == R_ADMIN_CONFIG ? A_ADMIN
                                                                   : A_PUBLIC;

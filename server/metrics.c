@@ -200,8 +200,8 @@ void srv_engine_metrics(srv_engine *e, srv_result *r)
         {"bytes_sent_total", "Response body bytes sent."},
         {"uplink_bytes_total", "Bytes of accepted update bodies (payloads)."},
         {"downlink_bytes_total",
-         "Bytes of model snapshot and delta-chain bodies sent (200 answers of GET "
-         "/v1/models/{v} and /v1/models/{v}/delta)."},
+         "Bytes of model snapshot, delta-chain and recipe bodies sent (200 answers of GET "
+         "/v1/models/{v}, /v1/models/{v}/delta and /v1/models/0/init)."},
         {"dense_fedavg_bytes_total",
          "Bytes dense FedAvg would have sent both ways in the closed rounds (participants x "
          "parameters x 4, up and down): the reference of the compression ratios."},

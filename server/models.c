@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #define ZSTD_LEVEL 3
 
@@ -146,6 +147,39 @@ void srv_engine_model(srv_engine *e, uint64_t version, int want_zstd, const char
     snprintf(r->etag, sizeof(r->etag), "%s", etag);
 }
 
+void srv_engine_model_init(srv_engine *e, srv_result *r)
+{
+    if (e->recipe == NULL) {
+        srv_result_error(r, SRV_E_NOT_FOUND,
+                         e->xhat == NULL ? "this coordinator publishes no deltas (--downlink "
+                                           "none): download /v1/models/0"
+                                         : "version 0 is not the seeded initialisation (see the "
+                                           "coordinator's log): download a snapshot");
+        return;
+    }
+    pthread_mutex_lock(&e->mu);
+    uint64_t cur = e->version;
+    pthread_mutex_unlock(&e->mu);
+    char path[4096];
+    struct stat st;
+    if (cur > 0 && (strata_store_path(strata_store_dir(e->store), STRATA_STORE_FILE_DELTA, 1, 0,
+                                      path, sizeof(path), NULL) < 0 ||
+                    stat(path, &st) != 0)) {
+        srv_result_error(r, SRV_E_NOT_FOUND,
+                         "the deltas from version 0 are no longer kept: download /v1/models/%llu",
+                         (unsigned long long)cur);
+        return;
+    }
+    uint8_t *buf = malloc(e->recipe_len);
+    if (buf == NULL) {
+        srv_result_internal(r, strata_strerror(STRATA_ENOMEM));
+        return;
+    }
+    memcpy(buf, e->recipe, e->recipe_len);
+    srv_result_take(r, SRV_OK, SRV_MEDIA_JSON, buf, e->recipe_len);
+    r->downlink = 1;
+}
+
 /* Largest delta file read back. */
 #define DELTA_MAX ((size_t)1 << 31)
 
@@ -172,11 +206,12 @@ void srv_engine_model_delta(srv_engine *e, uint64_t to, uint64_t from, const cha
                          (unsigned long long)to, (unsigned long long)cur);
         return;
     }
-    if (to - from > (uint64_t)e->cfg->downlink_keep) {
+    if (to - from > STRATA_DOWNLINK_MAX_CHAIN ||
+        (e->cfg->downlink_keep > 0 && to - from > (uint64_t)e->cfg->downlink_keep)) {
         srv_result_error(r, SRV_E_NOT_FOUND,
-                         "the deltas from version %llu are not kept (the last %ld are): "
-                         "download /v1/models/%llu",
-                         (unsigned long long)from, e->cfg->downlink_keep, (unsigned long long)to);
+                         "the deltas from version %llu are not kept or too many for one "
+                         "chain: download /v1/models/%llu",
+                         (unsigned long long)from, (unsigned long long)to);
         return;
     }
     if (inm != NULL && strcmp(inm, etag) == 0) {
@@ -188,7 +223,8 @@ void srv_engine_model_delta(srv_engine *e, uint64_t to, uint64_t from, const cha
     uint8_t **parts = calloc(n, sizeof(*parts));
     size_t *lens = calloc(n, sizeof(*lens));
     int rc = parts && lens ? 0 : STRATA_ENOMEM, missing = 0;
-    for (size_t i = 0; rc == 0 && i < n; i++) {
+    /* Reading stops as soon as the chain is no smaller than the snapshot. */
+    for (size_t i = 0; rc == 0 && i < n && total < snapshot; i++) {
         char path[4096];
         rc = strata_store_path(strata_store_dir(e->store), STRATA_STORE_FILE_DELTA, from + 1 + i, 0,
                                path, sizeof(path), NULL);

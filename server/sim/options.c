@@ -43,7 +43,9 @@ static const pass_opt PASS[] = {
     {"screen_factor", "F", "quarantine updates above F times the median norm; 0 = off (10)"},
     {"downlink", "SPEC",
      "downlink compression: none (default) or a compressor\nspec (fp16, topk:D[:VALUES], ...)"},
-    {"downlink_keep", "K", "deltas the coordinator keeps for lagging clients (8)"},
+    {"downlink_keep", "K",
+     "deltas the coordinator keeps for lagging clients: the last K,\nor with 0 (default) all a "
+     "chain smaller than the snapshot can use"},
     {"threads", "N", "the coordinator's evaluation threads (1)"},
     {"http_threads", "N", "the coordinator's request threads (16)"},
 };
@@ -58,7 +60,8 @@ _Static_assert(NPASS == SIM_NPASS, "SIM_NPASS counts the PASS table");
 static const strata_opt OWN[] = {
     {"clients", STRATA_OPT_INTEGER, OFF(clients), 1, 1000, "N", "edge clients (10)"},
     {"rounds", STRATA_OPT_INTEGER, OFF(rounds), 1, 100000, "R", "rounds (10)"},
-    {"model", STRATA_OPT_STRING, OFF(model), 0, 0, "SPEC", "mlp (default), cnn, resnet or ARCH.json"},
+    {"model", STRATA_OPT_STRING, OFF(model), 0, 0, "SPEC",
+     "mlp (default), cnn, resnet or ARCH.json"},
     {"data", STRATA_OPT_STRING, OFF(data), 0, 0, "DIR", "data set directory; required"},
     {"partition", STRATA_OPT_STRING, OFF(partition), 0, 0, "SPEC",
      "iid (default), dirichlet:ALPHA or shards:S"},

@@ -48,7 +48,9 @@ static const parse_case CASES[] = {
     {{BASE, "--downlink", "fp16", NULL}, 0, NULL},
     {{BASE, "--downlink", "topk", NULL}, STRATA_EINVAL, "downlink: compressor 'topk'"},
     {{BASE, "--downlink", "zip", NULL}, STRATA_EINVAL, "downlink: compressor 'zip'"},
-    {{BASE, "--downlink-keep", "0", NULL}, STRATA_EINVAL, "--downlink-keep"},
+    {{BASE, "--downlink", "topk:0.01", "--downlink-keep", "0", NULL}, 0, NULL},
+    {{BASE, "--downlink-keep", "-1", NULL}, STRATA_EINVAL, "--downlink-keep"},
+    {{BASE, "--downlink-keep", "4097", NULL}, STRATA_EINVAL, "--downlink-keep"},
 };
 
 static void test_parse_table(void)
