@@ -9,6 +9,7 @@
 
 #include <cblas.h>
 #include <jansson.h>
+#include <limits.h>
 #include <math.h>
 #include <omp.h>
 #include <stdio.h>
@@ -753,7 +754,7 @@ static int ensure_batch(strata_model *m, size_t batch)
         return STRATA_OK;
     /* Every buffer, and every BLAS dimension (an int), must stay below 2^31
      * elements. */
-    const size_t cap = (size_t)1 << 31;
+    const size_t cap = (size_t)INT_MAX;
     if (batch > ((size_t)1 << 20) || m->max_dim > cap / batch)
         return STRATA_ETOOBIG;
     for (int i = 0; i < m->nlayers; i++)

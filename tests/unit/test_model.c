@@ -208,6 +208,19 @@ static void test_count_and_limits(void)
     CU_ASSERT_EQUAL(strata_model_from_json(huge, strlen(huge), &m, &d), STRATA_ETOOBIG);
     CU_ASSERT_PTR_NULL(m);
 
+    /* 2^24 values per sample in a batch of 128: 2^31 floats per activation,
+     * one more than an int (a BLAS dimension) holds; refused before anything
+     * is allocated or any input read. */
+    const char *wide = "{\"input\":[1,4096,4096],\"layers\":[{\"type\":\"conv2d\",\"name\":"
+                       "\"c\",\"out_channels\":1,\"kernel_size\":1}]}";
+    CU_ASSERT_EQUAL_FATAL(strata_model_from_json(wide, strlen(wide), &m, &d), STRATA_OK);
+    strata__model_set_reference(m, 1);
+    const float *out;
+    CU_ASSERT_EQUAL(strata_model_forward(m, (const float *)wide, 128, 0, NULL, &out),
+                    STRATA_ETOOBIG);
+    strata_model_free(m);
+    m = NULL;
+
     /* A forward pass that fails leaves no pass to run backward on. */
     CU_ASSERT_EQUAL_FATAL(strata_model_new("mlp", &m, NULL), STRATA_OK);
     float x[784] = {0};
