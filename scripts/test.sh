@@ -43,13 +43,16 @@ if command -v clang >/dev/null && [ -n "$fuzz_lib" ] && [ -f "$fuzz_lib" ] &&
     for target in tests/fuzz/fuzz_*.c; do
         name=$(basename "$target" .c)
         corpus_src="tests/fuzz/corpus/${name#fuzz_}"
+        dict="tests/fuzz/${name#fuzz_}.dict" # a target's dictionary, when it has one
+        dict_arg=()
+        [ -f "$dict" ] && dict_arg=(-dict="$dict")
         work=$(mktemp -d)
         [ -d "$corpus_src" ] && cp -r "$corpus_src"/. "$work"/
         echo "-- $name for ${seconds}s"
         log="$work.log"
         status=0
         ./build-fuzz/"$name" -max_total_time="$seconds" -rss_limit_mb=2048 -print_final_stats=1 \
-            "$work" >"$log" 2>&1 || status=$?
+            "${dict_arg[@]}" "$work" >"$log" 2>&1 || status=$?
         grep -E "^(stat::number_of_executed_units|stat::new_units_added|==.*ERROR|SUMMARY)" "$log" || true
         if [ "$status" -ne 0 ]; then
             tail -n 40 "$log"

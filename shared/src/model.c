@@ -9,6 +9,7 @@
 
 #include <cblas.h>
 #include <jansson.h>
+#include <limits.h>
 #include <math.h>
 #include <omp.h>
 #include <stdio.h>
@@ -92,6 +93,9 @@ int strata_set_threads(int threads)
 }
 
 /* ---- architecture parsing ---- */
+
+/* Smallest GroupNorm eps. */
+#define MIN_EPS 1e-10
 
 static int get_int_field(json_t *obj, const char *key, int idx, int required, int def, int min,
                          int max, int *out, strata_diag *diag)
@@ -181,24 +185,31 @@ static int find_ref(json_t *layers, int idx, const char *key, int *out, strata_d
                            ref);
 }
 
-/* Checks layer idx's "id": a non-empty string no earlier layer uses as its
- * id or name. */
+/* Checks layer idx's "id" and "name": each, when it is a string, must be
+ * non-empty (an id must be a string) and used by no earlier layer as its id
+ * or name, so that a reference names one layer and parameter names do not
+ * collide. Checked while counting too, so that counting and building agree. */
 static int check_id(json_t *layers, int idx, strata_diag *diag)
 {
-    json_t *v = json_object_get(json_array_get(layers, idx), "id");
-    if (v == NULL)
-        return STRATA_OK;
-    const char *id = json_string_value(v);
-    if (id == NULL || id[0] == '\0')
-        return strata_diag_set(diag, STRATA_EINVAL, "layers[%d].id: expected a non-empty string",
-                               idx);
-    for (int r = 0; r < idx; r++) {
-        json_t *lr = json_array_get(layers, r);
-        const char *o = json_string_value(json_object_get(lr, "id"));
-        const char *name = json_string_value(json_object_get(lr, "name"));
-        if ((o && strcmp(o, id) == 0) || (name && strcmp(name, id) == 0))
+    static const char *const keys[] = {"id", "name"};
+    json_t *lj = json_array_get(layers, idx);
+    for (int k = 0; k < 2; k++) {
+        json_t *v = json_object_get(lj, keys[k]);
+        if (v == NULL || (k == 1 && !json_is_string(v)))
+            continue; /* a name that is not a string: parse_layer says so */
+        const char *id = json_string_value(v);
+        if (id == NULL || id[0] == '\0')
             return strata_diag_set(diag, STRATA_EINVAL,
-                                   "layers[%d].id: '%s' is already used by layers[%d]", idx, id, r);
+                                   "layers[%d].%s: expected a non-empty string", idx, keys[k]);
+        for (int r = 0; r < idx; r++) {
+            json_t *lr = json_array_get(layers, r);
+            const char *o = json_string_value(json_object_get(lr, "id"));
+            const char *name = json_string_value(json_object_get(lr, "name"));
+            if ((o && strcmp(o, id) == 0) || (name && strcmp(name, id) == 0))
+                return strata_diag_set(diag, STRATA_EINVAL,
+                                       "layers[%d].%s: '%s' is already used by layers[%d]", idx,
+                                       keys[k], id, r);
+        }
     }
     return STRATA_OK;
 }
@@ -342,10 +353,12 @@ static int parse_layer(strata_model *m, json_t *lj, int idx, int *c, int *h, int
         json_t *ev = json_object_get(lj, "eps");
         double eps = 1e-5;
         if (ev != NULL) {
-            if (!json_is_number(ev) || !(json_number_value(ev) > 0.0) ||
+            /* From 1e-10: a smaller one (float32 rounds 1e-46 to 0) would
+             * divide by a zero variance. */
+            if (!json_is_number(ev) || !(json_number_value(ev) >= MIN_EPS) ||
                 json_number_value(ev) > 1.0)
                 return strata_diag_set(diag, STRATA_EINVAL,
-                                       "layers[%d].eps: expected a number in (0, 1]", idx);
+                                       "layers[%d].eps: expected a number in [1e-10, 1]", idx);
             eps = json_number_value(ev);
         }
         L->kind = L_GROUPNORM;
@@ -380,7 +393,9 @@ static int parse_layer(strata_model *m, json_t *lj, int idx, int *c, int *h, int
         json_t *pv = json_object_get(lj, "p");
         double p = 0.5;
         if (pv != NULL) {
-            if (!json_is_number(pv) || json_number_value(pv) < 0.0 || json_number_value(pv) >= 1.0)
+            /* Checked in float32 too: 0.99999999 would round to 1. */
+            if (!json_is_number(pv) || json_number_value(pv) < 0.0 ||
+                !((float)json_number_value(pv) < 1.0f))
                 return strata_diag_set(diag, STRATA_EINVAL,
                                        "layers[%d].p: expected a number in [0, 1)", idx);
             p = json_number_value(pv);
@@ -739,7 +754,7 @@ static int ensure_batch(strata_model *m, size_t batch)
         return STRATA_OK;
     /* Every buffer, and every BLAS dimension (an int), must stay below 2^31
      * elements. */
-    const size_t cap = (size_t)1 << 31;
+    const size_t cap = (size_t)INT_MAX;
     if (batch > ((size_t)1 << 20) || m->max_dim > cap / batch)
         return STRATA_ETOOBIG;
     for (int i = 0; i < m->nlayers; i++)

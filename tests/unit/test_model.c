@@ -125,7 +125,13 @@ static void test_arch_errors(void)
          "kernal_size"},
         {"{\"input\":[4],\"layers\":[{\"type\":\"linear\",\"name\":\"a\",\"out_features\":3},"
          "{\"type\":\"linear\",\"name\":\"a\",\"out_features\":3}]}",
-         "used twice"},
+         "layers[1].name: 'a' is already used by layers[0]"},
+        /* A name equal to an earlier id would make references ambiguous. */
+        {"{\"input\":[4],\"layers\":[{\"type\":\"relu\",\"id\":\"a\"},{\"type\":\"linear\","
+         "\"name\":\"a\",\"out_features\":3}]}",
+         "layers[1].name: 'a' is already used by layers[0]"},
+        /* 0.99999999 is 1 in float32: every element dropped, a scale of 1/0. */
+        {"{\"input\":[4],\"layers\":[{\"type\":\"dropout\",\"p\":0.99999999}]}", "layers[0].p"},
         {"{\"input\":[4],\"layers\":[{\"type\":\"dropout\",\"p\":1.5}]}", "layers[0].p"},
         {"{\"input\":[4],\"layers\":[{\"type\":\"relu\"},{\"type\":\"add\",\"with\":\"x\"}]}",
          "layers[1].with: no earlier layer"},
@@ -146,6 +152,10 @@ static void test_arch_errors(void)
         {"{\"input\":[6,2,2],\"layers\":[{\"type\":\"groupnorm\",\"name\":\"g\","
          "\"num_groups\":3,\"eps\":0}]}",
          "layers[0].eps"},
+        /* 1e-46 is 0 in float32: a group of equal values would divide by 0. */
+        {"{\"input\":[6,2,2],\"layers\":[{\"type\":\"groupnorm\",\"name\":\"g\","
+         "\"num_groups\":3,\"eps\":1e-46}]}",
+         "layers[0].eps"},
         {"{\"input\":[6],\"layers\":[{\"type\":\"global_avgpool2d\"}]}",
          "global_avgpool2d needs an image input"},
         {"{\"input\":[1,3,3],\"layers\":[{\"type\":\"avgpool2d\",\"kernel_size\":4}]}",
@@ -163,6 +173,16 @@ static void test_arch_errors(void)
         if (strstr(d.msg, cases[i].expect) == NULL) {
             fprintf(stderr, "case %zu: message '%s' lacks '%s'\n", i, d.msg, cases[i].expect);
             CU_FAIL("error message does not name the field");
+        }
+        /* Counting refuses what building refuses, with the same message. */
+        size_t n = 1;
+        strata_diag dc = {{0}};
+        rc = strata_model_count_params(cases[i].json, strlen(cases[i].json), &n, &dc);
+        CU_ASSERT_EQUAL(rc, STRATA_EINVAL);
+        CU_ASSERT_EQUAL(n, 0);
+        if (strcmp(dc.msg, d.msg) != 0) {
+            fprintf(stderr, "case %zu: counting says '%s', building '%s'\n", i, dc.msg, d.msg);
+            CU_FAIL("counting and building disagree");
         }
     }
     strata_diag d = {{0}};
@@ -187,6 +207,19 @@ static void test_count_and_limits(void)
     strata_model *m = NULL;
     CU_ASSERT_EQUAL(strata_model_from_json(huge, strlen(huge), &m, &d), STRATA_ETOOBIG);
     CU_ASSERT_PTR_NULL(m);
+
+    /* 2^24 values per sample in a batch of 128: 2^31 floats per activation,
+     * one more than an int (a BLAS dimension) holds; refused before anything
+     * is allocated or any input read. */
+    const char *wide = "{\"input\":[1,4096,4096],\"layers\":[{\"type\":\"conv2d\",\"name\":"
+                       "\"c\",\"out_channels\":1,\"kernel_size\":1}]}";
+    CU_ASSERT_EQUAL_FATAL(strata_model_from_json(wide, strlen(wide), &m, &d), STRATA_OK);
+    strata__model_set_reference(m, 1);
+    const float *out;
+    CU_ASSERT_EQUAL(strata_model_forward(m, (const float *)wide, 128, 0, NULL, &out),
+                    STRATA_ETOOBIG);
+    strata_model_free(m);
+    m = NULL;
 
     /* A forward pass that fails leaves no pass to run backward on. */
     CU_ASSERT_EQUAL_FATAL(strata_model_new("mlp", &m, NULL), STRATA_OK);
