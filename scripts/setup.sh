@@ -13,7 +13,7 @@ PACKAGES=(
   libopenblas0-openmp libopenblas-openmp-dev libdnnl-dev
   libsqlite3-dev sqlite3 zlib1g-dev libcunit1-dev
   dataset-fashion-mnist
-  curl libyaml-libyaml-perl openssl
+  curl libyaml-libyaml-perl openssl python3
 )
 case "${1:-}" in
   --bench) PACKAGES+=(python3-torch) ;;
