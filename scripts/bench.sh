@@ -59,10 +59,6 @@ if [ "$what" = all ] || [ "$what" = train ]; then
         for (i = 2; i <= n; i++) for (j = i; j > 1 && r[j - 1] > r[j]; j--) {
             t = r[j]; r[j] = r[j - 1]; r[j - 1] = t }
         printf "%.2f", n % 2 ? r[(n + 1) / 2] : (r[n / 2] + r[n / 2 + 1]) / 2 }'; }
-    printf '%-5s %-8s %12s %12s %8s %14s %8s' model threads strata pytorch ratio \
-        "strata(ref)" "onednn/ref"
-    if [ $auto = 1 ]; then printf ' %14s %8s' "strata(auto)" "ratio"; fi
-    printf '\n'
     models=${STRATA_BENCH_MODELS:-mlp cnn resnet}
     if [ $have_torch = 1 ] && [[ " $models " == *" resnet "* ]]; then
         tmp=$(mktemp -d)
@@ -81,6 +77,10 @@ if [ "$what" = all ] || [ "$what" = train ]; then
             exit 1
         fi
     fi
+    printf '%-6s %-8s %12s %12s %8s %14s %8s' model threads strata pytorch ratio \
+        "strata(ref)" "onednn/ref"
+    if [ $auto = 1 ]; then printf ' %14s %8s' "strata(auto)" "ratio"; fi
+    printf '\n'
     for model in $models; do
         for threads in ${STRATA_BENCH_THREADS:-1 2}; do
             s_all="" t_all="" r_all="" a_all=""
@@ -106,7 +106,7 @@ if [ "$what" = all ] || [ "$what" = train ]; then
             sips=$(echo "$s_all" | median)
             tips=$(echo "$t_all" | median)
             rips=$(echo "$r_all" | median)
-            printf '%-5s %-8s %12.0f %12s %8s %14s %8s' $model $threads "$sips" \
+            printf '%-6s %-8s %12.0f %12s %8s %14s %8s' $model $threads "$sips" \
                 "$(printf '%s' "$tips" | awk '{ if ($1 == "-") print; else printf "%.0f", $1 }')" \
                 "$(ratio "$s_all" "$t_all")" \
                 "$(printf '%s' "$rips" | awk '{ if ($1 == "-") print; else printf "%.0f", $1 }')" \

@@ -76,3 +76,11 @@ stop_all() { # SIGTERM to every process in PIDS, then wait for each
     for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
     for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
 }
+
+# HTTP and process helpers: get PATH fetches $URL$PATH with the test's curl
+# command C (an array the test sets), metric NAME reads one value of
+# /metrics; alive/exited PID.
+get() { "${C[@]}" "$URL$1" 2>/dev/null | tr -d '\000'; }
+metric() { get /metrics | sed -n "s/^$1 //p"; }
+alive() { kill -0 "$1" 2>/dev/null; }
+exited() { ! alive "$1"; }

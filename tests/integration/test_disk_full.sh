@@ -104,7 +104,6 @@ die() {
     dump
     fail "$*"
 }
-alive() { kill -0 "$1" 2>/dev/null; }
 
 
 # ---- the tmpfs ------------------------------------------------------------------
@@ -142,7 +141,6 @@ PORT=0
 SPID=""
 get() { "${C[@]}" "$URL$1" 2>/dev/null | tr -d '\000' || true; }
 code() { "${C[@]}" -o /dev/null -w '%{http_code}' "$@" 2>/dev/null || true; }
-metric() { get /metrics | sed -n "s/^$1 //p"; }
 round_field() { json_field "$(get "/v1/rounds/$1")" "$2"; }
 round_state() { # round_state R: open, closed, or none (not opened)
     local c

@@ -110,9 +110,7 @@ die() {
 }
 WAIT_POLL=0.2 # wait_until (lib.sh) polls this often
 C=(curl -sS --max-time 5)
-get() { "${C[@]}" "$URL$1" 2>/dev/null | tr -d '\000'; }
 round_field() { json_field "$(get "/v1/rounds/$1")" "$2"; }
-metric() { get /metrics | sed -n "s/^$1 //p"; }
 ids_of() { timeout 30 docker ps -aq --no-trunc --filter "label=com.docker.compose.project=$PROJECT" --filter "label=com.docker.compose.service=$1" | sort; }
 running() { [ "$(timeout 30 docker inspect -f '{{.State.Running}}' "$1" 2>/dev/null)" = true ]; }
 coordinator() { ids_of coordinator | head -n 1; }

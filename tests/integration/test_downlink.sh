@@ -52,10 +52,6 @@ die() {
     fail "$*"
 }
 C=(curl -sS --max-time 10)
-get() { "${C[@]}" "$URL$1" 2>/dev/null | tr -d '\000'; }
-metric() { get /metrics | sed -n "s/^$1 //p"; }
-alive() { kill -0 "$1" 2>/dev/null; }
-exited() { ! alive "$1"; }
 version() { json_field "$(get /v1/status)" model_version; }
 version_at_least() { [ "$(version)" -ge "$1" ]; }
 

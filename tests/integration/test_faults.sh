@@ -118,7 +118,6 @@ die() {
     echo "FAIL: $* (seed $SEED)" >&2
     exit 1
 }
-alive() { kill -0 "$1" 2>/dev/null; }
 
 # ---- the network namespace ----------------------------------------------------
 [ "$(id -u)" = 0 ] || skip "needs root to create a network namespace"
@@ -193,7 +192,6 @@ fi
 C=(curl -sS --max-time 2)
 URL=""
 get() { "${C[@]}" "$URL$1" 2>/dev/null | tr -d '\000' || true; }
-metric() { get /metrics | sed -n "s/^$1 //p"; }
 
 S_STATE=down # down, starting (launched, not yet listening), up
 SPID=""

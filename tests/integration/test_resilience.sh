@@ -50,13 +50,9 @@ die() {
 
 
 C=(curl -sS --max-time 5)
-get() { "${C[@]}" "$URL$1" 2>/dev/null | tr -d '\000'; }
 round_field() { json_field "$(get "/v1/rounds/$1")" "$2"; }
-metric() { get /metrics | sed -n "s/^$1 //p"; }
 has_receipt() { [ -f "$WORK/c$1/receipts.log" ] && grep -q "^$2 " "$WORK/c$1/receipts.log"; }
 round_is() { [ "$(round_field "$1" state)" = "$2" ] && [ "$(round_field "$1" participants)" = "$3" ]; }
-alive() { kill -0 "$1" 2>/dev/null; }
-exited() { ! alive "$1"; }
 
 SPID=""
 start_server() { # start_server PORT TAG
