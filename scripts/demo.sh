@@ -17,9 +17,9 @@ if [ -e "$out/state" ]; then
     echo "== removing the previous demo run in $out"
     rm -rf "$out"
 fi
-echo "== strata-sim: 10 clients, 20 rounds, mlp, dirichlet:0.5, legacy at 1% density, downlink topk:0.02"
+echo "== strata-sim: 10 clients, 20 rounds, mlp, dirichlet:0.5, legacy at 1% density with ternary values, downlink topk:0.02"
 ./build/strata-sim --clients 10 --rounds 20 --model mlp --data "$DATA" \
-    --partition dirichlet:0.5 --policy legacy --density 0.01 --downlink topk:0.02 --seed 1 \
+    --partition dirichlet:0.5 --policy legacy --density 0.01 --values ternary --downlink topk:0.02 --seed 1 \
     --out "$out" --json
 echo
 echo "== $out/report.md (first rounds)"
