@@ -323,7 +323,7 @@ static int parse_layer(strata_model *m, json_t *lj, int idx, int *c, int *h, int
                                    "layers[%d].kernel_size: %d is larger than the input %dx%d", idx,
                                    k, *h, *w);
         L->kind = type[0] == 'm' ? L_MAXPOOL : L_AVGPOOL;
-        L->k = L->kh = L->kw = k;
+        L->kh = L->kw = k;
         L->stride = s;
         *h = (*h - k) / s + 1;
         *w = (*w - k) / s + 1;

@@ -271,7 +271,7 @@ static int plan_pool(strata__dnnl *d, const layer *L, dlayer *dl, dnnl_format_ta
     const int max = L->kind == L_MAXPOOL;
     const dnnl_alg_kind_t alg = max ? dnnl_pooling_max : dnnl_pooling_avg_exclude_padding;
     dnnl_dims_t strides = {L->stride, L->stride}, zero = {0, 0};
-    dnnl_dims_t kernel = {max ? L->k : L->kh, max ? L->k : L->kw};
+    dnnl_dims_t kernel = {L->kh, L->kw};
     dnnl_pooling_desc_t pdesc;
     dnnl_primitive_desc_t fpd = NULL;
     if (dnnl_pooling_forward_desc_init(&pdesc, dnnl_forward_training, alg, &dl->x_md, &dl->y_md,

@@ -54,8 +54,8 @@ typedef struct layer {
     int flat;              /* the output is a flat vector */
     int src, with;         /* act[src] is the input; add: act[with] is added to it */
     int acc_src, acc_with; /* backward adds to gact[src] / gact[with] */
-    int k, stride, pad;    /* conv2d, maxpool2d, avgpool2d (k: square kernel) */
-    int kh, kw;            /* avgpool2d, global_avgpool2d: the kernel */
+    int k, stride, pad;    /* conv2d (k: square kernel); stride also for pooling */
+    int kh, kw;            /* pooling: the kernel (global_avgpool2d: the whole input) */
     int groups;            /* groupnorm */
     float eps;             /* groupnorm */
     int has_bias;

@@ -148,8 +148,9 @@ void strata__ref_conv_backward(strata_model *m, layer *L, const float *dy, float
 
 void strata__ref_maxpool_forward(layer *L, const float *x, float *y, size_t B)
 {
-    const int K = L->k, S = L->stride, H = L->in_h, W = L->in_w, OH = L->out_h, OW = L->out_w;
-    const size_t planes = B * (size_t)L->in_c, iplane = (size_t)H * W, oplane = (size_t)OH * OW;
+    const int KH = L->kh, KW = L->kw, S = L->stride, W = L->in_w, OH = L->out_h, OW = L->out_w;
+    const size_t planes = B * (size_t)L->in_c, iplane = (size_t)L->in_h * W;
+    const size_t oplane = (size_t)OH * OW;
 #pragma omp parallel for schedule(static) if (planes * iplane >= PAR_MIN)
     for (size_t pl = 0; pl < planes; pl++) {
         const float *xp = x + pl * iplane;
@@ -159,8 +160,8 @@ void strata__ref_maxpool_forward(layer *L, const float *x, float *y, size_t B)
             for (int ow = 0; ow < OW; ow++) {
                 int best = (oh * S) * W + ow * S;
                 float bv = xp[best];
-                for (int i = 0; i < K; i++)
-                    for (int j = 0; j < K; j++) {
+                for (int i = 0; i < KH; i++)
+                    for (int j = 0; j < KW; j++) {
                         int o = (oh * S + i) * W + ow * S + j;
                         if (xp[o] > bv) {
                             bv = xp[o];
