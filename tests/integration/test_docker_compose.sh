@@ -80,7 +80,7 @@ chmod go-w "$WORK/secret"
 free_port() {
     local p
     for p in $(shuf -i 20000-60000 -n 50); do
-        ss -ltnH "sport = :$p" 2>/dev/null | grep -q . || {
+        [ -n "$(ss -ltnH "sport = :$p" 2>/dev/null)" ] || {
             echo "$p"
             return
         }
@@ -233,8 +233,9 @@ timeout 30 docker network connect "$NETNAME" "$CUT" || die "network connect"
 
 # Another client's container is removed and recreated.
 GONE=$(ids_of client | sed -n 2p)
-slot=$(timeout 30 docker logs "$GONE" 2>&1 | sed -n 's/.*client state in //p' | head -n 1)
-cid=$(timeout 30 docker logs "$GONE" 2>&1 | sed -n 's/.*\(registered as\|resuming as\) client \([0-9]*\).*/\2/p' | head -n 1)
+glog=$(timeout 30 docker logs "$GONE" 2>&1 || true)
+slot=$(sed -n '/.*client state in /{s///p;q}' <<<"$glog")
+cid=$(sed -n '/.*\(registered as\|resuming as\) client \([0-9]*\).*/{s//\2/p;q}' <<<"$glog")
 [ -n "$slot" ] && [ -n "$cid" ] || die "client $GONE: no state folder or client id in its log"
 ids_of client >"$WORK/before"
 timeout 60 docker rm -f "$GONE" >/dev/null || die "docker rm"
@@ -243,9 +244,12 @@ dc up -d --no-build --no-recreate --scale client=5 >"$WORK/up2.log" 2>&1 ||
 NEW=$(comm -13 "$WORK/before" <(ids_of client) | head -n 1)
 [ -n "$NEW" ] || die "no new client container"
 RECREATED=1
-resumed() { timeout 30 docker logs "$NEW" 2>&1 | grep -q "resuming as client $cid\$"; }
+# (grep reads a captured log: with pipefail, a grep -q that stops early
+# would fail the pipeline whenever docker logs is still writing)
+new_log() { timeout 30 docker logs "$NEW" 2>&1 || true; }
+resumed() { grep -q "resuming as client $cid\$" <<<"$(new_log)"; }
 wait_until 60 "the recreated client to resume as client $cid" resumed
-timeout 30 docker logs "$NEW" 2>&1 | grep -q "client state in $slot\$" || die "the recreated client took another folder"
+grep -q "client state in $slot\$" <<<"$(new_log)" || die "the recreated client took another folder"
 
 finish_run
 T_FAULTS=$((SECONDS - t0))

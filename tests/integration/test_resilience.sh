@@ -124,7 +124,7 @@ reap "${CPID[1]}"
 has_receipt 1 3 && die "client 1 uploaded round 3 before it could be killed"
 RES="$WORK/c1/residual.safetensors"
 [ -s "$RES" ] || die "client 1 lost its residuals"
-head -c 4096 "$RES" | tr -d '\000' | grep -q '"strata.ef.last_round":"2"' ||
+head -c 4096 "$RES" | tr -d '\000' | grep -c '"strata.ef.last_round":"2"' >/dev/null ||
     die "client 1's residual is not from round 2"
 cp "$RES" "$WORK/res-before"
 ID1=$(sed -n 's/.*registered as client \([0-9]*\).*/\1/p' "$WORK/c1.log" | head -n 1)
@@ -142,7 +142,7 @@ for i in 0 1 2; do
 done
 [ "$(grep -c "registered as client" "$WORK/c1.log")" = 1 ] || die "client 1 registered twice"
 cmp -s "$RES" "$WORK/res-before" && die "client 1's residual did not move on after the restart"
-head -c 4096 "$RES" | tr -d '\000' | grep -q "\"strata.ef.last_round\":\"$((ROUNDS - 1))\"" ||
+head -c 4096 "$RES" | tr -d '\000' | grep -c "\"strata.ef.last_round\":\"$((ROUNDS - 1))\"" >/dev/null ||
     die "client 1's residual does not reach the last round"
 
 st=$(get /v1/status)
