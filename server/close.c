@@ -359,7 +359,7 @@ static int find_model(srv_engine *e, close_job *j, strata_diag *d)
             j->agg_s += strata_clock_mono_s() - t0;
             if (!all_finite(params, "the model", j->failure, sizeof(j->failure))) {
                 f = STRATA_ROUND_FAILED_MODEL;
-            } else if ((rc = strata_evaluate(e->model, &e->test, NULL, 0, 256, &j->st)) < 0) {
+            } else if ((rc = srv__evaluate(e, e->model, j->round, &j->st)) < 0) {
                 strata_diag_set(d, rc, "evaluation: %s", strata_strerror(rc));
                 break;
             } else if (!isfinite(j->st.loss) || !isfinite(j->st.accuracy)) {
@@ -616,6 +616,7 @@ void srv__round_close(srv_engine *e)
         s.has_stats = s.has_densities = 1;
         s.accuracy = j.st.accuracy;
         s.loss = j.st.loss;
+        s.eval_samples = j.st.samples;
         s.uplink_bytes = e->uplink;
         s.downlink_bytes = e->downlink;
         s.dense_uplink_bytes = e->nreported * e->total_params * 4;

@@ -69,6 +69,8 @@ const char srv_config_usage[] =
     "                            plain and fedavgm, 0.05 for fedadam and fedyogi)\n"
     "  --seed S                  seed of the initial model, sampling and task seeds (1)\n"
     "  --threads N               threads for evaluation (1)\n"
+    "  --eval-samples N          evaluate every round but the last on N test images spread\n"
+    "                            evenly over the test set (the last on all); 0 = all (0)\n"
     "  --http-threads N          threads serving requests (16); uploads wait for the disk\n"
     "                            (fsync) in them, so more threads overlap more uploads\n"
     "  --aggregator NAME         fedavg, trimmed-mean or median (fedavg); the last two\n"
@@ -141,6 +143,7 @@ static const strata_opt OPTS[] = {
     {"server_lr", STRATA_OPT_DOUBLE, OFF(server_lr), 0, 1e6, "X", NULL},
     {"seed", STRATA_OPT_INTEGER, OFF(seed), 0, 9007199254740991.0, "S", NULL},
     {"threads", STRATA_OPT_INTEGER, OFF(threads), 1, 1024, "N", NULL},
+    {"eval_samples", STRATA_OPT_INTEGER, OFF(eval_samples), 0, 1e9, "N", NULL},
     {"http_threads", STRATA_OPT_INTEGER, OFF(http_threads), 1, 1024, "N", NULL},
     {"aggregator", STRATA_OPT_STRING, OFF(aggregator), 0, 0, "NAME", NULL},
     {"trim_fraction", STRATA_OPT_DOUBLE, OFF(trim_fraction), 0, 0.499999, "F", NULL},

@@ -18,7 +18,7 @@ typedef struct srv_config {
     char *enrolment_secret, *enrolment_secret_file, *admin_token_file, *tls_cert, *tls_key;
     char *log_format, *log_level; /* as given; parsed into the two fields below */
     long port, rounds, min_clients, clients_per_round, min_updates, local_epochs, batch, max_steps,
-        threads, http_threads, seed;
+        threads, http_threads, seed, eval_samples;
     /* Limits. */
     long max_body_bytes, max_json_bytes, max_json_depth, max_connections, connection_timeout,
         request_timeout, max_clients, data_shares, upload_rate, enrolment_rate, straggler_rounds,

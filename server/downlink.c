@@ -113,7 +113,7 @@ int srv__downlink_close(srv_engine *e, uint32_t r, uint64_t v, strata_train_stat
                             .metadata_json = meta};
         rc = strata_payload_encode(&p, 3, &wire, &wire_len, d);
     }
-    if (rc == 0 && (rc = strata_evaluate(e->xhat, &e->test, NULL, 0, 256, st)) < 0)
+    if (rc == 0 && (rc = srv__evaluate(e, e->xhat, r, st)) < 0)
         strata_diag_set(d, rc, "evaluation of x̂: %s", strata_strerror(rc));
     char path[4096];
     if (rc == 0)

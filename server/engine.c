@@ -23,6 +23,30 @@ void srv__opt_path(const srv_engine *e, uint64_t v, char *buf, size_t cap)
         buf[0] = '\0';
 }
 
+int srv__evaluate(const srv_engine *e, strata_model *m, uint32_t r, strata_train_stats *st)
+{
+    int last = (long)r + 1 >= e->cfg->rounds;
+    if (e->eval_n > 0 && !last)
+        return strata_evaluate(m, &e->test, e->eval_idx, e->eval_n, 256, st);
+    return strata_evaluate(m, &e->test, NULL, 0, 256, st);
+}
+
+/* --eval-samples N below the test set's size: N images at even steps over
+ * the test set, the same every round. */
+static int eval_subset(srv_engine *e, strata_diag *d)
+{
+    size_t n = (size_t)e->cfg->eval_samples, count = e->test.n;
+    if (n == 0 || n >= count)
+        return STRATA_OK;
+    e->eval_idx = malloc(n * sizeof(*e->eval_idx));
+    if (e->eval_idx == NULL)
+        return strata_diag_set(d, STRATA_ENOMEM, "out of memory (the evaluation subset)");
+    for (size_t i = 0; i < n; i++)
+        e->eval_idx[i] = (size_t)((double)i * (double)count / (double)n);
+    e->eval_n = n;
+    return STRATA_OK;
+}
+
 int srv__seeded_model(const srv_engine *e, strata_model **out, strata_diag *d)
 {
     *out = NULL;
@@ -163,7 +187,8 @@ int srv_engine_open(const srv_config *cfg, srv_engine **out, strata_diag *d)
     if ((rc = strata_store_open(cfg->state_dir, &e->store, d)) < 0 ||
         (rc = strata_store_open_secondary(e->store, &e->wstore, d)) < 0)
         goto fail;
-    if ((rc = strata_data_load_dir(cfg->data, "test", 0, &e->test, d)) < 0)
+    if ((rc = strata_data_load_dir(cfg->data, "test", 0, &e->test, d)) < 0 ||
+        (rc = eval_subset(e, d)) < 0)
         goto fail;
     if ((rc = load_model(e, d)) < 0 || (rc = derive_limits(e)) < 0 ||
         (rc = srv__downlink_load(e, d)) < 0 || (rc = srv__downlink_recipe(e, d)) < 0)
@@ -235,6 +260,7 @@ void srv_engine_free(srv_engine *e)
     strata_store_close(e->wstore);
     strata_store_close(e->store);
     strata_dataset_cleanup(&e->test);
+    free(e->eval_idx);
     strata_model_free(e->model);
     strata_model_free(e->xhat);
     free(e->recipe);

@@ -112,6 +112,8 @@ struct srv_engine {
     strata_store *store;
     strata_store *wstore; /* second connection: group commits, outside the lock */
     strata_dataset test;
+    size_t *eval_idx;      /* --eval-samples: the test images of every round but the last */
+    size_t eval_n;         /* entries of eval_idx; 0: every round sees the whole test set */
     strata_model *model;   /* touched only by the round thread (and start-up) */
     strata_policy *policy; /* NULL for --policy none */
     strata_agg *agg;       /* FedAvg's streaming aggregate (unused by robust rules) */
@@ -223,6 +225,12 @@ void srv__opt_path(const srv_engine *e, uint64_t v, char *buf, size_t cap);
  * statistics. *out is new (strata_model_free). Errors: the model
  * builder's. */
 int srv__seeded_model(const srv_engine *e, strata_model **out, strata_diag *d);
+
+/* Evaluates m for round r into *st: on the test images of eval_idx for
+ * every round but the last (--eval-samples), on the whole test set for the
+ * last round and without --eval-samples; st->samples says how many.
+ * Errors: strata_evaluate's. */
+int srv__evaluate(const srv_engine *e, strata_model *m, uint32_t r, strata_train_stats *st);
 
 /* ---- downlink.c ---- */
 

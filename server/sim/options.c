@@ -47,6 +47,8 @@ static const pass_opt PASS[] = {
      "deltas the coordinator keeps for lagging clients: the last K,\nor with 0 (default) all a "
      "chain smaller than the snapshot can use"},
     {"threads", "N", "the coordinator's evaluation threads (1)"},
+    {"eval_samples", "N",
+     "evaluate every round but the last on N test images\n(the last on all); 0 = all (0)"},
     {"http_threads", "N", "the coordinator's request threads (16)"},
 };
 #define NPASS (sizeof(PASS) / sizeof(PASS[0]))

@@ -170,7 +170,7 @@ int sim_report_write(const char *state_dir, const char *out_dir, const sim_run_i
     } else {
         fprintf(fc, "round,participants,accuracy,loss,uplink_bytes,downlink_bytes,"
                     "dense_uplink_bytes,compression_ratio,total_bytes,dense_total_bytes,"
-                    "downlink_ratio,total_ratio");
+                    "downlink_ratio,total_ratio,eval_samples");
         /* One density column per layer, named after the first summary that
          * has densities. */
         for (size_t i = 0; i < nr; i++)
@@ -210,9 +210,10 @@ int sim_report_write(const char *state_dir, const char *out_dir, const sim_run_i
             to_target = elapsed;
             target_round = (long)s->round;
         }
-        fprintf(fc, "%u,%ld,%.6f,%.6f,%.0f,%.0f,%.0f,%.2f,%.0f,%.0f,%.2f,%.2f", s->round, parts,
-                acc, loss, u, dn, de, u > 0 ? de / u : 0.0, u + dn, 2 * de, dn > 0 ? de / dn : 0.0,
-                u + dn > 0 ? 2 * de / (u + dn) : 0.0);
+        fprintf(fc, "%u,%ld,%.6f,%.6f,%.0f,%.0f,%.0f,%.2f,%.0f,%.0f,%.2f,%.2f,%llu", s->round,
+                parts, acc, loss, u, dn, de, u > 0 ? de / u : 0.0, u + dn, 2 * de,
+                dn > 0 ? de / dn : 0.0, u + dn > 0 ? 2 * de / (u + dn) : 0.0,
+                (unsigned long long)s->eval_samples);
         for (size_t k = 0; k < s->num_layers; k++)
             fprintf(fc, ",%.6f", s->densities[k]);
         fputc('\n', fc);
@@ -221,6 +222,12 @@ int sim_report_write(const char *state_dir, const char *out_dir, const sim_run_i
                 u + dn > 0 ? 2 * de / (u + dn) : 0.0);
         last = s;
     }
+    if (fm != NULL && last != NULL && list[0].eval_samples != last->eval_samples)
+        fprintf(fm,
+                "\nAccuracy and loss of round %u are on %llu test images, those of earlier rounds "
+                "on %llu (--eval-samples; column eval_samples of report.csv).\n",
+                last->round, (unsigned long long)last->eval_samples,
+                (unsigned long long)list[0].eval_samples);
     if (fm != NULL && last != NULL && last->has_densities) {
         fprintf(fm, "\nPer-layer budgets of the last round (every round's densities are in "
                     "report.csv):\n\n| tensor | density | compressor |\n|---|---|---|\n");

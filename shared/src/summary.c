@@ -20,15 +20,15 @@
 #define MAX_I64 INT64_MAX
 #define COUNT(a) (sizeof(a) / sizeof((a)[0]))
 
-static const char *const KEYS[] = {"round", "state", "model_version", "selected", "participants",
-                                   "accuracy", "loss", "uplink_bytes", "downlink_bytes",
-                                   "dense_uplink_bytes", "duration_ms", "densities", "compressors",
-                                   "lgreco", "quarantined", "failed", "stopped", "recovered",
-                                   /* Derived from the stats (written with them, checked and ignored
-                                    * when read): dense downlink = dense uplink (one float32 model
-                                    * per participant), totals and the ratios dense / actual. */
-                                   "dense_downlink_bytes", "total_bytes", "dense_total_bytes",
-                                   "uplink_ratio", "downlink_ratio", "total_ratio"};
+static const char *const KEYS[] = {
+    "round", "state", "model_version", "selected", "participants", "accuracy", "loss",
+    "eval_samples", "uplink_bytes", "downlink_bytes", "dense_uplink_bytes", "duration_ms",
+    "densities", "compressors", "lgreco", "quarantined", "failed", "stopped", "recovered",
+    /* Derived from the stats (written with them, checked and ignored
+     * when read): dense downlink = dense uplink (one float32 model
+     * per participant), totals and the ratios dense / actual. */
+    "dense_downlink_bytes", "total_bytes", "dense_total_bytes", "uplink_ratio", "downlink_ratio",
+    "total_ratio"};
 
 /* The derived traffic keys (see KEYS): counts, then ratios. */
 static const char *const DERIVED_COUNTS[] = {"dense_downlink_bytes", "total_bytes",
@@ -90,7 +90,8 @@ static int check_summary(const strata_round_summary *s, strata_diag *diag)
                 {"uplink_bytes", s->uplink_bytes, s->has_stats},
                 {"downlink_bytes", s->downlink_bytes, s->has_stats},
                 {"dense_uplink_bytes", s->dense_uplink_bytes, s->has_stats},
-                {"duration_ms", s->duration_ms, s->has_stats}};
+                {"duration_ms", s->duration_ms, s->has_stats},
+                {"eval_samples", s->eval_samples, s->has_stats}};
     for (size_t i = 0; i < COUNT(ints); i++)
         if (ints[i].used && ints[i].v > (uint64_t)MAX_I64)
             return strata_diag_set(diag, STRATA_EINVAL, "%s: %" PRIu64 " above 2^63 - 1",
@@ -245,6 +246,7 @@ int strata_round_summary_encode(const strata_round_summary *s, char **json_out, 
     if (!bad && s->has_stats)
         bad = put(o, "accuracy", real_or_null(s->accuracy)) < 0 ||
               put(o, "loss", real_or_null(s->loss)) < 0 ||
+              (s->eval_samples > 0 && put_int(o, "eval_samples", s->eval_samples) < 0) ||
               put_int(o, "uplink_bytes", s->uplink_bytes) < 0 ||
               put_int(o, "downlink_bytes", s->downlink_bytes) < 0 ||
               put_int(o, "dense_uplink_bytes", s->dense_uplink_bytes) < 0 ||
@@ -338,7 +340,10 @@ static int get_stats(const json_t *o, strata_round_summary *s, strata_diag *diag
     for (size_t i = 0; i < COUNT(STATS_KEYS); i++)
         present += json_object_get(o, STATS_KEYS[i]) != NULL;
     if (present == 0)
-        return STRATA_OK;
+        return json_object_get(o, "eval_samples") == NULL
+                   ? STRATA_OK
+                   : strata_diag_set(diag, STRATA_EPROTO,
+                                     "summary.eval_samples: without the round statistics");
     for (size_t i = 0; i < COUNT(STATS_KEYS); i++)
         if (json_object_get(o, STATS_KEYS[i]) == NULL)
             return strata_diag_set(diag, STRATA_EPROTO,
@@ -352,6 +357,9 @@ static int get_stats(const json_t *o, strata_round_summary *s, strata_diag *diag
         (rc = get_count(o, "downlink_bytes", 0, &s->downlink_bytes, diag)) < 0 ||
         (rc = get_count(o, "dense_uplink_bytes", 0, &s->dense_uplink_bytes, diag)) < 0 ||
         (rc = get_count(o, "duration_ms", 0, &s->duration_ms, diag)) < 0)
+        return rc;
+    if (json_object_get(o, "eval_samples") != NULL &&
+        (rc = get_count(o, "eval_samples", 1, &s->eval_samples, diag)) < 0)
         return rc;
     for (size_t i = 0; i < COUNT(DERIVED_COUNTS); i++) {
         uint64_t ignored;

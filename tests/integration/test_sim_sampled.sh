@@ -3,7 +3,9 @@
 # learning options passed through to the coordinator. Only the selected
 # clients train each round (their receipts add up to 5 per round), every
 # client loads only its own shard, an idle client stays small, the report
-# is complete, and the same seed selects the same clients again.
+# is complete, and the same seed selects the same clients again. The first
+# run evaluates rounds 0 and 1 on 500 test images (--eval-samples), the
+# last on all: its final accuracy equals the second run's, evaluated fully.
 source "$(dirname "$0")/lib.sh"
 
 SIM="$BUILD/strata-sim"
@@ -36,7 +38,7 @@ sample_clients() {
 
 timeout 300 "$SIM" --clients 20 --clients-per-round 5 --rounds 3 --model mlp --data "$DATA" \
     --partition iid --seed 3 --momentum 0.5 --clip-norm 50 --server-opt fedavgm \
-    --out "$OUT" --json >"$WORK/out.txt" 2>"$WORK/err.txt" &
+    --eval-samples 500 --out "$OUT" --json >"$WORK/out.txt" 2>"$WORK/err.txt" &
 sim=$!
 PIDS+=("$sim")
 sample_clients "$sim" >"$WORK/rss.txt"
@@ -53,6 +55,12 @@ assert_gt "$(json_field "$summary" final_accuracy)" 0.3 "final accuracy"
     fail "every round should have 5 participants: $(cut -d, -f1-2 "$OUT/report.csv" | tr '\n' ' ')"
 grep -q "20 clients (5 per round)" "$OUT/report.md" || fail "report.md does not state the sampling"
 grep -q "fc1.weight" "$OUT/report.md" || fail "report.md lacks per-layer densities"
+col=$(head -n 1 "$OUT/report.csv" | tr , '\n' | grep -nx eval_samples | cut -d: -f1)
+[ -n "$col" ] || fail "report.csv has no eval_samples column"
+evals=$(awk -F, -v c="$col" 'NR > 1 { printf "%s ", $c }' "$OUT/report.csv")
+[ "$evals" = "500 500 10000 " ] || fail "test images per round: $evals (--eval-samples 500)"
+grep -q "round 2 are on 10000 test images, those of earlier rounds on 500" "$OUT/report.md" ||
+    fail "report.md does not say which rounds were evaluated on a subset"
 
 # Only the selected clients trained: 5 receipts per round, at most one per
 # client and round, spread over more than 5 clients.

@@ -83,6 +83,7 @@ static void assert_same(const strata_round_summary *a, const strata_round_summar
         CU_ASSERT_EQUAL(a->downlink_bytes, b->downlink_bytes);
         CU_ASSERT_EQUAL(a->dense_uplink_bytes, b->dense_uplink_bytes);
         CU_ASSERT_EQUAL(a->duration_ms, b->duration_ms);
+        CU_ASSERT_EQUAL(a->eval_samples, b->eval_samples);
     }
     CU_ASSERT_EQUAL(a->has_densities, b->has_densities);
     if (!a->has_densities)
@@ -223,6 +224,41 @@ static void test_legacy_forms(void)
     free(got);
     free(want);
     round_trip(&view);
+}
+
+/* eval_samples: written after "loss" when the round was evaluated, absent
+ * for 0; read back; 0, a negative count and a count without the stats are
+ * refused. */
+static void test_eval_samples(void)
+{
+    strata_round_summary s = closed_summary();
+    s.eval_samples = 500;
+    char *json = encode(&s);
+    CU_ASSERT_PTR_NOT_NULL(strstr(json, ",\"eval_samples\":500,\"uplink_bytes\":"));
+    free(json);
+    round_trip(&s);
+    s.eval_samples = 0;
+    json = encode(&s);
+    CU_ASSERT_PTR_NULL(strstr(json, "eval_samples"));
+    free(json);
+    round_trip(&s);
+
+    static const char *bad[] = {
+        "{\"round\":1,\"state\":\"closed\",\"model_version\":1,\"selected\":2,"
+        "\"participants\":2,\"accuracy\":0.5,\"loss\":0.25,\"eval_samples\":0,"
+        "\"uplink_bytes\":1,\"downlink_bytes\":2,\"dense_uplink_bytes\":3,\"duration_ms\":4}",
+        "{\"round\":1,\"state\":\"closed\",\"model_version\":1,\"selected\":2,"
+        "\"participants\":2,\"accuracy\":0.5,\"loss\":0.25,\"eval_samples\":-5,"
+        "\"uplink_bytes\":1,\"downlink_bytes\":2,\"dense_uplink_bytes\":3,\"duration_ms\":4}",
+        "{\"round\":1,\"state\":\"closed\",\"model_version\":1,\"selected\":2,"
+        "\"participants\":2,\"eval_samples\":100}"};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        strata_round_summary back;
+        strata_diag d;
+        CU_ASSERT_EQUAL(strata_round_summary_decode(bad[i], strlen(bad[i]), NULL, &back, &d),
+                        STRATA_EPROTO);
+        CU_ASSERT_PTR_NOT_NULL(strstr(d.msg, "summary.eval_samples"));
+    }
 }
 
 static void test_non_finite(void)
@@ -683,6 +719,7 @@ int main(void)
     CU_TestInfo tests[] = {
         {"the coordinator's four forms, byte for byte", test_legacy_forms},
         {"non-finite metrics become null, flags, extremes", test_non_finite},
+        {"eval_samples: written when evaluated, checked", test_eval_samples},
         {"quarantined updates and failed rounds", test_quarantined_failed},
         {"refusals: types, ranges, keys, JSON, limits", test_refusals},
         {"encoder refuses what the decoder would", test_encode_refusals},

@@ -10,6 +10,8 @@
  *   always       "round", "state" ("open" or "closed"), "model_version",
  *                "selected", "participants"
  *   has_stats    "accuracy", "loss" (numbers, or null when not known),
+ *                "eval_samples" (the test images behind them; only when
+ *                eval_samples > 0: a round that was evaluated),
  *                "uplink_bytes", "downlink_bytes", "dense_uplink_bytes",
  *                "duration_ms", then the traffic derived from them:
  *                "dense_downlink_bytes" (= dense_uplink_bytes),
@@ -59,6 +61,7 @@
  *   selected          [1, 2^63 - 1]
  *   participants, uplink_bytes, downlink_bytes, dense_uplink_bytes,
  *   duration_ms       [0, 2^63 - 1]
+ *   eval_samples      [1, 2^63 - 1] when present (only with the stats)
  *   densities         at most max_layers entries; names 1 to max_name_bytes
  *                     bytes of UTF-8 without control characters, distinct;
  *                     values in (0, 1]
@@ -138,6 +141,7 @@ typedef struct strata_round_summary {
     int has_stats;               /* the six fields below are present */
     double accuracy;             /* on the held-out set; NaN: unknown (null) */
     double loss;                 /* NaN: unknown (null) */
+    uint64_t eval_samples;       /* test images evaluated; 0: none (no key) */
     uint64_t uplink_bytes;       /* bytes of the accepted uploads */
     uint64_t downlink_bytes;     /* bytes of model downloads */
     uint64_t dense_uplink_bytes; /* participants x parameters x 4 */
