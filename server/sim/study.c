@@ -6,6 +6,7 @@
  * resumed. The outputs are study_report.c's. */
 #include "study.h"
 
+#include "strata/clock.h"
 #include "strata/fileio.h"
 #include "strata/log.h"
 
@@ -246,6 +247,30 @@ static int exists(const char *path)
     return stat(path, &st) == 0;
 }
 
+/* Progress after run i (r, just finished): its final accuracy and bytes
+ * from its report (read here, once), and the time the runs still to go
+ * would take at mean_s each. */
+static void run_finished(study *s, run *r, size_t i, double mean_s)
+{
+    size_t left = 0;
+    for (size_t k = i + 1; k < s->nruns; k++)
+        left += !s->runs[k].done;
+    if (sim__study_read_report(s, r) < 0 || r->nrows == 0) {
+        strata_log_warn("run %s: its report.csv cannot be read", r->name);
+        r->done = 0;
+        return;
+    }
+    double up = 0, total = 0;
+    for (size_t k = 0; k < r->nrows; k++) {
+        up += r->rows[k].up;
+        total += r->rows[k].up + r->rows[k].down;
+    }
+    strata_log_info("run %zu/%zu: %s finished: accuracy %.4f, %.2f MB up, %.2f MB in all; "
+                    "%zu run%s to go, about %.0f min",
+                    i + 1, s->nruns, r->name, r->rows[r->nrows - 1].acc, up / 1e6, total / 1e6,
+                    left, left == 1 ? "" : "s", (double)left * mean_s / 60.0);
+}
+
 /* Runs r (resuming it when stopped before); returns its exit code, or 130
  * when stop was raised. */
 static int run_one(const study *s, const run *r, const char *self, volatile sig_atomic_t *stop)
@@ -346,7 +371,8 @@ int sim_study_run(const char *spec_path, const char *out, const char *self,
         strata_log_error("%s", strata_diag_msg(&d, rc));
         goto out;
     }
-    size_t nfailed = 0, skipped = 0;
+    size_t nfailed = 0, skipped = 0, timed = 0;
+    double busy_s = 0;
     code = 0;
     for (size_t i = 0; i < s.nruns && !*stop; i++) {
         run *r = &s.runs[i];
@@ -358,9 +384,14 @@ int sim_study_run(const char *spec_path, const char *out, const char *self,
             continue;
         }
         strata_log_info("run %zu/%zu: %s", i + 1, s.nruns, r->name);
+        double t0 = strata_clock_mono_s();
         int ec = run_one(&s, r, self, stop);
         if (ec == 0) {
             r->done = strata_file_write_atomic(marker, "done\n", 5, 0644, &d) == 0;
+            busy_s += strata_clock_mono_s() - t0;
+            timed++;
+            if (r->done)
+                run_finished(&s, r, i, busy_s / (double)timed);
         } else if (ec != 130) {
             nfailed++;
             strata_log_error("run %s failed (exit %d); see %s/runs/%s.log", r->name, ec, out,
@@ -368,7 +399,8 @@ int sim_study_run(const char *spec_path, const char *out, const char *self,
         }
     }
     for (size_t i = 0; i < s.nruns; i++)
-        if (s.runs[i].done && sim__study_read_report(&s, &s.runs[i]) < 0) {
+        if (s.runs[i].done && s.runs[i].rows == NULL &&
+            sim__study_read_report(&s, &s.runs[i]) < 0) {
             strata_log_warn("run %s: its report.csv cannot be read", s.runs[i].name);
             s.runs[i].done = 0;
         }

@@ -25,6 +25,11 @@ cat >"$WORK/spec.json" <<EOF
 EOF
 timeout 600 "$SIM" --study "$WORK/spec.json" --out "$OUT" 2>"$WORK/err1.txt" ||
     { cat "$WORK/err1.txt" "$OUT"/runs/*.log >&2; fail "the study failed"; }
+# Progress: each run's result as it ends, and what is left.
+grep -q "run 1/2: uniform_7 finished: accuracy 0\.[0-9]*, [0-9.]* MB up, [0-9.]* MB in all; 1 run to go" \
+    "$WORK/err1.txt" || fail "no progress line after run 1: $(cat "$WORK/err1.txt")"
+grep -q "run 2/2: legacy_7 finished: .*; 0 runs to go, about 0 min" "$WORK/err1.txt" ||
+    fail "no progress line after run 2: $(cat "$WORK/err1.txt")"
 # One CSV: a header and 2 runs x 2 rounds, the axes as columns.
 head -n 1 "$OUT/study.csv" | grep -q "^run,policy,seed,round,accuracy,loss,uplink_bytes,downlink_bytes,cum_uplink_bytes,cum_total_bytes$" ||
     fail "study.csv header: $(head -n 1 "$OUT/study.csv")"
