@@ -575,9 +575,10 @@ void srv__round_close(srv_engine *e)
     pthread_mutex_unlock(&e->mu);
 
     int rc = 0;
-    if (too_few)
+    if (too_few) {
         j.failed = STRATA_ROUND_FAILED_TOO_FEW;
-    else if ((rc = gather(e, &j, &d)) == 0 && (rc = screen(&j, e->cfg->screen_factor, &d)) == 0)
+        j.st.loss = j.st.accuracy = NAN; /* not evaluated: null in the summary */
+    } else if ((rc = gather(e, &j, &d)) == 0 && (rc = screen(&j, e->cfg->screen_factor, &d)) == 0)
         rc = find_model(e, &j, &d);
     int stepped = rc == 0 && j.failed == STRATA_ROUND_FAILED_NONE;
     if (stepped && e->ncands > 0)

@@ -14,6 +14,31 @@
 #include <string.h>
 #include <sys/stat.h>
 
+/* How many test images the accuracies stand on: the last evaluated round's
+ * count and, with --eval-samples, the earlier rounds' (rounds not
+ * evaluated, eval_samples 0, are left out). */
+static void note_eval_samples(FILE *fm, const strata_round_summary *list, size_t nr)
+{
+    const strata_round_summary *last = NULL;
+    for (size_t i = nr; i-- > 0 && last == NULL;)
+        if (list[i].eval_samples > 0)
+            last = &list[i];
+    uint64_t sub = 0;
+    for (size_t i = 0; last != NULL && i < nr; i++)
+        if (list[i].eval_samples > 0 && list[i].eval_samples != last->eval_samples)
+            sub = list[i].eval_samples;
+    if (last == NULL)
+        return;
+    fprintf(fm, "\nAccuracy and loss of round %u are on %llu test images", last->round,
+            (unsigned long long)last->eval_samples);
+    if (sub > 0)
+        fprintf(fm,
+                ", those of earlier rounds on %llu (--eval-samples: every round but the last; "
+                "column eval_samples of report.csv)",
+                (unsigned long long)sub);
+    fprintf(fm, ".\n");
+}
+
 /* Decodes the summaries of the store's closed rounds into *out (*n of
  * them); a record whose summary does not decode is left out, with a
  * warning. */
@@ -222,12 +247,8 @@ int sim_report_write(const char *state_dir, const char *out_dir, const sim_run_i
                 u + dn > 0 ? 2 * de / (u + dn) : 0.0);
         last = s;
     }
-    if (fm != NULL && last != NULL && list[0].eval_samples != last->eval_samples)
-        fprintf(fm,
-                "\nAccuracy and loss of round %u are on %llu test images, those of earlier rounds "
-                "on %llu (--eval-samples; column eval_samples of report.csv).\n",
-                last->round, (unsigned long long)last->eval_samples,
-                (unsigned long long)list[0].eval_samples);
+    if (fm != NULL)
+        note_eval_samples(fm, list, nr);
     if (fm != NULL && last != NULL && last->has_densities) {
         fprintf(fm, "\nPer-layer budgets of the last round (every round's densities are in "
                     "report.csv):\n\n| tensor | density | compressor |\n|---|---|---|\n");

@@ -247,18 +247,19 @@ static int exists(const char *path)
     return stat(path, &st) == 0;
 }
 
-/* Progress after run i (r, just finished): its final accuracy and bytes
- * from its report (read here, once), and the time the runs still to go
- * would take at mean_s each. */
-static void run_finished(study *s, run *r, size_t i, double mean_s)
+/* After run i (r) exited 0: reads its report (here, once) and logs its
+ * final accuracy and bytes, and the time the runs still to go would take
+ * at mean_s each. Returns 0, or -1 (logged) when the report cannot be read
+ * or has no rounds. */
+static int run_finished(study *s, run *r, size_t i, double mean_s)
 {
     size_t left = 0;
     for (size_t k = i + 1; k < s->nruns; k++)
         left += !s->runs[k].done;
     if (sim__study_read_report(s, r) < 0 || r->nrows == 0) {
-        strata_log_warn("run %s: its report.csv cannot be read", r->name);
-        r->done = 0;
-        return;
+        strata_log_error("run %s: its report.csv %s; see %s/runs/%s.log", r->name,
+                         r->nrows == 0 ? "has no rounds" : "cannot be read", s->out, r->name);
+        return -1;
     }
     double up = 0, total = 0;
     for (size_t k = 0; k < r->nrows; k++) {
@@ -269,6 +270,7 @@ static void run_finished(study *s, run *r, size_t i, double mean_s)
                     "%zu run%s to go, about %.0f min",
                     i + 1, s->nruns, r->name, r->rows[r->nrows - 1].acc, up / 1e6, total / 1e6,
                     left, left == 1 ? "" : "s", (double)left * mean_s / 60.0);
+    return 0;
 }
 
 /* Runs r (resuming it when stopped before); returns its exit code, or 130
@@ -374,24 +376,31 @@ int sim_study_run(const char *spec_path, const char *out, const char *self,
     size_t nfailed = 0, skipped = 0, timed = 0;
     double busy_s = 0;
     code = 0;
+    /* Runs finished by an earlier invocation (study.done) are skipped. */
+    for (size_t i = 0; i < s.nruns; i++) {
+        char marker[PATH_MAX];
+        snprintf(marker, sizeof(marker), "%s/runs/%s/study.done", out, s.runs[i].name);
+        if (exists(marker)) {
+            s.runs[i].done = 1;
+            skipped++;
+        }
+    }
     for (size_t i = 0; i < s.nruns && !*stop; i++) {
         run *r = &s.runs[i];
+        if (r->done)
+            continue;
         char marker[PATH_MAX];
         snprintf(marker, sizeof(marker), "%s/runs/%s/study.done", out, r->name);
-        if (exists(marker)) {
-            r->done = 1;
-            skipped++;
-            continue;
-        }
         strata_log_info("run %zu/%zu: %s", i + 1, s.nruns, r->name);
         double t0 = strata_clock_mono_s();
         int ec = run_one(&s, r, self, stop);
         if (ec == 0) {
-            r->done = strata_file_write_atomic(marker, "done\n", 5, 0644, &d) == 0;
             busy_s += strata_clock_mono_s() - t0;
             timed++;
-            if (r->done)
-                run_finished(&s, r, i, busy_s / (double)timed);
+            if (run_finished(&s, r, i, busy_s / (double)timed) < 0)
+                nfailed++;
+            else
+                r->done = strata_file_write_atomic(marker, "done\n", 5, 0644, &d) == 0;
         } else if (ec != 130) {
             nfailed++;
             strata_log_error("run %s failed (exit %d); see %s/runs/%s.log", r->name, ec, out,

@@ -96,6 +96,8 @@ static int check_summary(const strata_round_summary *s, strata_diag *diag)
         if (ints[i].used && ints[i].v > (uint64_t)MAX_I64)
             return strata_diag_set(diag, STRATA_EINVAL, "%s: %" PRIu64 " above 2^63 - 1",
                                    ints[i].name, ints[i].v);
+    if (!s->has_stats && s->eval_samples > 0)
+        return strata_diag_set(diag, STRATA_EINVAL, "eval_samples: without the round statistics");
     if ((unsigned)s->failed >= COUNT(FAILURES))
         return strata_diag_set(diag, STRATA_EINVAL, "failed: unknown value %d", (int)s->failed);
     if (s->num_quarantined > 0 && s->quarantined == NULL)

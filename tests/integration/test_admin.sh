@@ -84,7 +84,7 @@ code=$("${C[@]}" -o "$WORK/u.json" -w '%{http_code}' "${A[@]}" \
     "$URL/v1/rounds/0/updates")
 [ "$code" = 409 ] || fail "an upload after stop: HTTP $code $(cat "$WORK/u.json")"
 M=$("${C[@]}" "$URL/metrics")
-echo "$M" | grep -q '^strata_rounds_completed_total 0$' || fail "a stopped round was counted"
+grep -q '^strata_rounds_completed_total 0$' <<<"$M" || fail "a stopped round was counted"
 
 stop_server
 start 3
@@ -92,6 +92,6 @@ start 3
 code=$("${C[@]}" -o /dev/null -w '%{http_code}' "${A[@]}" "$URL/v1/tasks/next")
 [ "$code" = 410 ] || fail "a task after restart: HTTP $code"
 M=$("${C[@]}" "$URL/metrics")
-echo "$M" | grep -q '^strata_rounds_completed_total 0$' ||
+grep -q '^strata_rounds_completed_total 0$' <<<"$M" ||
     fail "a stopped round was counted after a restart"
 echo "PASS: admin pause, resume and stop (persistent)"

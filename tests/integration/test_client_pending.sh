@@ -66,7 +66,7 @@ for r in 0 1; do
     [ "$(json_field "$s" participants)" = 1 ] || fail "round $r: $s"
 done
 m=$(curl -sf --max-time 5 "$URL/metrics")
-printf '%s\n' "$m" | grep -q '^strata_updates_accepted_total 2$' || fail "accepted counter: $(printf '%s\n' "$m" | grep accepted)"
+grep -q '^strata_updates_accepted_total 2$' <<<"$m" || fail "accepted counter: $(printf '%s\n' "$m" | grep accepted)"
 echo "PASS: staged upload survives a client kill"
 
 # A coordinator whose state was reset no longer knows the client's token: the

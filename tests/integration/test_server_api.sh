@@ -248,10 +248,10 @@ for m in strata_rounds_completed_total strata_updates_accepted_total \
     'strata_updates_rejected_total{reason="bad_payload"}' strata_bytes_received_total \
     strata_bytes_sent_total strata_aggregation_seconds strata_round_duration_seconds \
     strata_accuracy strata_registered_clients; do
-    echo "$BODY" | grep -qF "$m" || fail "metrics lack $m"
+    grep -qF "$m" <<<"$BODY" || fail "metrics lack $m"
 done
-echo "$BODY" | grep -q '^strata_rounds_completed_total 1$' || fail "rounds counter: $BODY"
-echo "$BODY" | grep -q '^strata_updates_accepted_total 1$' || fail "accepted counter: $BODY"
+grep -q '^strata_rounds_completed_total 1$' <<<"$BODY" || fail "rounds counter: $BODY"
+grep -q '^strata_updates_accepted_total 1$' <<<"$BODY" || fail "accepted counter: $BODY"
 
 # The last round (1 of 0..1) completes; then tasks answer 410 finished.
 "$TOOL" compress --in "$WORK/model.safetensors" --policy uniform --density 0.05 --round 1 \

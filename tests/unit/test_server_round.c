@@ -507,6 +507,10 @@ static void test_too_few_updates(void)
     CU_ASSERT_PTR_NOT_NULL_FATAL(s);
     CU_ASSERT_STRING_EQUAL(json_string_value(json_object_get(s, "failed")), "too_few_updates");
     CU_ASSERT_EQUAL(json_integer_value(json_object_get(s, "participants")), 0);
+    /* Not evaluated: null accuracy and loss, no eval_samples. */
+    CU_ASSERT_TRUE(json_is_null(json_object_get(s, "accuracy")));
+    CU_ASSERT_TRUE(json_is_null(json_object_get(s, "loss")));
+    CU_ASSERT_PTR_NULL(json_object_get(s, "eval_samples"));
     json_decref(s);
     CU_ASSERT_EQUAL(fix_version(&f), 0);
     /* Round 1: nobody answers; the deadline closes it, failed. */

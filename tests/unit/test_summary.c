@@ -228,7 +228,7 @@ static void test_legacy_forms(void)
 
 /* eval_samples: written after "loss" when the round was evaluated, absent
  * for 0; read back; 0, a negative count and a count without the stats are
- * refused. */
+ * refused by the decoder, a count without the stats by the encoder. */
 static void test_eval_samples(void)
 {
     strata_round_summary s = closed_summary();
@@ -242,6 +242,15 @@ static void test_eval_samples(void)
     CU_ASSERT_PTR_NULL(strstr(json, "eval_samples"));
     free(json);
     round_trip(&s);
+    /* The encoder refuses what the decoder would: a count without stats. */
+    s.has_stats = 0;
+    s.eval_samples = 5;
+    json = (char *)&json;
+    size_t len = 1;
+    strata_diag ed;
+    CU_ASSERT_EQUAL(strata_round_summary_encode(&s, &json, &len, &ed), STRATA_EINVAL);
+    CU_ASSERT_PTR_NULL(json);
+    CU_ASSERT_PTR_NOT_NULL(strstr(ed.msg, "eval_samples: without the round statistics"));
 
     static const char *bad[] = {
         "{\"round\":1,\"state\":\"closed\",\"model_version\":1,\"selected\":2,"
