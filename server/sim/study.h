@@ -25,6 +25,7 @@ typedef struct key {
 /* One round of a finished run, from its report.csv. */
 typedef struct round_row {
     double acc, loss, up, down;
+    double eval; /* test images behind acc and loss; 0: not evaluated or not reported */
 } round_row;
 
 /* One run of the grid. */

@@ -41,7 +41,7 @@ int sim__study_read_report(const study *s, run *r)
     enum { MAXF = 4096 };
     char *line = malloc(MAX_CSV_LINE), **fld = malloc(MAXF * sizeof(char *));
     int rc = line && fld ? STRATA_OK : STRATA_ENOMEM;
-    int c_acc = -1, c_loss = -1, c_up = -1, c_down = -1, c_d0 = -1;
+    int c_acc = -1, c_loss = -1, c_up = -1, c_down = -1, c_d0 = -1, c_eval = -1;
     size_t cap = 0;
     if (rc == 0 && fgets(line, (int)MAX_CSV_LINE, f) != NULL) {
         size_t n = split(line, fld, MAXF);
@@ -54,6 +54,8 @@ int sim__study_read_report(const study *s, run *r)
                 c_up = (int)i;
             else if (strcmp(fld[i], "downlink_bytes") == 0)
                 c_down = (int)i;
+            else if (strcmp(fld[i], "eval_samples") == 0)
+                c_eval = (int)i;
             else if (strncmp(fld[i], "density:", 8) == 0) {
                 if (c_d0 < 0)
                     c_d0 = (int)i;
@@ -92,6 +94,7 @@ int sim__study_read_report(const study *s, run *r)
         row->loss = atof(fld[c_loss]);
         row->up = atof(fld[c_up]);
         row->down = atof(fld[c_down]);
+        row->eval = c_eval >= 0 && (size_t)c_eval < n ? atof(fld[c_eval]) : 0.0;
         for (size_t l = 0; l < r->nlayers; l++)
             r->dens[r->nrows * r->nlayers + l] =
                 c_d0 >= 0 && (size_t)c_d0 + l < n ? atof(fld[(size_t)c_d0 + l]) : 0.0;
@@ -117,7 +120,9 @@ static int write_csv(const study *s)
     for (size_t k = 0; k < s->nkeys; k++)
         if (s->keys[k].axis)
             fprintf(f, ",%s", s->keys[k].name);
-    fputs(",round,accuracy,loss,uplink_bytes,downlink_bytes,cum_uplink_bytes,cum_total_bytes\n", f);
+    fputs(",round,accuracy,loss,uplink_bytes,downlink_bytes,cum_uplink_bytes,cum_total_bytes,"
+          "eval_samples\n",
+          f);
     for (size_t i = 0; i < s->nruns; i++) {
         const run *r = &s->runs[i];
         double cu = 0, ct = 0;
@@ -131,8 +136,8 @@ static int write_csv(const study *s)
                     const char *v = s->keys[k].vals[r->pick[k]];
                     fprintf(f, ",%s", v ? v : "");
                 }
-            fprintf(f, ",%zu,%.6f,%.6f,%.0f,%.0f,%.0f,%.0f\n", j, w->acc, w->loss, w->up, w->down,
-                    cu, ct);
+            fprintf(f, ",%zu,%.6f,%.6f,%.0f,%.0f,%.0f,%.0f,%.0f\n", j, w->acc, w->loss, w->up,
+                    w->down, cu, ct, w->eval);
         }
     }
     return fclose(f) == 0 ? STRATA_OK : STRATA_EIO;

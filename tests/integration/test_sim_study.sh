@@ -31,7 +31,7 @@ grep -q "run 1/2: uniform_7 finished: accuracy 0\.[0-9]*, [0-9.]* MB up, [0-9.]*
 grep -q "run 2/2: legacy_7 finished: .*; 0 runs to go, about 0 min" "$WORK/err1.txt" ||
     fail "no progress line after run 2: $(cat "$WORK/err1.txt")"
 # One CSV: a header and 2 runs x 2 rounds, the axes as columns.
-head -n 1 "$OUT/study.csv" | grep -q "^run,policy,seed,round,accuracy,loss,uplink_bytes,downlink_bytes,cum_uplink_bytes,cum_total_bytes$" ||
+head -n 1 "$OUT/study.csv" | grep -q "^run,policy,seed,round,accuracy,loss,uplink_bytes,downlink_bytes,cum_uplink_bytes,cum_total_bytes,eval_samples$" ||
     fail "study.csv header: $(head -n 1 "$OUT/study.csv")"
 [ "$(wc -l <"$OUT/study.csv")" -eq 5 ] || fail "study.csv should hold 4 rows"
 [ "$(grep -c ',uniform,7,' "$OUT/study.csv")" -eq 2 ] || fail "study.csv lacks the uniform run"
