@@ -23,12 +23,12 @@ static void note_eval_samples(FILE *fm, const strata_round_summary *list, size_t
     for (size_t i = nr; i-- > 0 && last == NULL;)
         if (list[i].eval_samples > 0)
             last = &list[i];
-    uint64_t sub = 0;
-    for (size_t i = 0; last != NULL && i < nr; i++)
-        if (list[i].eval_samples > 0 && list[i].eval_samples != last->eval_samples)
-            sub = list[i].eval_samples;
     if (last == NULL)
         return;
+    uint64_t sub = 0;
+    for (size_t i = 0; i < nr; i++)
+        if (list[i].eval_samples > 0 && list[i].eval_samples != last->eval_samples)
+            sub = list[i].eval_samples;
     fprintf(fm, "\nAccuracy and loss of round %u are on %llu test images", last->round,
             (unsigned long long)last->eval_samples);
     if (sub > 0)

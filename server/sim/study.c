@@ -377,8 +377,8 @@ int sim_study_run(const char *spec_path, const char *out, const char *self,
     double busy_s = 0;
     code = 0;
     /* Runs finished by an earlier invocation (study.done) are skipped. */
+    char marker[PATH_MAX];
     for (size_t i = 0; i < s.nruns; i++) {
-        char marker[PATH_MAX];
         snprintf(marker, sizeof(marker), "%s/runs/%s/study.done", out, s.runs[i].name);
         if (exists(marker)) {
             s.runs[i].done = 1;
@@ -389,7 +389,6 @@ int sim_study_run(const char *spec_path, const char *out, const char *self,
         run *r = &s.runs[i];
         if (r->done)
             continue;
-        char marker[PATH_MAX];
         snprintf(marker, sizeof(marker), "%s/runs/%s/study.done", out, r->name);
         strata_log_info("run %zu/%zu: %s", i + 1, s.nruns, r->name);
         double t0 = strata_clock_mono_s();
