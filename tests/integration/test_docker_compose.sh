@@ -79,8 +79,9 @@ chmod go-w "$WORK/secret"
 
 free_port() {
     local p
-    for p in $(shuf -i 20000-60000 -n 50); do
-        [ -n "$(ss -ltnH "sport = :$p" 2>/dev/null)" ] || {
+    # Below Linux's ephemeral range (32768 up), and not in use by any socket.
+    for p in $(shuf -i 20000-32000 -n 50); do
+        [ -n "$(ss -tanH "sport = :$p" 2>/dev/null)" ] || {
             echo "$p"
             return
         }
