@@ -661,6 +661,7 @@ void srv__round_close(srv_engine *e)
         srv__downlink_prune(e, v);
         e->last_acc = j.st.accuracy;
         e->last_loss = j.st.loss;
+        e->last_eval_samples = j.st.samples;
         e->last_agg_s = j.agg_s;
         e->last_round_s = (double)dur / 1000.0;
         e->have_last = 1;

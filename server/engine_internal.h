@@ -167,6 +167,7 @@ struct srv_engine {
     int64_t opened_ms, deadline_ms;
     uint64_t uplink, downlink;
     double last_acc, last_loss, last_agg_s, last_round_s; /* the last round closed */
+    size_t last_eval_samples; /* test images behind last_acc and last_loss */
     int have_last;
     srv_waiter *waiters; /* parked long-polls */
     size_t nwaiters, capwaiters;

@@ -245,6 +245,9 @@ void srv_engine_metrics(srv_engine *e, srv_result *r)
             "# TYPE strata_accuracy gauge\nstrata_accuracy %.6f\n"
             "# HELP strata_loss Test loss of the last evaluation.\n"
             "# TYPE strata_loss gauge\nstrata_loss %.6f\n"
+            "# HELP strata_eval_samples Test images behind strata_accuracy and strata_loss "
+            "(fewer than the test set when --eval-samples sampled them).\n"
+            "# TYPE strata_eval_samples gauge\nstrata_eval_samples %zu\n"
             "# HELP strata_registered_clients Registered clients.\n"
             "# TYPE strata_registered_clients gauge\nstrata_registered_clients %zu\n"
             "# HELP strata_round Current (open or next) round.\n"
@@ -252,7 +255,8 @@ void srv_engine_metrics(srv_engine *e, srv_result *r)
             "# HELP strata_model_version Current global model version.\n"
             "# TYPE strata_model_version gauge\nstrata_model_version %llu\n",
             e->paused, e->close_failures > 0, e->last_agg_s, e->last_round_s, e->last_acc,
-            e->last_loss, e->nclients, e->next_round, (unsigned long long)e->version);
+            e->last_loss, e->last_eval_samples, e->nclients, e->next_round,
+            (unsigned long long)e->version);
     pthread_mutex_unlock(&e->mu);
     if (rc < 0) {
         strata_buf_cleanup(&b);

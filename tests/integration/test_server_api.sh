@@ -46,7 +46,7 @@ done
 
 cat >"$WORK/cfg.json" <<'JSON'
 {"min_clients": 1, "clients_per_round": 1, "rounds": 3, "round_deadline": 30,
- "policy": "uniform", "density": 0.05, "enrolment_secret": "s3cret"}
+ "policy": "uniform", "density": 0.05, "enrolment_secret": "s3cret", "eval_samples": 400}
 JSON
 # The state directory is made by the operator under a permissive umask; the
 # coordinator's files in it must still be private (checked at the end).
@@ -172,6 +172,7 @@ done
 expect 200 "round 0"
 [ "$(json_field "$BODY" state)" = closed ] || fail "round 0 did not close: $BODY"
 [ "$(json_field "$BODY" participants)" = 1 ] || fail "round 0: $BODY"
+[ "$(json_field "$BODY" eval_samples)" = 400 ] || fail "round 0's eval_samples: $BODY"
 [ "$(json_field "$BODY" uplink_bytes)" = "$(stat -c %s "$WORK/up.bin")" ] || fail "uplink: $BODY"
 grep -q '^round 0/2: 1 updates, accuracy' "$WORK/server.out" || fail "no round log line"
 req GET /v1/rounds
@@ -250,6 +251,8 @@ for m in strata_rounds_completed_total strata_updates_accepted_total \
     strata_accuracy strata_registered_clients; do
     grep -qF "$m" <<<"$BODY" || fail "metrics lack $m"
 done
+# Round 0 of 0..1 was evaluated on the 400 test images of eval_samples.
+grep -q '^strata_eval_samples 400$' <<<"$BODY" || fail "eval samples gauge: $BODY"
 grep -q '^strata_rounds_completed_total 1$' <<<"$BODY" || fail "rounds counter: $BODY"
 grep -q '^strata_updates_accepted_total 1$' <<<"$BODY" || fail "accepted counter: $BODY"
 
@@ -264,6 +267,9 @@ for _ in $(seq 1 100); do
     sleep 0.2
 done
 [ "$(json_field "$BODY" state)" = finished ] || fail "not finished: $BODY"
+# The last round is evaluated on the whole test set.
+req GET /metrics
+grep -q '^strata_eval_samples 10000$' <<<"$BODY" || fail "last round's eval samples: $BODY"
 req GET /v1/tasks/next "${A[@]}"
 expect 410 "tasks after the last round"
 echo "$BODY" | grep -q finished || fail "410 body: $BODY"
