@@ -664,7 +664,6 @@ void srv__round_close(srv_engine *e)
         e->last_eval_samples = j.st.samples;
         e->last_agg_s = j.agg_s;
         e->last_round_s = (double)dur / 1000.0;
-        e->have_last = 1;
         srv__ctr_add(e, SRV_CTR_ROUNDS, 1);
         /* Progress lines stay on stdout, in this form: operators and tests
          * read them. */

@@ -166,10 +166,11 @@ struct srv_engine {
     char *task_json;
     int64_t opened_ms, deadline_ms;
     uint64_t uplink, downlink;
-    double last_acc, last_loss, last_agg_s, last_round_s; /* the last round closed */
+    /* The gauges of the last round closed with a new model (accuracy, loss
+     * and duration restored from the store at start-up). */
+    double last_acc, last_loss, last_agg_s, last_round_s;
     size_t last_eval_samples; /* test images behind last_acc and last_loss */
-    int have_last;
-    srv_waiter *waiters; /* parked long-polls */
+    srv_waiter *waiters;      /* parked long-polls */
     size_t nwaiters, capwaiters;
 
     /* ---- models.c: the current version, encoded ---- */

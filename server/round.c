@@ -160,6 +160,11 @@ int srv__summary_facts(const char *text, srv_summary_facts *f)
     if (rc == 0) {
         f->stopped = s.stopped;
         f->failed = s.failed != STRATA_ROUND_FAILED_NONE;
+        f->evaluated = s.has_stats && !isnan(s.accuracy);
+        f->accuracy = s.accuracy;
+        f->loss = s.loss;
+        f->eval_samples = s.eval_samples;
+        f->duration_ms = s.duration_ms;
         for (size_t i = 0; i < s.num_quarantined; i++) {
             if (s.quarantined[i].reason == STRATA_QUARANTINE_NORM)
                 f->quarantined_norm++;
@@ -555,6 +560,12 @@ static int count_from_store(srv_engine *e, strata_diag *d)
             failed += f.failed;
             q_norm += (int64_t)f.quarantined_norm;
             q_nf += (int64_t)f.quarantined_non_finite;
+            if (f.evaluated) { /* the gauges of the last evaluated round */
+                e->last_acc = f.accuracy;
+                e->last_loss = f.loss;
+                e->last_eval_samples = f.eval_samples ? f.eval_samples : e->test.n;
+                e->last_round_s = (double)f.duration_ms / 1000.0;
+            }
             from = rs[i].round + 1;
         }
         strata_store_round_list_free(rs, n);

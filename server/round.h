@@ -31,12 +31,16 @@ struct json_t;
  * strata_round_summary_encode. */
 int srv__summary_text(const srv_engine *e, strata_round_summary *s, char **out, strata_diag *d);
 
-/* What the counters need to know of a stored round summary. */
+/* What the counters and gauges need to know of a stored round summary. */
 typedef struct srv_summary_facts {
     int stopped;                   /* closed unaggregated by an operator */
     int failed;                    /* closed without a new model */
     size_t quarantined_norm;       /* updates quarantined by the screening rule */
     size_t quarantined_non_finite; /* ... and to keep the result finite */
+    int evaluated;                 /* the model was evaluated: the next four are set */
+    double accuracy, loss;
+    size_t eval_samples; /* 0 in summaries written before the key existed */
+    uint64_t duration_ms;
 } srv_summary_facts;
 
 /* Reads *f from a stored summary text (zeroed on error). Errors: as

@@ -311,6 +311,15 @@ wait_listening "$SPID" "$WORK/server2.out" "$WORK/server2.err"
 req GET /v1/status
 [ "$(json_field "$BODY" model_version)" = 2 ] || fail "restart: $BODY"
 [ "$(json_field "$BODY" registered_clients)" = 2 ] || fail "restart: $BODY"
+# The gauges of the last evaluation come back with the state: round 1's.
+req GET /v1/rounds/1
+ACC1=$(json_field "$BODY" accuracy)
+[ -n "$ACC1" ] || fail "round 1 has no accuracy: $BODY"
+req GET /metrics
+grep -q '^strata_eval_samples 10000$' <<<"$BODY" || fail "eval samples after a restart: $BODY"
+ACCM=$(awk '$1 == "strata_accuracy" { print $2 }' <<<"$BODY")
+awk -v a="$ACC1" -v m="$ACCM" 'BEGIN { d = a - m; exit !(m != "" && d < 1e-6 && d > -1e-6) }' ||
+    fail "strata_accuracy after a restart is $ACCM, round 1's accuracy $ACC1"
 # A client's long-poll is pending while the server stops: it still exits 0.
 "${C[@]}" -o /dev/null "${A[@]}" "$URL/v1/tasks/next?wait=5" &
 POLL=$!
