@@ -160,7 +160,7 @@ int srv__summary_facts(const char *text, srv_summary_facts *f)
     if (rc == 0) {
         f->stopped = s.stopped;
         f->failed = s.failed != STRATA_ROUND_FAILED_NONE;
-        f->evaluated = s.has_stats && !isnan(s.accuracy);
+        f->evaluated = !isnan(s.accuracy);
         f->accuracy = s.accuracy;
         f->loss = s.loss;
         f->eval_samples = s.eval_samples;

@@ -309,12 +309,13 @@ static int start_clients(const sim_opts *o, procs *p, const char *client_bin, co
 static void show_round(void *ud, const strata_round_summary *s, uint32_t total)
 {
     int *tty = ud;
-    char line[256];
+    char line[256], acc[32], loss[32];
     snprintf(line, sizeof(line),
-             "round %u/%u: %llu updates, accuracy %.4f, loss %.4f, uplink %llu bytes, %llu ms",
-             s->round, total, (unsigned long long)s->participants, sim_summary_metric(s->accuracy),
-             sim_summary_metric(s->loss), (unsigned long long)s->uplink_bytes,
-             (unsigned long long)s->duration_ms);
+             "round %u/%u: %llu updates, accuracy %s, loss %s, uplink %llu bytes, %llu ms",
+             s->round, total, (unsigned long long)s->participants,
+             sim_metric_text(s->accuracy, 4, "none", acc, sizeof(acc)),
+             sim_metric_text(s->loss, 4, "none", loss, sizeof(loss)),
+             (unsigned long long)s->uplink_bytes, (unsigned long long)s->duration_ms);
     if (*tty) {
         fprintf(stderr, "\r\033[K%s", line);
         fflush(stderr);

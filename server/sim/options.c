@@ -114,6 +114,18 @@ static int per_invocation(const char *key)
     return 0;
 }
 
+/* The only options that go with --study: the rest are the runs' (its
+ * spec's) or describe a single run (--resume, --json, --report-from,
+ * --data-shares). */
+static int with_study(const char *key)
+{
+    static const char *const KEYS[] = {"study", "out", "log_format", "log_level"};
+    for (size_t i = 0; i < sizeof(KEYS) / sizeof(KEYS[0]); i++)
+        if (strcmp(key, KEYS[i]) == 0)
+            return 1;
+    return 0;
+}
+
 /* Options a resumed run cannot change: the shards and the clients'
  * identities depend on them. */
 static int fixed_on_resume(const char *key)
@@ -346,7 +358,7 @@ int sim_opts_parse(int argc, char **argv, sim_opts *o, int *help)
             for (char *c = k; *c; c++)
                 if (*c == '-')
                     *c = '_';
-            if (!per_invocation(k) || strcmp(k, "resume") == 0) {
+            if (!with_study(k)) {
                 strata_log_error("--study takes the runs' options from its spec, not --%s%s",
                                  argv[i] + 2,
                                  strcmp(k, "resume") == 0

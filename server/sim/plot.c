@@ -57,6 +57,12 @@ static void header(FILE *f, int w, int h, const char *title)
     fputs("</text>\n", f);
 }
 
+/* Whether point i of ln is drawn: x on the log axis, y known. */
+static int drawn(const sim_plot_line *ln, size_t i)
+{
+    return ln->x[i] > 0 && isfinite(ln->y[i]) && isfinite(ln->lo[i]) && isfinite(ln->hi[i]);
+}
+
 int sim_plot_lines(const char *path, const char *title, const char *xlabel, const char *ylabel,
                    const sim_plot_line *lines, size_t nlines)
 {
@@ -64,7 +70,7 @@ int sim_plot_lines(const char *path, const char *title, const char *xlabel, cons
     for (size_t l = 0; l < nlines; l++)
         for (size_t i = 0; i < lines[l].n; i++) {
             double x = lines[l].x[i];
-            if (!(x > 0))
+            if (!drawn(&lines[l], i))
                 continue;
             xmin = fmin(xmin, x);
             xmax = fmax(xmax, x);
@@ -118,14 +124,14 @@ int sim_plot_lines(const char *path, const char *title, const char *xlabel, cons
         /* The band: lo forwards, hi backwards. */
         fprintf(f, "<polygon fill=\"%s\" fill-opacity=\"0.18\" stroke=\"none\" points=\"", c);
         for (size_t i = 0; i < ln->n; i++)
-            if (ln->x[i] > 0)
+            if (drawn(ln, i))
                 fprintf(f, "%.1f,%.1f ", PX(ln->x[i]), PY(ln->lo[i]));
         for (size_t i = ln->n; i-- > 0;)
-            if (ln->x[i] > 0)
+            if (drawn(ln, i))
                 fprintf(f, "%.1f,%.1f ", PX(ln->x[i]), PY(ln->hi[i]));
         fprintf(f, "\"/>\n<polyline fill=\"none\" stroke=\"%s\" stroke-width=\"2\" points=\"", c);
         for (size_t i = 0; i < ln->n; i++)
-            if (ln->x[i] > 0)
+            if (drawn(ln, i))
                 fprintf(f, "%.1f,%.1f ", PX(ln->x[i]), PY(ln->y[i]));
         double ly = MT + 14 + 18.0 * (double)l;
         fprintf(f,

@@ -9,6 +9,7 @@
 
 #include <jansson.h>
 #include <limits.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -218,37 +219,51 @@ int sim_report_write(const char *state_dir, const char *out_dir, const sim_run_i
                 o->clients, o->sampling, o->rounds, o->model, o->partition, o->policy, o->density,
                 o->values, o->downlink ? o->downlink : "none", o->seed);
     }
-    double up = 0, down = 0, dense = 0, acc = 0, elapsed = 0, to_target = -1;
+    /* acc: the model's last evaluation (a round without one left the model
+     * as it was); NaN while no round was evaluated. */
+    double up = 0, down = 0, dense = 0, acc = NAN, elapsed = 0, to_target = -1;
     long target_round = -1;
+    size_t unevaluated = 0;
     const strata_round_summary *last = NULL;
     for (size_t i = 0; fc && fm && i < nr; i++) {
         const strata_round_summary *s = &list[i];
         double u = (double)s->uplink_bytes, dn = (double)s->downlink_bytes;
-        double de = (double)s->dense_uplink_bytes, loss = sim_summary_metric(s->loss);
+        double de = (double)s->dense_uplink_bytes;
         long parts = (long)s->participants;
-        acc = sim_summary_metric(s->accuracy);
+        char ca[32], cl[32], ma[32], ml[32];
+        if (isnan(s->accuracy))
+            unevaluated++;
+        else
+            acc = s->accuracy;
         up += u;
         down += dn;
         dense += de;
         elapsed += (double)s->duration_ms / 1000.0;
-        if (o->target_accuracy > 0 && to_target < 0 && acc >= o->target_accuracy) {
+        if (o->target_accuracy > 0 && to_target < 0 && !isnan(acc) && acc >= o->target_accuracy) {
             to_target = elapsed;
             target_round = (long)s->round;
         }
-        fprintf(fc, "%u,%ld,%.6f,%.6f,%.0f,%.0f,%.0f,%.2f,%.0f,%.0f,%.2f,%.2f,%llu", s->round,
-                parts, acc, loss, u, dn, de, u > 0 ? de / u : 0.0, u + dn, 2 * de,
-                dn > 0 ? de / dn : 0.0, u + dn > 0 ? 2 * de / (u + dn) : 0.0,
+        fprintf(fc, "%u,%ld,%s,%s,%.0f,%.0f,%.0f,%.2f,%.0f,%.0f,%.2f,%.2f,%llu", s->round, parts,
+                sim_metric_text(s->accuracy, 6, "", ca, sizeof(ca)),
+                sim_metric_text(s->loss, 6, "", cl, sizeof(cl)), u, dn, de, u > 0 ? de / u : 0.0,
+                u + dn, 2 * de, dn > 0 ? de / dn : 0.0, u + dn > 0 ? 2 * de / (u + dn) : 0.0,
                 (unsigned long long)s->eval_samples);
         for (size_t k = 0; k < s->num_layers; k++)
             fprintf(fc, ",%.6f", s->densities[k]);
         fputc('\n', fc);
-        fprintf(fm, "| %u | %ld | %.4f | %.4f | %.0f | %.0f | %.1fx | %.1fx | %.1fx |\n", s->round,
-                parts, acc, loss, u, dn, u > 0 ? de / u : 0.0, dn > 0 ? de / dn : 0.0,
-                u + dn > 0 ? 2 * de / (u + dn) : 0.0);
+        fprintf(fm, "| %u | %ld | %s | %s | %.0f | %.0f | %.1fx | %.1fx | %.1fx |\n", s->round,
+                parts, sim_metric_text(s->accuracy, 4, "–", ma, sizeof(ma)),
+                sim_metric_text(s->loss, 4, "–", ml, sizeof(ml)), u, dn, u > 0 ? de / u : 0.0,
+                dn > 0 ? de / dn : 0.0, u + dn > 0 ? 2 * de / (u + dn) : 0.0);
         last = s;
     }
     if (fm != NULL)
         note_eval_samples(fm, list, nr);
+    if (fm != NULL && unevaluated > 0)
+        fprintf(fm,
+                "\n%zu round%s (–) closed without a new model and were not evaluated; "
+                "the final accuracy is that of the last round evaluated.\n",
+                unevaluated, unevaluated == 1 ? "" : "s");
     if (fm != NULL && last != NULL && last->has_densities) {
         fprintf(fm, "\nPer-layer budgets of the last round (every round's densities are in "
                     "report.csv):\n\n| tensor | density | compressor |\n|---|---|---|\n");
@@ -261,13 +276,15 @@ int sim_report_write(const char *state_dir, const char *out_dir, const sim_run_i
         rc = STRATA_EIO;
     if (fm != NULL)
         report_lgreco(fm, list, nr);
+    char fa[64];
+    sim_metric_text(acc, 4, "none (no round was evaluated)", fa, sizeof(fa));
     if (fm != NULL)
         fprintf(fm,
                 "\nTotal: uplink %.0f bytes (dense updates would be %.0f, %.1fx more), "
                 "downlink %.0f bytes (dense models would be %.0f, %.1fx more), total %.0f bytes "
-                "(dense FedAvg would move %.0f, %.1fx more), final accuracy %.4f.\n",
+                "(dense FedAvg would move %.0f, %.1fx more), final accuracy %s.\n",
                 up, dense, up > 0 ? dense / up : 0.0, down, dense, down > 0 ? dense / down : 0.0,
-                up + down, 2 * dense, up + down > 0 ? 2 * dense / (up + down) : 0.0, acc);
+                up + down, 2 * dense, up + down > 0 ? 2 * dense / (up + down) : 0.0, fa);
     if (fm != NULL && (o->link_up != NULL || o->link_down != NULL))
         fprintf(fm,
                 "\nEvery client behind its own link (network namespace, veth pair, tbf): "
@@ -289,16 +306,16 @@ int sim_report_write(const char *state_dir, const char *out_dir, const sim_run_i
         strata_log_error("cannot write the report in %s", out_dir);
         rc = STRATA_EIO;
     }
-    strata_log_info("%zu rounds, final accuracy %.4f, uplink %.0f bytes (%.1fx less than dense), "
+    strata_log_info("%zu rounds, final accuracy %s, uplink %.0f bytes (%.1fx less than dense), "
                     "total %.0f bytes up and down (%.1fx less than dense FedAvg), report in %s",
-                    nr, acc, up, up > 0 ? dense / up : 0.0, up + down,
+                    nr, fa, up, up > 0 ? dense / up : 0.0, up + down,
                     up + down > 0 ? 2 * dense / (up + down) : 0.0, md);
     if (json) {
-        json_t *sum =
-            json_pack("{s:f,s:I,s:I,s:f,s:f,s:f,s:f,s:f,s:s}", "final_accuracy", acc, "rounds",
-                      (json_int_t)nr, "clients", (json_int_t)o->clients, "uplink_bytes", up,
-                      "downlink_bytes", down, "dense_uplink_bytes", dense, "total_bytes", up + down,
-                      "dense_total_bytes", 2 * dense, "report", md);
+        json_t *sum = json_pack("{s:o,s:I,s:I,s:f,s:f,s:f,s:f,s:f,s:s}", "final_accuracy",
+                                isnan(acc) ? json_null() : json_real(acc), "rounds", (json_int_t)nr,
+                                "clients", (json_int_t)o->clients, "uplink_bytes", up,
+                                "downlink_bytes", down, "dense_uplink_bytes", dense, "total_bytes",
+                                up + down, "dense_total_bytes", 2 * dense, "report", md);
         if (sum != NULL)
             json_object_set_new(sum, "time_s", json_real(elapsed));
         if (sum != NULL && o->target_accuracy > 0)

@@ -97,8 +97,10 @@ int sim_summary_list_decode(const char *text, size_t len, strata_round_summary *
                             strata_diag *diag);
 void sim_summary_list_free(strata_round_summary *list, size_t n);
 
-/* A summary's accuracy or loss for display: 0 when it is unknown (NaN). */
-double sim_summary_metric(double v);
+/* A summary's accuracy or loss as text in buf: printed with prec decimals,
+ * or `none` when it is unknown (NaN: the round was not evaluated, as a
+ * round that failed). Returns buf. */
+const char *sim_metric_text(double v, int prec, const char *none, char *buf, size_t cap);
 
 /* ---- following a run (follow.c) ----------------------------------------- */
 
@@ -251,8 +253,8 @@ typedef struct sim_plot_line {
 
 /* Writes an SVG line plot to path: a logarithmic x axis over whole decades,
  * a linear y axis, one coloured line with a shaded band per entry of lines
- * and a legend. Errors: STRATA_EINVAL when no point has x > 0, STRATA_EIO
- * when the file cannot be written. */
+ * and a legend. Errors: STRATA_EINVAL when no point has x > 0 and a known
+ * y, STRATA_EIO when the file cannot be written. */
 int sim_plot_lines(const char *path, const char *title, const char *xlabel, const char *ylabel,
                    const sim_plot_line *lines, size_t nlines);
 

@@ -266,10 +266,13 @@ static int run_finished(study *s, run *r, size_t i, double mean_s)
         up += r->rows[k].up;
         total += r->rows[k].up + r->rows[k].down;
     }
-    strata_log_info("run %zu/%zu: %s finished: accuracy %.4f, %.2f MB up, %.2f MB in all; "
+    char acc[32];
+    strata_log_info("run %zu/%zu: %s finished: accuracy %s, %.2f MB up, %.2f MB in all; "
                     "%zu run%s to go, about %.0f min",
-                    i + 1, s->nruns, r->name, r->rows[r->nrows - 1].acc, up / 1e6, total / 1e6,
-                    left, left == 1 ? "" : "s", (double)left * mean_s / 60.0);
+                    i + 1, s->nruns, r->name,
+                    sim_metric_text(r->rows[r->nrows - 1].model_acc, 4, "none", acc, sizeof(acc)),
+                    up / 1e6, total / 1e6, left, left == 1 ? "" : "s",
+                    (double)left * mean_s / 60.0);
     return 0;
 }
 

@@ -24,8 +24,12 @@ typedef struct key {
 
 /* One round of a finished run, from its report.csv. */
 typedef struct round_row {
-    double acc, loss, up, down;
+    double acc, loss, up, down; /* acc and loss NaN: the round was not evaluated */
     double eval; /* test images behind acc and loss; 0: not evaluated or not reported */
+    /* The model's accuracy after the round: acc, or the last evaluated
+     * round's when this one was not evaluated (a round that closed without
+     * a new model left it as it was); NaN before any evaluation. */
+    double model_acc;
 } round_row;
 
 /* One run of the grid. */

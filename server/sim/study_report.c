@@ -31,6 +31,14 @@ static size_t split(char *line, char **f, size_t cap)
     return n;
 }
 
+/* A CSV field's number, or NaN when it is empty (a value not known). */
+static double field_number(const char *f)
+{
+    char *end = NULL;
+    double v = strtod(f, &end);
+    return end == f ? NAN : v;
+}
+
 int sim__study_read_report(const study *s, run *r)
 {
     char path[PATH_MAX];
@@ -90,8 +98,11 @@ int sim__study_read_report(const study *s, run *r)
             }
         }
         round_row *row = &r->rows[r->nrows];
-        row->acc = atof(fld[c_acc]);
-        row->loss = atof(fld[c_loss]);
+        row->acc = field_number(fld[c_acc]);
+        row->loss = field_number(fld[c_loss]);
+        row->model_acc = !isnan(row->acc) ? row->acc
+                         : r->nrows > 0   ? r->rows[r->nrows - 1].model_acc
+                                          : NAN;
         row->up = atof(fld[c_up]);
         row->down = atof(fld[c_down]);
         row->eval = c_eval >= 0 && (size_t)c_eval < n ? atof(fld[c_eval]) : 0.0;
@@ -128,6 +139,7 @@ static int write_csv(const study *s)
         double cu = 0, ct = 0;
         for (size_t j = 0; j < r->nrows; j++) {
             const round_row *w = &r->rows[j];
+            char ta[32], tl[32];
             cu += w->up;
             ct += w->up + w->down;
             fputs(r->name, f);
@@ -136,8 +148,10 @@ static int write_csv(const study *s)
                     const char *v = s->keys[k].vals[r->pick[k]];
                     fprintf(f, ",%s", v ? v : "");
                 }
-            fprintf(f, ",%zu,%.6f,%.6f,%.0f,%.0f,%.0f,%.0f,%.0f\n", j, w->acc, w->loss, w->up,
-                    w->down, cu, ct, w->eval);
+            fprintf(f, ",%zu,%s,%s,%.0f,%.0f,%.0f,%.0f,%.0f\n", j,
+                    sim_metric_text(w->acc, 6, "", ta, sizeof(ta)),
+                    sim_metric_text(w->loss, 6, "", tl, sizeof(tl)), w->up, w->down, cu, ct,
+                    w->eval);
         }
     }
     return fclose(f) == 0 ? STRATA_OK : STRATA_EIO;
@@ -182,16 +196,23 @@ static void panel_name(const study *s, const run *p, char *out, size_t cap, int 
 }
 
 /* Mean and standard deviation (over the n values of v). */
+/* Mean and sample standard deviation of the values of v that are known
+ * (not NaN); the mean is NaN when none is. */
 static void mean_sd(const double *v, size_t n, double *mean, double *sd)
 {
     double m = 0, q = 0;
+    size_t k = 0;
     for (size_t i = 0; i < n; i++)
-        m += v[i];
-    m = n ? m / (double)n : 0;
+        if (!isnan(v[i])) {
+            m += v[i];
+            k++;
+        }
+    m = k ? m / (double)k : NAN;
     for (size_t i = 0; i < n; i++)
-        q += (v[i] - m) * (v[i] - m);
+        if (!isnan(v[i]))
+            q += (v[i] - m) * (v[i] - m);
     *mean = m;
-    *sd = n > 1 ? sqrt(q / (double)(n - 1)) : 0;
+    *sd = k > 1 ? sqrt(q / (double)(k - 1)) : 0;
 }
 
 /* One policy's runs within a panel, summarised per round over the seeds. */
@@ -245,7 +266,7 @@ static int build_line(const study *s, const run *p, size_t pv, policy_line *l)
         for (size_t i = 0; i < n; i++) {
             cu[i] += mine[i]->rows[j].up;
             ct[i] += mine[i]->rows[j].up + mine[i]->rows[j].down;
-            acc[i] = mine[i]->rows[j].acc;
+            acc[i] = mine[i]->rows[j].model_acc;
             su += cu[i];
             st += ct[i];
         }
@@ -311,12 +332,17 @@ static int write_panel(const study *s, const run *p, FILE *md, FILE *html)
             snprintf(ratio, sizeof(ratio), "reference");
         else if (dense_total > 0 && l->total > 0)
             snprintf(ratio, sizeof(ratio), "%.1fx fewer", dense_total / l->total);
-        fprintf(md, "| %s | %zu | %.4f ± %.4f | %.0f | %.0f | %s |\n", l->policy, l->nseeds,
-                l->final_acc, l->final_sd, l->up, l->total, ratio);
+        char acc[64] = "none", acch[64] = "none";
+        if (!isnan(l->final_acc)) {
+            snprintf(acc, sizeof(acc), "%.4f ± %.4f", l->final_acc, l->final_sd);
+            snprintf(acch, sizeof(acch), "%.4f &plusmn; %.4f", l->final_acc, l->final_sd);
+        }
+        fprintf(md, "| %s | %zu | %s | %.0f | %.0f | %s |\n", l->policy, l->nseeds, acc, l->up,
+                l->total, ratio);
         fprintf(html,
-                "<tr><td>%s</td><td>%zu</td><td>%.4f &plusmn; %.4f</td><td>%.0f</td>"
+                "<tr><td>%s</td><td>%zu</td><td>%s</td><td>%.0f</td>"
                 "<td>%.0f</td><td>%s</td></tr>\n",
-                l->policy, l->nseeds, l->final_acc, l->final_sd, l->up, l->total, ratio);
+                l->policy, l->nseeds, acch, l->up, l->total, ratio);
     }
     fputs("</table>\n", html);
     static const char *const KIND[2] = {"uplink", "total"};

@@ -5,12 +5,17 @@
 
 #include <jansson.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-double sim_summary_metric(double v)
+const char *sim_metric_text(double v, int prec, const char *none, char *buf, size_t cap)
 {
-    return isnan(v) ? 0.0 : v;
+    if (isnan(v))
+        snprintf(buf, cap, "%s", none);
+    else
+        snprintf(buf, cap, "%.*f", prec, v);
+    return buf;
 }
 
 int sim_summary_list_decode(const char *text, size_t len, strata_round_summary **out, size_t *n,

@@ -338,6 +338,7 @@ static int get_flag(const json_t *o, const char *key, int *out, strata_diag *dia
 
 static int get_stats(const json_t *o, strata_round_summary *s, strata_diag *diag)
 {
+    s->accuracy = s->loss = NAN; /* unknown until the statistics say otherwise */
     size_t present = 0;
     for (size_t i = 0; i < COUNT(STATS_KEYS); i++)
         present += json_object_get(o, STATS_KEYS[i]) != NULL;

@@ -53,4 +53,19 @@ m=$("${C[@]}" "$URL/metrics")
 body=$("${C[@]}" "$URL/v1/rounds/0")
 [ "$(json_field "$body" failed)" = too_few_updates ] || fail "round 0: $body"
 [ "$(json_field "$("${C[@]}" "$URL/v1/status")" model_version)" = 0 ] || fail "the model moved"
+
+# The simulator's report of this state: no round was evaluated, so no
+# accuracy anywhere (not a 0 that a study would average in).
+kill -TERM "$SPID"
+wait "$SPID" || fail "server exit status $? after SIGTERM"
+SPID=""
+"$BUILD/strata-sim" --report-from "$WORK/state" --out "$WORK/report" --rounds "$ROUNDS" \
+    --json >"$WORK/report.out" 2>"$WORK/report.err" || fail "report: $(cat "$WORK/report.err")"
+[ "$(json_field "$(tail -n 1 "$WORK/report.out")" final_accuracy)" = null ] ||
+    fail "final accuracy of a run never evaluated: $(tail -n 1 "$WORK/report.out")"
+[ "$(awk -F, 'NR > 1 && $3 == "" && $4 == ""' "$WORK/report/report.csv" | wc -l)" = "$ROUNDS" ] ||
+    fail "report.csv should leave accuracy and loss empty: $(cat "$WORK/report/report.csv")"
+grep -q "^$ROUNDS rounds (–) closed without a new model" "$WORK/report/report.md" ||
+    fail "report.md does not say the rounds were not evaluated"
+grep -q "final accuracy none" "$WORK/report/report.md" || fail "report.md: final accuracy"
 echo "PASS: clients with non-finite updates skip (${ELAPSED} s)"

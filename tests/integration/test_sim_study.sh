@@ -55,6 +55,20 @@ grep -q "| legacy | 1 |" "$OUT/report.md" || fail "report.md lacks legacy's row"
 grep -q "2 runs (2 finished before)" "$WORK/err2.txt" || fail "finished runs were not skipped"
 [ "$(wc -l <"$OUT/study.csv")" -eq 5 ] || fail "study.csv changed on the second run"
 
+# A round that was not evaluated (accuracy and loss empty in its report.csv,
+# as strata-sim writes a round that closed without a new model) leaves the
+# model as it was: the run's final accuracy is its last evaluated round's,
+# not 0, and study.csv leaves the round's accuracy empty.
+REP="$OUT/runs/legacy_7/report.csv"
+acc0=$(awk -F, 'NR == 2 { print $3 }' "$REP")
+awk -F, 'BEGIN { OFS = "," } NR == 3 { $3 = ""; $4 = "" } { print }' "$REP" >"$WORK/rep.csv"
+cp "$WORK/rep.csv" "$REP"
+"$SIM" --study "$WORK/spec.json" --out "$OUT" 2>"$WORK/err7.txt" || fail "the rebuilt study failed"
+grep -qF "| legacy | 1 | $(printf '%.4f' "$acc0") ± 0.0000 |" "$OUT/report.md" ||
+    fail "legacy's final accuracy should be round 0's $acc0: $(grep '| legacy |' "$OUT/report.md")"
+grep -q '^legacy_7,legacy,7,1,,,' "$OUT/study.csv" ||
+    fail "study.csv should leave the round's accuracy empty: $(grep '^legacy_7' "$OUT/study.csv")"
+
 # SIGTERM stops a study in its run (exit 130, no process left); the same
 # command resumes that run and finishes the study.
 sed 's/"rounds": 2/"rounds": 300/; s/"uniform", "legacy"/"uniform"/' "$WORK/spec.json" >"$WORK/long.json"
@@ -93,4 +107,13 @@ rc=0
 [ "$rc" = 2 ] || fail "--study with --rounds exited $rc, expected 2"
 grep -q "from its spec" "$WORK/err4.txt" || fail "no message for --rounds with --study"
 [ ! -e "$WORK/bad" ] || fail "a refused study created its --out"
+# So are the options of a single run's invocation.
+for opt in --json "--report-from $WORK" "--data-shares 4"; do
+    rc=0
+    # shellcheck disable=SC2086
+    "$SIM" --study "$WORK/spec.json" --out "$WORK/bad" $opt 2>"$WORK/err4.txt" || rc=$?
+    [ "$rc" = 2 ] || fail "--study with $opt exited $rc, expected 2"
+    grep -q "not ${opt%% *}" "$WORK/err4.txt" || fail "no message for $opt with --study"
+    [ ! -e "$WORK/bad" ] || fail "a refused study created its --out"
+done
 echo "PASS: study of 2 runs"

@@ -139,8 +139,8 @@ typedef struct strata_round_summary {
     uint64_t participants;  /* accepted updates */
 
     int has_stats;               /* the six fields below are present */
-    double accuracy;             /* on the held-out set; NaN: unknown (null) */
-    double loss;                 /* NaN: unknown (null) */
+    double accuracy;             /* on the held-out set; NaN: unknown (null, or no stats) */
+    double loss;                 /* NaN: unknown (null, or no stats) */
     uint64_t eval_samples;       /* test images evaluated; 0: none (no key) */
     uint64_t uplink_bytes;       /* bytes of the accepted uploads */
     uint64_t downlink_bytes;     /* bytes of model downloads */
