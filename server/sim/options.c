@@ -359,11 +359,16 @@ int sim_opts_parse(int argc, char **argv, sim_opts *o, int *help)
                 if (*c == '-')
                     *c = '_';
             if (!with_study(k)) {
-                strata_log_error("--study takes the runs' options from its spec, not --%s%s",
-                                 argv[i] + 2,
-                                 strcmp(k, "resume") == 0
-                                     ? " (a study resumes by itself: give the same command again)"
-                                     : "");
+                if (strcmp(k, "resume") == 0)
+                    strata_log_error("--study does not take --%s: a study resumes by itself "
+                                     "(give the same command again)",
+                                     argv[i] + 2);
+                else if (per_invocation(k))
+                    strata_log_error("--study does not take --%s (an option of a single run)",
+                                     argv[i] + 2);
+                else
+                    strata_log_error("--study takes the runs' options from its spec, not --%s",
+                                     argv[i] + 2);
                 return SIM_EXIT_USAGE;
             }
         }

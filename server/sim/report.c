@@ -261,8 +261,9 @@ int sim_report_write(const char *state_dir, const char *out_dir, const sim_run_i
         note_eval_samples(fm, list, nr);
     if (fm != NULL && unevaluated > 0)
         fprintf(fm,
-                "\n%zu round%s (–) closed without a new model and were not evaluated; "
-                "the final accuracy is that of the last round evaluated.\n",
+                "\n%zu round%s (–) had no evaluation (a round that closed without a new "
+                "model, was stopped, or was closed again after a coordinator crash); the "
+                "final accuracy is that of the last round evaluated.\n",
                 unevaluated, unevaluated == 1 ? "" : "s");
     if (fm != NULL && last != NULL && last->has_densities) {
         fprintf(fm, "\nPer-layer budgets of the last round (every round's densities are in "

@@ -195,10 +195,9 @@ static void panel_name(const study *s, const run *p, char *out, size_t cap, int 
         snprintf(out, cap, pretty ? "all runs" : "all");
 }
 
-/* Mean and standard deviation (over the n values of v). */
 /* Mean and sample standard deviation of the values of v that are known
- * (not NaN); the mean is NaN when none is. */
-static void mean_sd(const double *v, size_t n, double *mean, double *sd)
+ * (not NaN); the mean is NaN when none is. Returns how many are known. */
+static size_t mean_sd(const double *v, size_t n, double *mean, double *sd)
 {
     double m = 0, q = 0;
     size_t k = 0;
@@ -213,6 +212,7 @@ static void mean_sd(const double *v, size_t n, double *mean, double *sd)
             q += (v[i] - m) * (v[i] - m);
     *mean = m;
     *sd = k > 1 ? sqrt(q / (double)(k - 1)) : 0;
+    return k;
 }
 
 /* One policy's runs within a panel, summarised per round over the seeds. */
@@ -222,6 +222,7 @@ typedef struct policy_line {
     const run *first; /* its first seed's run */
     double *xu, *xt, *y, *lo, *hi;
     double final_acc, final_sd, up, total;
+    size_t final_known; /* seeds with a final accuracy (evaluated at least once) */
 } policy_line;
 
 static void line_free(policy_line *l)
@@ -270,7 +271,7 @@ static int build_line(const study *s, const run *p, size_t pv, policy_line *l)
             su += cu[i];
             st += ct[i];
         }
-        mean_sd(acc, n, &m, &sd);
+        size_t known = mean_sd(acc, n, &m, &sd);
         l->xu[j] = su / (double)n;
         l->xt[j] = st / (double)n;
         l->y[j] = m;
@@ -278,6 +279,7 @@ static int build_line(const study *s, const run *p, size_t pv, policy_line *l)
         l->hi[j] = m + sd;
         l->final_acc = m;
         l->final_sd = sd;
+        l->final_known = known;
         l->up = l->xu[j];
         l->total = l->xt[j];
     }
@@ -332,10 +334,13 @@ static int write_panel(const study *s, const run *p, FILE *md, FILE *html)
             snprintf(ratio, sizeof(ratio), "reference");
         else if (dense_total > 0 && l->total > 0)
             snprintf(ratio, sizeof(ratio), "%.1fx fewer", dense_total / l->total);
-        char acc[64] = "none", acch[64] = "none";
+        char acc[128] = "none", acch[128] = "none";
+        char some[64] = "";
+        if (l->final_known < l->nseeds)
+            snprintf(some, sizeof(some), " (%zu of %zu seeds)", l->final_known, l->nseeds);
         if (!isnan(l->final_acc)) {
-            snprintf(acc, sizeof(acc), "%.4f ± %.4f", l->final_acc, l->final_sd);
-            snprintf(acch, sizeof(acch), "%.4f &plusmn; %.4f", l->final_acc, l->final_sd);
+            snprintf(acc, sizeof(acc), "%.4f ± %.4f%s", l->final_acc, l->final_sd, some);
+            snprintf(acch, sizeof(acch), "%.4f &plusmn; %.4f%s", l->final_acc, l->final_sd, some);
         }
         fprintf(md, "| %s | %zu | %s | %.0f | %.0f | %s |\n", l->policy, l->nseeds, acc, l->up,
                 l->total, ratio);

@@ -19,9 +19,12 @@ json_field() {
     printf '%s' "$1" | grep -o "\"$2\":[^,}]*" | head -n 1 | cut -d: -f2- | tr -d '"'
 }
 
-# assert_gt A B MESSAGE: floating-point A > B.
+# assert_gt A B MESSAGE: floating-point A > B; both must be numbers (an
+# empty value or null fails).
 assert_gt() {
-    awk -v a="$1" -v b="$2" 'BEGIN { exit !(a > b) }' || fail "$3 ($1 is not > $2)"
+    awk -v a="$1" -v b="$2" 'BEGIN {
+        num = "^[-+]?[0-9]*\\.?[0-9]+([eE][-+]?[0-9]+)?$"
+        exit !(a ~ num && b ~ num && a + 0 > b + 0) }' || fail "$3 ($1 is not > $2)"
 }
 
 # wait_until SECONDS DESCRIPTION COMMAND...: polls COMMAND every WAIT_POLL

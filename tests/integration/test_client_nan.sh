@@ -65,7 +65,7 @@ SPID=""
     fail "final accuracy of a run never evaluated: $(tail -n 1 "$WORK/report.out")"
 [ "$(awk -F, 'NR > 1 && $3 == "" && $4 == ""' "$WORK/report/report.csv" | wc -l)" = "$ROUNDS" ] ||
     fail "report.csv should leave accuracy and loss empty: $(cat "$WORK/report/report.csv")"
-grep -q "^$ROUNDS rounds (–) closed without a new model" "$WORK/report/report.md" ||
+grep -q "^$ROUNDS rounds (–) had no evaluation" "$WORK/report/report.md" ||
     fail "report.md does not say the rounds were not evaluated"
 grep -q "final accuracy none" "$WORK/report/report.md" || fail "report.md: final accuracy"
 echo "PASS: clients with non-finite updates skip (${ELAPSED} s)"

@@ -64,7 +64,7 @@ acc0=$(awk -F, 'NR == 2 { print $3 }' "$REP")
 awk -F, 'BEGIN { OFS = "," } NR == 3 { $3 = ""; $4 = "" } { print }' "$REP" >"$WORK/rep.csv"
 cp "$WORK/rep.csv" "$REP"
 "$SIM" --study "$WORK/spec.json" --out "$OUT" 2>"$WORK/err7.txt" || fail "the rebuilt study failed"
-grep -qF "| legacy | 1 | $(printf '%.4f' "$acc0") ± 0.0000 |" "$OUT/report.md" ||
+grep -qF "| legacy | 1 | $(LC_ALL=C printf '%.4f' "$acc0") ± 0.0000 |" "$OUT/report.md" ||
     fail "legacy's final accuracy should be round 0's $acc0: $(grep '| legacy |' "$OUT/report.md")"
 grep -q '^legacy_7,legacy,7,1,,,' "$OUT/study.csv" ||
     fail "study.csv should leave the round's accuracy empty: $(grep '^legacy_7' "$OUT/study.csv")"
@@ -113,7 +113,7 @@ for opt in --json "--report-from $WORK" "--data-shares 4"; do
     # shellcheck disable=SC2086
     "$SIM" --study "$WORK/spec.json" --out "$WORK/bad" $opt 2>"$WORK/err4.txt" || rc=$?
     [ "$rc" = 2 ] || fail "--study with $opt exited $rc, expected 2"
-    grep -q "not ${opt%% *}" "$WORK/err4.txt" || fail "no message for $opt with --study"
+    grep -q "does not take ${opt%% *} " "$WORK/err4.txt" || fail "no message for $opt with --study"
     [ ! -e "$WORK/bad" ] || fail "a refused study created its --out"
 done
 echo "PASS: study of 2 runs"

@@ -7,6 +7,7 @@
 #include "strata/fileio.h"
 #include "strata/partition.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -132,6 +133,29 @@ static void test_plot_lines(void)
     snprintf(path, sizeof(path), "%s/empty.svg", tmp);
     sim_plot_line bad = {"z", zero, y, lo, hi, 3};
     CU_ASSERT_EQUAL(sim_plot_lines(path, "t", "x", "y", &bad, 1), STRATA_EINVAL);
+    CU_ASSERT_FALSE(exists(path));
+    /* Points whose accuracy is not known (NaN) are left out of the line and
+     * its band; a line of such points only draws nothing. */
+    const double yn[] = {NAN, 0.6, 0.7};
+    sim_plot_line gap = {"gap", x, yn, lo, hi, 3};
+    snprintf(path, sizeof(path), "%s/gap.svg", tmp);
+    CU_ASSERT_EQUAL(sim_plot_lines(path, "t", "x", "y", &gap, 1), 0);
+    svg = slurp(path);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(svg);
+    CU_ASSERT_PTR_NULL(strstr(svg, "nan"));
+    const char *pl = strstr(svg, "<polyline");
+    CU_ASSERT_PTR_NOT_NULL_FATAL(pl);
+    pl = strstr(pl, "points=\"");
+    CU_ASSERT_PTR_NOT_NULL_FATAL(pl);
+    size_t points = 0;
+    for (const char *p = pl + 8; *p != '"'; p++)
+        points += *p == ',';
+    CU_ASSERT_EQUAL(points, 2);
+    free(svg);
+    const double none[] = {NAN, NAN, NAN};
+    sim_plot_line unknown = {"none", x, none, none, none, 3};
+    snprintf(path, sizeof(path), "%s/none.svg", tmp);
+    CU_ASSERT_EQUAL(sim_plot_lines(path, "t", "x", "y", &unknown, 1), STRATA_EINVAL);
     CU_ASSERT_FALSE(exists(path));
     strata_test_rmtree(tmp);
     free(tmp);

@@ -297,6 +297,8 @@ static void test_non_finite(void)
     CU_ASSERT_EQUAL(back.stopped, 0);
     CU_ASSERT_EQUAL(back.recovered, 1);
     CU_ASSERT_EQUAL(back.has_stats, 0);
+    CU_ASSERT_TRUE(isnan(back.accuracy)); /* not evaluated: unknown, not 0 */
+    CU_ASSERT_TRUE(isnan(back.loss));
     CU_ASSERT_EQUAL(back.has_densities, 0);
     strata_round_summary_cleanup(&back);
     strata_round_summary_cleanup(NULL);
