@@ -166,8 +166,8 @@ struct srv_engine {
     char *task_json;
     int64_t opened_ms, deadline_ms;
     uint64_t uplink, downlink;
-    /* The gauges of the last round closed with a new model (accuracy, loss
-     * and duration restored from the store at start-up). */
+    /* The gauges of the last round closed with a new model (all but
+     * last_agg_s restored from the store at start-up). */
     double last_acc, last_loss, last_agg_s, last_round_s;
     size_t last_eval_samples; /* test images behind last_acc and last_loss */
     srv_waiter *waiters;      /* parked long-polls */

@@ -135,7 +135,7 @@ static void test_plot_lines(void)
     CU_ASSERT_EQUAL(sim_plot_lines(path, "t", "x", "y", &bad, 1), STRATA_EINVAL);
     CU_ASSERT_FALSE(exists(path));
     /* Points whose accuracy is not known (NaN) are left out of the line and
-     * its band; a line of such points only draws nothing. */
+     * its band; a plot with no known point is refused. */
     const double yn[] = {NAN, 0.6, 0.7};
     sim_plot_line gap = {"gap", x, yn, lo, hi, 3};
     snprintf(path, sizeof(path), "%s/gap.svg", tmp);
