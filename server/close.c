@@ -701,6 +701,7 @@ void srv__round_close(srv_engine *e)
     srv__metrics_flush(e);
     close_job_cleanup(&j);
     srv__round_reset(e);
+    e->downlink = 0; /* in the stored summary */
     e->close_busy = 0;
     e->next_round = r + 1;
     if (e->next_round >= (uint32_t)e->cfg->rounds) {

@@ -165,6 +165,10 @@ struct srv_engine {
     int lg_solved; /* the close being run solved an lgreco table */
     char *task_json;
     int64_t opened_ms, deadline_ms;
+    /* Bodies of the open round: uplink its accepted updates; downlink the
+     * model bodies sent since the last round's summary was stored (a client
+     * that fetches after the round it was asked for closed, or before the
+     * next one opens, counts in the next round). */
     uint64_t uplink, downlink;
     /* The gauges of the last round closed with a new model (all but
      * last_agg_s restored from the store at start-up). */

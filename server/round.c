@@ -347,7 +347,7 @@ void srv__round_reset(srv_engine *e)
     e->open = e->closing = 0;
     e->close_failures = 0;
     e->close_retry_ms = 0;
-    e->uplink = e->downlink = 0;
+    e->uplink = 0;
     strata_agg_reset(e->agg);
 }
 

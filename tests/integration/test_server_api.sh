@@ -154,6 +154,10 @@ expect 422 "sample_count 0"
 echo "$BODY" | grep -q invalid_update || fail "422 body: $BODY"
 "$TOOL" compress --in "$WORK/model.safetensors" --policy uniform --density 0.05 --round 0 \
     --rounds 2 --out "$WORK/up.bin" --client-id "$CID" --model-version 0 --samples 100 >/dev/null
+# Paused, the coordinator closes round 0 but opens no next round.
+ADM=(-H "Authorization: Bearer $(head -n 1 "$WORK/state/admin.token")")
+req POST /v1/admin/pause "${ADM[@]}"
+expect 200 "admin pause"
 req POST /v1/rounds/0/updates "${A[@]}" "${B[@]}" --data-binary @"$WORK/up.bin"
 expect 200 upload
 RECEIPT=$(json_field "$BODY" receipt)
@@ -174,6 +178,9 @@ expect 200 "round 0"
 [ "$(json_field "$BODY" participants)" = 1 ] || fail "round 0: $BODY"
 [ "$(json_field "$BODY" eval_samples)" = 400 ] || fail "round 0's eval_samples: $BODY"
 [ "$(json_field "$BODY" uplink_bytes)" = "$(stat -c %s "$WORK/up.bin")" ] || fail "uplink: $BODY"
+# Downlink: the two bodies of version 0 (raw and zstd) went out during round 0.
+[ "$(json_field "$BODY" downlink_bytes)" = $(($(stat -c %s "$WORK/model.safetensors") + $(stat -c %s "$WORK/model.zst"))) ] ||
+    fail "round 0's downlink: $BODY"
 grep -q '^round 0/2: 1 updates, accuracy' "$WORK/server.out" || fail "no round log line"
 req GET /v1/rounds
 expect 200 rounds
@@ -211,8 +218,16 @@ done
 req POST /v1/rounds/5/updates "${A[@]}" "${B[@]}" --data-binary @"$WORK/up1.bin"
 expect 409 "round never opened"
 echo "$BODY" | grep -q round_not_open || fail "409 body: $BODY"
-req GET /v1/models/1 "${A[@]}"
+# Version 1, fetched between rounds (round 0 closed, round 1 not open while
+# paused), counts in round 1's downlink (checked when it closes).
+req GET /v1/status
+[ "$(json_field "$BODY" state)" = paused ] || fail "status while paused: $BODY"
+req GET /v1/rounds/1
+expect 404 "round 1 while paused"
+CODE=$("${C[@]}" -o "$WORK/model1.safetensors" -w '%{http_code}' "${A[@]}" "$URL/v1/models/1")
 expect 200 "model version 1"
+req POST /v1/admin/resume "${ADM[@]}"
+expect 200 "admin resume"
 # Round 1 opens for the one client registered so far.
 for _ in $(seq 1 100); do
     req GET /v1/rounds/1
@@ -267,6 +282,9 @@ for _ in $(seq 1 100); do
     sleep 0.2
 done
 [ "$(json_field "$BODY" state)" = finished ] || fail "not finished: $BODY"
+req GET /v1/rounds/1
+[ "$(json_field "$BODY" downlink_bytes)" = "$(stat -c %s "$WORK/model1.safetensors")" ] ||
+    fail "round 1's downlink: $BODY"
 # The last round is evaluated on the whole test set.
 req GET /metrics
 grep -q '^strata_eval_samples 10000$' <<<"$BODY" || fail "last round's eval samples: $BODY"
