@@ -2,7 +2,9 @@
 # The compressed downlink with real processes on loopback: a coordinator
 # with --downlink topk:0.05 --downlink-keep 6 (mlp, uniform 5% uplink, 20
 # steps a round) and clients A and B that take part in every round, and C,
-# which is started for one round at a time:
+# which is started for one round at a time (after the first, with A held
+# by SIGSTOP, so that the federation waits for C's update instead of running
+# to its end while C starts):
 #  1. C's first round starts from version 0 built from its recipe (no
 #     snapshot; test_downlink_init.sh covers the recipe); restarted two or
 #     more versions later it rebuilds the model from a chain of deltas;
@@ -19,7 +21,8 @@
 # /metrics' downlink counter is checked against response bodies: it grows by
 # exactly the model and delta bodies curl receives with a 200 (snapshots raw
 # and zstd, delta chains; 304s, HEAD and refusals add nothing), and it
-# equals the sum of the rounds' downlink bytes. Finally a restarted
+# equals the sum of the rounds' downlink bytes (a body sent between two
+# rounds counts in the later one). Finally a restarted
 # coordinator serves the same model and delta bytes.
 . "$(dirname "$0")/lib.sh"
 SERVER="$BUILD/strata-server"
@@ -84,11 +87,16 @@ start_client() { # start_client NAME INDEX [extra options]
     LAST=$!
     PIDS+=("$LAST")
 }
-run_c() { # run_c: one round of client C, waited for
+run_c() { # run_c [hold]: one round of client C, waited for; with hold, A
+    # is stopped meanwhile, so no round closes without C's update and the
+    # federation moves on by a version or two, not by as many rounds as C
+    # loses to A and B while it starts (which can run it to its last round)
+    [ -z "${1:-}" ] || kill -STOP "$APID"
     start_client C 2 --max-rounds 1
     local pid=$LAST
     wait_until 60 "client C's round" exited "$pid"
     reap "$pid"
+    [ -z "${1:-}" ] || kill -CONT "$APID"
     [ "$REAPED_RC" -eq 0 ] || die "client C exit status $REAPED_RC"
 }
 cached_version() { sed -n 's/^"m\([0-9]*\)"$/\1/p' "$WORK/C/model.etag"; }
@@ -103,7 +111,7 @@ grep -q "model 0: built from its recipe" "$WORK/C.log" || die "C did not build v
 grep -Eq "model [0-9]+: snapshot" "$WORK/C.log" && die "C's first model is a snapshot"
 v0=$(cached_version)
 wait_until 60 "two versions past C's" version_at_least $((v0 + 2))
-run_c
+run_c hold
 grep -Eq "model [0-9]+: [2-6] deltas from version $v0," "$WORK/C.log" ||
     die "C did not rebuild from a chain of deltas from version $v0"
 
@@ -114,7 +122,7 @@ wait_until 60 "a version past C's" version_at_least $((v1 + 1))
 f="$WORK/C/model.safetensors"
 size=$(stat -c %s "$f")
 printf '\x3f\x7f' | dd of="$f" bs=1 seek=$((size - 2)) conv=notrunc status=none
-run_c
+run_c hold
 grep -Eq "deltas from version $v1 failed: the model rebuilt for version [0-9]+ has digest" \
     "$WORK/C.log" || die "the corrupted cache was not detected by its digest"
 grep -q "resynchronising from a snapshot" "$WORK/C.log" || die "C did not resynchronise"
@@ -125,7 +133,7 @@ wait_until 60 "a version past C's" version_at_least $((v2 + 1))
 d="$STATE/checkpoints/delta-$((v2 + 1)).bin"
 [ -f "$d" ] || die "no $d"
 printf '\x00\x01\x02\x03' | dd of="$d" bs=1 seek=40 conv=notrunc status=none
-run_c
+run_c hold
 grep -Eq "deltas from version $v2 failed: .*(checksum|zstd|decod|frame)" "$WORK/C.log" ||
     die "the corrupted delta was not detected"
 [ "$(grep -c "resynchronising from a snapshot" "$WORK/C.log")" -ge 2 ] || die "no second resync"
@@ -134,7 +142,7 @@ grep -Eq "deltas from version $v2 failed: .*(checksum|zstd|decod|frame)" "$WORK/
 v3=$(cached_version)
 wait_until 60 "seven versions past C's" version_at_least $((v3 + 7))
 [ -f "$STATE/checkpoints/delta-$((v3 + 1)).bin" ] && die "delta $((v3 + 1)) was not pruned"
-run_c
+run_c hold
 grep -q "no deltas from version $v3 (HTTP 404): taking the snapshot" "$WORK/C.log" ||
     die "C was not sent to the snapshot"
 
@@ -173,8 +181,10 @@ for n in A B C; do
     [ "$(data_sha "$WORK/$n/model.safetensors")" = "${SD[$v]}" ] ||
         die "client $n's cached model $v is not the coordinator's x̂"
 done
+# A and B rebuild nearly every version from a one-delta chain; A, held for
+# four of C's rounds, may miss up to two versions each time.
 chains=$(cat "$WORK/A.log" "$WORK/B.log" | grep -c "1 deltas from version" || true)
-[ "$chains" -ge $((2 * (ROUNDS - 3))) ] || die "A and B rebuilt only $chains models from deltas"
+[ "$chains" -ge $((2 * (ROUNDS - 3) - 8)) ] || die "A and B rebuilt only $chains models from deltas"
 
 # /metrics' downlink counter: the sum of the rounds' downlink bytes, and it
 # grows by exactly the bodies served.
@@ -236,4 +246,4 @@ cmp -s "$WORK/model.bin" "$WORK/model2.bin" || die "the restarted coordinator se
 kill -TERM "$SPID"
 wait_until 20 "the server to stop" exited "$SPID"
 reap "$SPID"
-echo "PASS test_downlink ($checked models checked, $((SECONDS - T_START)) s)"
+echo "PASS test_downlink ($checked models checked, $chains one-delta rebuilds by A and B, $((SECONDS - T_START)) s)"
