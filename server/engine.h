@@ -228,8 +228,9 @@ void srv_engine_metrics(srv_engine *e, srv_result *r);
 /* Adds to the bytes-received and bytes-sent counters. Lock-free. */
 void srv_engine_count_bytes(srv_engine *e, uint64_t in, uint64_t out);
 
-/* Counts len bytes of a model or delta body sent (200): the open round's
- * downlink bytes and the downlink_bytes_total counter. Takes the lock. */
+/* Counts len bytes of a model or delta body sent (200): the downlink bytes
+ * of the open round (or, between rounds, of the next one) and the
+ * downlink_bytes_total counter. Takes the lock. */
 void srv_engine_count_downlink(srv_engine *e, uint64_t len);
 
 /* Counts a refused request by its outcome (an error outcome) in

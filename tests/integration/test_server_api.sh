@@ -225,6 +225,7 @@ req GET /v1/status
 req GET /v1/rounds/1
 expect 404 "round 1 while paused"
 CODE=$("${C[@]}" -o "$WORK/model1.safetensors" -w '%{http_code}' "${A[@]}" "$URL/v1/models/1")
+BODY="(the body of version 1, $(stat -c %s "$WORK/model1.safetensors") bytes)"
 expect 200 "model version 1"
 req POST /v1/admin/resume "${ADM[@]}"
 expect 200 "admin resume"
