@@ -502,32 +502,61 @@ static int server_argv(const sim_opts *o, const char *server_bin, const sim_out 
     return rc;
 }
 
+/* The report header's settings: the options o holds, with sampling and
+ * given (the other coordinator options given, as "--key value" pairs)
+ * written into the caller's buffers. */
+static sim_run_info run_info(const sim_opts *o, char *sampling, size_t ns, char *given, size_t ng)
+{
+    const char *cpr = sim_opts_pass_get(o, "clients_per_round"),
+               *fr = sim_opts_pass_get(o, "fraction");
+    if (cpr != NULL)
+        snprintf(sampling, ns, "%s", cpr);
+    else if (fr != NULL)
+        snprintf(sampling, ns, "fraction %s", fr);
+    else
+        snprintf(sampling, ns, "all");
+    size_t len = 0;
+    given[0] = '\0';
+    for (size_t i = 0; i < SIM_NPASS; i++) {
+        const char *key = sim_opts_pass_key(i);
+        if (o->pass[i] == NULL || strcmp(key, "clients_per_round") == 0 ||
+            strcmp(key, "fraction") == 0 || strcmp(key, "downlink") == 0)
+            continue;
+        char flag[64];
+        snprintf(flag, sizeof(flag), "--%s", key);
+        for (char *p = flag; *p; p++)
+            if (*p == '_')
+                *p = '-';
+        int w = snprintf(given + len, ng - len, "%s%s %s", len ? " " : "", flag, o->pass[i]);
+        if (w < 0 || (size_t)w >= ng - len) {
+            given[len] = '\0';
+            break;
+        }
+        len += (size_t)w;
+    }
+    const char *downlink = sim_opts_pass_get(o, "downlink");
+    return (sim_run_info){.clients = o->clients,
+                          .rounds = o->rounds,
+                          .seed = o->seed,
+                          .model = o->model,
+                          .partition = o->partition,
+                          .policy = o->policy,
+                          .density = o->density,
+                          .values = o->values,
+                          .sampling = sampling,
+                          .given = given,
+                          .downlink = downlink != NULL ? downlink : "none",
+                          .link_up = o->link_up,
+                          .link_down = o->link_down,
+                          .target_accuracy = o->target_accuracy};
+}
+
 /* Writes the report of the rounds the store holds; returns the exit code
  * for a run that ended with end. */
 static int finish(const sim_opts *o, const sim_out *od, run_end end)
 {
-    char sampling[64] = "all";
-    const char *cpr = sim_opts_pass_get(o, "clients_per_round"),
-               *fr = sim_opts_pass_get(o, "fraction");
-    if (cpr != NULL)
-        snprintf(sampling, sizeof(sampling), "%s", cpr);
-    else if (fr != NULL)
-        snprintf(sampling, sizeof(sampling), "fraction %s", fr);
-    sim_run_info info = {.clients = o->clients,
-                         .rounds = o->rounds,
-                         .seed = o->seed,
-                         .model = o->model,
-                         .partition = o->partition,
-                         .policy = o->policy,
-                         .density = o->density,
-                         .values = o->values,
-                         .sampling = sampling,
-                         .downlink = sim_opts_pass_get(o, "downlink"),
-                         .link_up = o->link_up,
-                         .link_down = o->link_down,
-                         .target_accuracy = o->target_accuracy};
-    if (info.downlink == NULL)
-        info.downlink = "none";
+    char sampling[64], given[1024];
+    sim_run_info info = run_info(o, sampling, sizeof(sampling), given, sizeof(given));
     int rc = sim_report_write(od->path[SIM_OUT_STATE], o->out, &info, o->json);
     if (end == RUN_INTERRUPTED) {
         strata_log_warn("interrupted; the report covers the finished rounds. Continue with: "
@@ -655,15 +684,9 @@ static int report_only(const sim_opts *o)
         strata_log_error("cannot create %s", o->out);
         return SIM_EXIT_FAIL;
     }
-    sim_run_info info = {.clients = o->clients,
-                         .rounds = o->rounds,
-                         .seed = o->seed,
-                         .data_shares = o->data_shares,
-                         .model = o->model,
-                         .partition = o->partition,
-                         .policy = o->policy,
-                         .density = o->density,
-                         .values = o->values};
+    char sampling[64], given[1024];
+    sim_run_info info = run_info(o, sampling, sizeof(sampling), given, sizeof(given));
+    info.data_shares = o->data_shares;
     return sim_report_write(o->report_from, o->out, &info, o->json) < 0 ? SIM_EXIT_FAIL
                                                                         : SIM_EXIT_OK;
 }

@@ -160,6 +160,8 @@ typedef struct sim_run_info {
     long data_shares; /* the coordinator's --data-shares; 0: none */
     const char *model, *partition, *policy, *density, *values;
     const char *sampling;            /* "all", "N per round" or "fraction F" */
+    const char *given;               /* the other coordinator options given ("--key value ..."),
+                                        "" or NULL: none */
     const char *downlink;            /* the coordinator's --downlink ("none" when not given) */
     const char *link_up, *link_down; /* per-client link rates, NULL: none */
     double target_accuracy;          /* 0: no time-to-target line */

@@ -68,4 +68,6 @@ SPID=""
 grep -q "^$ROUNDS rounds (–) had no evaluation" "$WORK/report/report.md" ||
     fail "report.md does not say the rounds were not evaluated"
 grep -q "final accuracy none" "$WORK/report/report.md" || fail "report.md: final accuracy"
+grep -q "clients (all per round), $ROUNDS rounds" "$WORK/report/report.md" &&
+    ! grep -q "(null)" "$WORK/report/report.md" || fail "report.md header: $(sed -n 3p "$WORK/report/report.md")"
 echo "PASS: clients with non-finite updates skip (${ELAPSED} s)"

@@ -54,6 +54,8 @@ assert_gt "$(json_field "$summary" final_accuracy)" 0.3 "final accuracy"
 [ "$(awk -F, 'NR > 1 && $2 == 5' "$OUT/report.csv" | wc -l)" -eq 3 ] ||
     fail "every round should have 5 participants: $(cut -d, -f1-2 "$OUT/report.csv" | tr '\n' ' ')"
 grep -q "20 clients (5 per round)" "$OUT/report.md" || fail "report.md does not state the sampling"
+grep -q "; coordinator options --momentum 0.5 --server-opt fedavgm --clip-norm 50 --eval-samples 500$" \
+    "$OUT/report.md" || fail "report.md does not list the coordinator options given: $(sed -n 3p "$OUT/report.md")"
 grep -q "fc1.weight" "$OUT/report.md" || fail "report.md lacks per-layer densities"
 col=$(head -n 1 "$OUT/report.csv" | tr , '\n' | grep -nx eval_samples | cut -d: -f1)
 [ -n "$col" ] || fail "report.csv has no eval_samples column"
