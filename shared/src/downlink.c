@@ -39,7 +39,7 @@ strata_budget strata_downlink_budget(const strata_budget *b, size_t numel)
         memset(&out, 0, sizeof(out));
         out.comp = STRATA_COMP_NONE;
         out.density = 1.0;
-        out.values = STRATA_VALUES_FP32;
+        out.values = STRATA_VALUES_BF16;
     }
     return out;
 }

@@ -3,6 +3,7 @@
 #include "strata/rng.h"
 #include "test_util.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -70,8 +71,10 @@ static void test_step_apply_agree(void)
             strata_tensor_list_cleanup(&step);
             strata_clayer *layers = NULL;
             CU_ASSERT_EQUAL_FATAL(strata_downlink_step(&xs, &x, &b, v, &layers, NULL), STRATA_OK);
-            if (b.comp != STRATA_COMP_FP16) /* 10 elements: dense */
+            if (b.comp != STRATA_COMP_FP16) { /* 10 elements: dense bf16 */
                 CU_ASSERT_EQUAL(layers[1].comp, STRATA_COMP_NONE);
+                CU_ASSERT_EQUAL(layers[1].values_format, STRATA_VALUES_BF16);
+            }
             char hex[STRATA_DIGEST_HEX_SIZE], *meta = NULL;
             strata_downlink_digest(&xs, hex);
             CU_ASSERT_EQUAL_FATAL(strata_downlink_meta(v - 1, v, hex, &meta), STRATA_OK);
@@ -108,6 +111,11 @@ static void test_step_apply_agree(void)
         }
         /* Error feedback: the residual stays bounded (no blow-up). */
         CU_ASSERT(last < 20 * first + 1e-9);
+        /* The bias, sent whole with 16-bit values every round, trails x by
+         * no more than one rounding of its last step (steps up to 0.05: bf16
+         * keeps 8 significant bits), not by the sum of six roundings. */
+        for (size_t k = 0; k < x.items[1].numel; k++)
+            CU_ASSERT(fabsf(x.items[1].data[k] - xs.items[1].data[k]) < 4e-4f);
         strata_tensor_list_cleanup(&x);
         strata_tensor_list_cleanup(&xs);
         strata_tensor_list_cleanup(&xc);

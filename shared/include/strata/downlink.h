@@ -40,7 +40,8 @@
 /* Characters of a digest's text, NUL included. */
 #define STRATA_DIGEST_HEX_SIZE 65
 
-/* Tensors below this many elements travel dense (fp32) in a delta. */
+/* Tensors below this many elements travel dense (bf16 values; the
+ * rounding stays in x - x̂ and goes out with later deltas) in a delta. */
 #define STRATA_DOWNLINK_DENSE_BELOW 1000
 
 /* Most deltas one chain may carry. */
@@ -50,7 +51,7 @@
 void strata_downlink_digest(const strata_tensor_list *m, char hex[STRATA_DIGEST_HEX_SIZE]);
 
 /* The budget of tensor t in a delta compressed with b: b itself, except
- * dense fp32 for tensors below STRATA_DOWNLINK_DENSE_BELOW elements when b
+ * dense bf16 for tensors below STRATA_DOWNLINK_DENSE_BELOW elements when b
  * is a sparsifier, quantiser or low-rank compressor. */
 strata_budget strata_downlink_budget(const strata_budget *b, size_t numel);
 
