@@ -503,8 +503,9 @@ static int server_argv(const sim_opts *o, const char *server_bin, const sim_out 
 }
 
 /* The report header's settings: the options o holds, with sampling and
- * given (the other coordinator options given, as "--key value" pairs)
- * written into the caller's buffers. */
+ * given (the other coordinator options given, as "--key value" pairs,
+ * ending in " ..." when ng bytes cannot hold them all) written into the
+ * caller's buffers (ns and ng at least 8). */
 static sim_run_info run_info(const sim_opts *o, char *sampling, size_t ns, char *given, size_t ng)
 {
     const char *cpr = sim_opts_pass_get(o, "clients_per_round"),
@@ -529,7 +530,9 @@ static sim_run_info run_info(const sim_opts *o, char *sampling, size_t ns, char 
                 *p = '-';
         int w = snprintf(given + len, ng - len, "%s%s %s", len ? " " : "", flag, o->pass[i]);
         if (w < 0 || (size_t)w >= ng - len) {
-            given[len] = '\0';
+            /* More than the buffer holds: say so rather than drop them. */
+            size_t at = len + 5 <= ng ? len : ng - 5;
+            snprintf(given + at, ng - at, "%s...", at ? " " : "");
             break;
         }
         len += (size_t)w;
