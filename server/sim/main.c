@@ -11,6 +11,7 @@
 #include "strata/clock.h"
 #include "strata/fileio.h"
 #include "strata/log.h"
+#include "strata/opts.h"
 #include "strata/stop.h"
 
 #include <errno.h>
@@ -57,10 +58,7 @@ static int argv_add(argv_list *a, const char *s)
 static int argv_add_opt(argv_list *a, const char *key, const char *value)
 {
     char flag[96];
-    snprintf(flag, sizeof(flag), "--%s", key);
-    for (char *p = flag; *p; p++)
-        if (*p == '_')
-            *p = '-';
+    strata_opt_flag(key, flag, sizeof(flag));
     return argv_add(a, flag) < 0 ? STRATA_ENOMEM : argv_add(a, value);
 }
 
@@ -524,10 +522,7 @@ static sim_run_info run_info(const sim_opts *o, char *sampling, size_t ns, char 
             strcmp(key, "fraction") == 0 || strcmp(key, "downlink") == 0)
             continue;
         char flag[64];
-        snprintf(flag, sizeof(flag), "--%s", key);
-        for (char *p = flag; *p; p++)
-            if (*p == '_')
-                *p = '-';
+        strata_opt_flag(key, flag, sizeof(flag));
         int w = snprintf(given + len, ng - len, "%s%s %s", len ? " " : "", flag, o->pass[i]);
         if (w < 0 || (size_t)w >= ng - len) {
             /* More than the buffer holds: say so rather than drop them. */

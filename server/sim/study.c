@@ -9,6 +9,7 @@
 #include "strata/clock.h"
 #include "strata/fileio.h"
 #include "strata/log.h"
+#include "strata/opts.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -229,10 +230,7 @@ static int run_args(const study *s, const run *r, char **argv, int cap)
         const char *v = s->keys[k].vals[r->pick[k]];
         if (v == NULL || n + 2 > cap || (dense && dense_ignores(s->keys[k].name)))
             continue;
-        snprintf(flags[k], sizeof(flags[k]), "--%s", s->keys[k].name);
-        for (char *p = flags[k]; *p; p++)
-            if (*p == '_')
-                *p = '-';
+        strata_opt_flag(s->keys[k].name, flags[k], sizeof(flags[k]));
         argv[n++] = flags[k];
         if (*v != '\0')
             argv[n++] = (char *)v;

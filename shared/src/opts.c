@@ -41,18 +41,22 @@ static const strata_opt *find(const strata_opt *table, size_t n, const char *nam
     return NULL;
 }
 
+void strata_opt_flag(const char *key, char *dst, size_t size)
+{
+    snprintf(dst, size, "--%s", key);
+    for (char *p = dst; *p != '\0'; p++)
+        if (*p == '_')
+            *p = '-';
+}
+
 /* Writes the option's name as it is spelt in messages: "--min-clients" on
  * the command line, "min_clients" in JSON. */
 static void opt_name(const strata_opt *o, int argv_form, char *dst, size_t size)
 {
-    size_t j = 0;
-    if (argv_form && size > 3) {
-        dst[j++] = '-';
-        dst[j++] = '-';
-    }
-    for (const char *k = o->key; *k != '\0' && j + 1 < size; k++)
-        dst[j++] = argv_form && *k == '_' ? '-' : *k;
-    dst[j] = '\0';
+    if (argv_form)
+        strata_opt_flag(o->key, dst, size);
+    else
+        snprintf(dst, size, "%s", o->key);
 }
 
 static int set_string(void *dst, const strata_opt *o, const char *v)

@@ -219,6 +219,18 @@ static void test_usage(void)
     strata_buf_cleanup(&b);
 }
 
+static void test_flag(void)
+{
+    char f[32];
+    strata_opt_flag("clients_per_round", f, sizeof(f));
+    CU_ASSERT_STRING_EQUAL(f, "--clients-per-round");
+    strata_opt_flag("lr", f, sizeof(f));
+    CU_ASSERT_STRING_EQUAL(f, "--lr");
+    /* Cut to the buffer, still terminated. */
+    strata_opt_flag("min_clients", f, 7);
+    CU_ASSERT_STRING_EQUAL(f, "--min-");
+}
+
 int main(void)
 {
     CU_TestInfo tests[] = {
@@ -226,6 +238,7 @@ int main(void)
         {"JSON configuration", test_json},
         {"JSON size cap", test_json_size_cap},
         {"usage text", test_usage},
+        {"a key spelt as its command-line flag", test_flag},
         CU_TEST_INFO_NULL,
     };
     CU_SuiteInfo suites[] = {

@@ -76,6 +76,10 @@ int strata_opts_apply_json(const strata_opt *table, size_t n, const char *json, 
  * indented to the same column). Errors: those of strata_buf_appendf. */
 int strata_opts_usage(const strata_opt *table, size_t n, strata_buf *out);
 
+/* Writes key (snake_case) as the command line spells it, "--kebab-case",
+ * to dst: at most size - 1 characters and a NUL (size > 0). */
+void strata_opt_flag(const char *key, char *dst, size_t size);
+
 /* Frees the STRING fields of dst the table names and sets them to NULL. */
 void strata_opts_cleanup(const strata_opt *table, size_t n, void *dst);
 
