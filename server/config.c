@@ -67,6 +67,9 @@ const char srv_config_usage[] =
     "  --server-opt NAME         plain, fedavgm, fedadam, fedyogi (plain)\n"
     "  --server-lr X             server learning rate (0: the optimiser's default: 1 for\n"
     "                            plain and fedavgm, 0.05 for fedadam and fedyogi)\n"
+    "  --server-lr-final X       the server rate of the last round: it falls from the\n"
+    "                            first round's along a half cosine over --rounds; 0 keeps\n"
+    "                            it constant (0)\n"
     "  --seed S                  seed of the initial model, sampling and task seeds (1)\n"
     "  --threads N               threads for evaluation (1)\n"
     "  --eval-samples N          evaluate every round but the last on N test images spread\n"
@@ -141,6 +144,7 @@ static const strata_opt OPTS[] = {
     {"max_steps", STRATA_OPT_INTEGER, OFF(max_steps), 0, 1L << 40, "N", NULL},
     {"server_opt", STRATA_OPT_STRING, OFF(server_opt), 0, 0, "NAME", NULL},
     {"server_lr", STRATA_OPT_DOUBLE, OFF(server_lr), 0, 1e6, "X", NULL},
+    {"server_lr_final", STRATA_OPT_DOUBLE, OFF(server_lr_final), 0, 1e6, "X", NULL},
     {"seed", STRATA_OPT_INTEGER, OFF(seed), 0, 9007199254740991.0, "S", NULL},
     {"threads", STRATA_OPT_INTEGER, OFF(threads), 1, 1024, "N", NULL},
     {"eval_samples", STRATA_OPT_INTEGER, OFF(eval_samples), 0, 1e9, "N", NULL},

@@ -24,7 +24,7 @@ typedef struct srv_config {
         request_timeout, max_clients, data_shares, upload_rate, enrolment_rate, straggler_rounds,
         downlink_keep;
     double fraction, round_deadline, density, lr, momentum, weight_decay, prox_mu, server_lr,
-        trim_fraction, clip_norm, screen_factor, over_select;
+        server_lr_final, trim_fraction, clip_norm, screen_factor, over_select;
     strata_values_format values_format;
     int downlink_on; /* --downlink other than none */
     strata_budget downlink_budget;

@@ -142,6 +142,8 @@ static int load_server_opt(srv_engine *e, strata_diag *d)
         return rc;
     if (e->cfg->server_lr > 0) /* else the optimiser's own default */
         oc.lr = e->cfg->server_lr;
+    oc.lr_final = e->cfg->server_lr_final;
+    oc.horizon = (uint64_t)e->cfg->rounds;
     char opath[4200];
     srv__opt_path(e, e->version, opath, sizeof(opath));
     struct stat st;

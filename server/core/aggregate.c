@@ -1,6 +1,7 @@
 /* Streaming weighted FedAvg and server optimisers (see aggregate.h). */
 #include "aggregate.h"
 
+#include "strata/optim.h"
 #include "strata/safetensors.h"
 
 #include <errno.h>
@@ -398,6 +399,8 @@ void strata_server_opt_config_init(strata_server_opt_config *cfg, strata_server_
     cfg->beta1 = 0.0;
     cfg->beta2 = 0.99;
     cfg->tau = 0.01;
+    cfg->lr_final = 0.0;
+    cfg->horizon = 0;
 }
 
 int strata_server_opt_parse(const char *name, strata_server_opt_config *cfg, strata_diag *diag)
@@ -424,6 +427,13 @@ int strata_server_opt_check(const strata_server_opt_config *cfg, strata_diag *di
     if (!(isfinite(cfg->lr) && cfg->lr > 0.0))
         return strata_diag_set(diag, STRATA_EINVAL,
                                "server optimiser: lr %g must be finite and > 0", cfg->lr);
+    if (!(isfinite(cfg->lr_final) && cfg->lr_final >= 0.0))
+        return strata_diag_set(diag, STRATA_EINVAL,
+                               "server optimiser: final lr %g must be finite and >= 0",
+                               cfg->lr_final);
+    if (cfg->lr_final > 0.0 && cfg->horizon < 1)
+        return strata_diag_set(diag, STRATA_EINVAL,
+                               "server optimiser: a final lr needs a horizon of at least 1 step");
     if (cfg->type == STRATA_SERVER_OPT_FEDAVGM && !(cfg->momentum >= 0.0 && cfg->momentum < 1.0))
         return strata_diag_set(diag, STRATA_EINVAL, "fedavgm: momentum %g not in [0, 1)",
                                cfg->momentum);
@@ -579,6 +589,7 @@ int strata_server_opt_step(strata_server_opt *opt, strata_tensor_list *params,
                                        opt->lay.items[i].name, j);
     }
     const strata_server_opt_config *c = &opt->cfg;
+    const double lr = strata_server_opt_lr(opt);
     for (size_t i = 0; i < opt->lay.count; i++) {
         const size_t n = opt->lay.items[i].numel;
         const float *d = delta->items[i].data;
@@ -586,13 +597,13 @@ int strata_server_opt_step(strata_server_opt *opt, strata_tensor_list *params,
         switch (c->type) {
         case STRATA_SERVER_OPT_PLAIN:
             for (size_t j = 0; j < n; j++)
-                w[j] = (float)((double)w[j] + c->lr * (double)d[j]);
+                w[j] = (float)((double)w[j] + lr * (double)d[j]);
             break;
         case STRATA_SERVER_OPT_FEDAVGM: {
             float *v = opt->v[i];
             for (size_t j = 0; j < n; j++) {
                 v[j] = (float)(c->momentum * (double)v[j] + (double)d[j]);
-                w[j] = (float)((double)w[j] + c->lr * (double)v[j]);
+                w[j] = (float)((double)w[j] + lr * (double)v[j]);
             }
             break;
         }
@@ -607,7 +618,7 @@ int strata_server_opt_step(strata_server_opt *opt, strata_tensor_list *params,
                     v[j] = (float)(vj - (1.0 - c->beta2) * d2 * sign_of(vj - d2));
                 else
                     v[j] = (float)(c->beta2 * vj + (1.0 - c->beta2) * d2);
-                w[j] = (float)((double)w[j] + c->lr * (double)m[j] / (sqrt((double)v[j]) + c->tau));
+                w[j] = (float)((double)w[j] + lr * (double)m[j] / (sqrt((double)v[j]) + c->tau));
             }
             break;
         }
@@ -615,6 +626,17 @@ int strata_server_opt_step(strata_server_opt *opt, strata_tensor_list *params,
     }
     opt->steps++;
     return STRATA_OK;
+}
+
+double strata_server_opt_lr(const strata_server_opt *opt)
+{
+    if (opt == NULL)
+        return 0.0;
+    const strata_server_opt_config *c = &opt->cfg;
+    if (c->lr_final <= 0.0)
+        return c->lr;
+    return strata_cosine_schedule(c->lr, c->lr_final, opt->steps,
+                                  c->horizon > 0 ? c->horizon - 1 : 0);
 }
 
 uint64_t strata_server_opt_steps(const strata_server_opt *opt)
@@ -633,13 +655,15 @@ int strata_server_opt_save(const strata_server_opt *opt, const char *path, strat
         return strata_diag_set(diag, STRATA_EINVAL, "server optimiser save: NULL argument");
     strata_metadata meta;
     strata_metadata_init(&meta);
-    char steps[32], lr[40], mom[40], b1[40], b2[40], tau[40];
+    char steps[32], lr[40], mom[40], b1[40], b2[40], tau[40], lr_final[40], horizon[32];
     snprintf(steps, sizeof(steps), "%" PRIu64, opt->steps);
     snprintf(lr, sizeof(lr), "%.17g", opt->cfg.lr);
     snprintf(mom, sizeof(mom), "%.17g", opt->cfg.momentum);
     snprintf(b1, sizeof(b1), "%.17g", opt->cfg.beta1);
     snprintf(b2, sizeof(b2), "%.17g", opt->cfg.beta2);
     snprintf(tau, sizeof(tau), "%.17g", opt->cfg.tau);
+    snprintf(lr_final, sizeof(lr_final), "%.17g", opt->cfg.lr_final);
+    snprintf(horizon, sizeof(horizon), "%" PRIu64, opt->cfg.horizon);
     const char *kv[][2] = {
         {META_VERSION, "1"},
         {META_TYPE, strata_server_opt_name(opt->cfg.type)},
@@ -649,6 +673,8 @@ int strata_server_opt_save(const strata_server_opt *opt, const char *path, strat
         {"strata.server_opt.beta1", b1},
         {"strata.server_opt.beta2", b2},
         {"strata.server_opt.tau", tau},
+        {"strata.server_opt.lr_final", lr_final},
+        {"strata.server_opt.horizon", horizon},
     };
     int rc = STRATA_OK;
     for (size_t i = 0; i < sizeof(kv) / sizeof(kv[0]) && rc == STRATA_OK; i++)

@@ -151,11 +151,13 @@ typedef enum {
 
 typedef struct strata_server_opt_config {
     strata_server_opt_type type;
-    double lr;       /* server learning rate, > 0; default 1 (plain, FedAvgM), 0.05 */
-    double momentum; /* FedAvgM, [0, 1); default 0.5 */
-    double beta1;    /* FedAdam/FedYogi, [0, 1); default 0 */
-    double beta2;    /* FedAdam/FedYogi, [0, 1); default 0.99 */
-    double tau;      /* FedAdam/FedYogi adaptivity, > 0; default 0.01 */
+    double lr;        /* server learning rate, > 0; default 1 (plain, FedAvgM), 0.05 */
+    double momentum;  /* FedAvgM, [0, 1); default 0.5 */
+    double beta1;     /* FedAdam/FedYogi, [0, 1); default 0 */
+    double beta2;     /* FedAdam/FedYogi, [0, 1); default 0.99 */
+    double tau;       /* FedAdam/FedYogi adaptivity, > 0; default 0.01 */
+    double lr_final;  /* 0 (default): lr at every step; > 0: see strata_server_opt_lr */
+    uint64_t horizon; /* steps over which lr falls to lr_final; >= 1 when lr_final > 0 */
 } strata_server_opt_config;
 
 /* Fills cfg with type and its default hyperparameters, listed above: the
@@ -174,7 +176,8 @@ int strata_server_opt_parse(const char *name, strata_server_opt_config *cfg, str
 const char *strata_server_opt_name(strata_server_opt_type type);
 
 /* Checks cfg: known type, finite lr > 0, momentum/beta1/beta2 in [0, 1),
- * finite tau > 0. Returns STRATA_EINVAL with diag otherwise. */
+ * finite tau > 0, finite lr_final >= 0 and, when lr_final > 0, horizon >= 1.
+ * Returns STRATA_EINVAL with diag otherwise. */
 int strata_server_opt_check(const strata_server_opt_config *cfg, strata_diag *diag);
 
 typedef struct strata_server_opt strata_server_opt;
@@ -218,6 +221,14 @@ int strata_server_opt_step(strata_server_opt *opt, strata_tensor_list *params,
  * dst is unchanged then. */
 int strata_server_opt_copy_state(strata_server_opt *dst, const strata_server_opt *src,
                                  strata_diag *diag);
+
+/* The learning rate of opt's next step (the step with index
+ * strata_server_opt_steps, from 0). With lr_final 0 it is lr at every step;
+ * otherwise it falls from lr at step 0 to lr_final at step horizon - 1 along
+ * a half cosine, lr_final + (lr - lr_final) (1 + cos(pi t / (horizon - 1))) / 2,
+ * and stays at lr_final after that (a horizon of 1 is lr_final throughout).
+ * Returns 0 for NULL. */
+double strata_server_opt_lr(const strata_server_opt *opt);
 
 /* Number of successful steps (restored by strata_server_opt_load). */
 uint64_t strata_server_opt_steps(const strata_server_opt *opt);

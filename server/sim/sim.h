@@ -23,7 +23,7 @@
 enum { SIM_EXIT_OK = 0, SIM_EXIT_FAIL = 1, SIM_EXIT_USAGE = 2, SIM_EXIT_INTERRUPTED = 130 };
 
 /* The number of coordinator options strata-sim passes through. */
-#define SIM_NPASS 23
+#define SIM_NPASS 24
 
 /* strata-sim's options (strings malloc'ed; sim_opts_cleanup frees them). */
 typedef struct sim_opts {

@@ -55,14 +55,20 @@ int strata_sgd_set_anchor(strata_sgd *o, const strata_tensor_list *anchor)
     return STRATA_OK;
 }
 
+double strata_cosine_schedule(double from, double to, uint64_t t, uint64_t T)
+{
+    if (T == 0)
+        return to;
+    if (t > T)
+        t = T;
+    return to + (from - to) * 0.5 * (1.0 + cos(3.14159265358979323846 * (double)t / (double)T));
+}
+
 float strata_sgd_current_lr(const strata_sgd *o)
 {
-    size_t T = o->cfg.decay_steps;
-    if (T == 0)
+    if (o->cfg.decay_steps == 0)
         return o->cfg.lr;
-    size_t t = o->steps < T ? o->steps : T;
-    return (float)(0.5 * (double)o->cfg.lr *
-                   (1.0 + cos(3.14159265358979323846 * (double)t / (double)T)));
+    return (float)strata_cosine_schedule(o->cfg.lr, 0.0, o->steps, o->cfg.decay_steps);
 }
 
 void strata_sgd_reset(strata_sgd *o)

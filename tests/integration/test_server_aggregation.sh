@@ -48,11 +48,14 @@ SAMPLES=(100 300 1600 700 40)
 # attacker=I (none): client I uploads its delta scaled by 1000, screen=F
 # (server default 10): --screen-factor, quarantine=1: the attacker's update
 # must be quarantined and the result is checked without it, values=F
-# (fp32): the values format (--values of the server and strata-tool).
+# (fp32): the values format (--values of the server and strata-tool),
+# final=X: --server-lr-final X, which in this one-round run is the rate of
+# the only step (the check uses X, not LR).
 run_case() {
     local name=$1 policy=$2 density=$3 opt=$4 lr=$5
     shift 5
     local n=3 agg=fedavg trim=0.1 clip=0 attacker=-1 screen="" quarantine=0 values=fp32 kv
+    local final=""
     for kv in "$@"; do
         case $kv in
         clients=*) n=${kv#*=} ;;
@@ -63,6 +66,7 @@ run_case() {
         screen=*) screen=${kv#*=} ;;
         quarantine=*) quarantine=${kv#*=} ;;
         values=*) values=${kv#*=} ;;
+        final=*) final=${kv#*=} ;;
         *) fail "run_case: unknown option $kv" ;;
         esac
     done
@@ -70,6 +74,7 @@ run_case() {
     [ "$agg" = fedavg ] || extra+=(--aggregator "$agg" --trim-fraction "$trim")
     [ "$clip" = 0 ] || extra+=(--clip-norm "$clip")
     [ -z "$screen" ] || extra+=(--screen-factor "$screen")
+    [ -z "$final" ] || extra+=(--server-lr-final "$final")
     mkdir -p "$dir"
     "$SERVER" --state-dir "$dir/state" --model mlp --data "$DATA" --port 0 --rounds 1 \
         --min-clients "$n" --clients-per-round "$n" --policy "$policy" --density "$density" \
@@ -173,7 +178,7 @@ run_case() {
     [ "$attacker" -ge 0 ] && [ "$quarantine" = 0 ] &&
         check+=(--attacker "$attacker" --honest "$dir/honest$attacker.bin")
     if ! out=$("$CHECK" verify --w0 "$dir/w0.safetensors" --w1 "$dir/w1.safetensors" \
-        --opt "$opt" --lr "$lr" --tol 1e-6 "${check[@]}" "${used[@]}"); then
+        --opt "$opt" --lr "${final:-$lr}" --tol 1e-6 "${check[@]}" "${used[@]}"); then
         fail "$name: aggregate differs from the $rule computed directly: $out"
     fi
     echo "$name: $out"
@@ -193,6 +198,8 @@ run_case dense-plain none 1 plain 1
 run_case sparse-plain uniform 0.05 plain 1
 run_case sparse-fedavgm uniform 0.05 fedavgm 0.5
 run_case dense-fedadam none 1 fedadam 0.1
+# --server-lr-final: a one-round run's only step is the last, at the final rate.
+run_case sparse-fedavgm-lr-final uniform 0.05 fedavgm 4 final=0.5
 run_case sparse-fedyogi uniform 0.05 fedyogi 0.1
 # Every compressor and values format (issue: budgets that adapt).
 run_case topk-fp16 uniform 0.05 plain 1 values=fp16

@@ -659,6 +659,66 @@ static void test_server_opt_hand_computed(void)
     }
 }
 
+/* --server-lr-final: the rate falls from lr to lr_final along a half cosine
+ * over horizon steps, for every optimiser type, and stays there. */
+static void test_server_opt_schedule(void)
+{
+    /* lr 3 to 1 over 5 steps: 3, 1 + 2 (1 + cos(pi/4)) / 2, 2, 1 + 2 (1 - cos(pi/4)) / 2, 1,
+     * then 1. */
+    const double c4 = cos(3.14159265358979323846 / 4.0);
+    const double want[7] = {3.0, 2.0 + c4, 2.0, 2.0 - c4, 1.0, 1.0, 1.0};
+    strata_server_opt_config cfg;
+    strata_server_opt_config_init(&cfg, STRATA_SERVER_OPT_PLAIN);
+    cfg.lr = 3.0;
+    cfg.lr_final = 1.0;
+    cfg.horizon = 5;
+    strata_tensor_list p;
+    two_params(&p, 1.0f, -0.5f);
+    strata_server_opt *o = NULL;
+    CU_ASSERT_EQUAL_FATAL(strata_server_opt_new(&p, &cfg, &o, NULL), STRATA_OK);
+    double w0 = 1.0, w1 = -0.5;
+    for (int s = 0; s < 7; s++) {
+        CU_ASSERT_DOUBLE_EQUAL(strata_server_opt_lr(o), want[s], 1e-12);
+        strata_tensor_list d;
+        two_params(&d, 0.25f, -0.125f);
+        CU_ASSERT_EQUAL(strata_server_opt_step(o, &p, &d, NULL), STRATA_OK);
+        w0 += want[s] * 0.25;
+        w1 -= want[s] * 0.125;
+        CU_ASSERT_DOUBLE_EQUAL(p.items[0].data[0], w0, 1e-5);
+        CU_ASSERT_DOUBLE_EQUAL(p.items[0].data[1], w1, 1e-5);
+        strata_tensor_list_cleanup(&d);
+    }
+    strata_server_opt_free(o);
+
+    /* A rising rate works the same way; a horizon of 1 is lr_final at once;
+     * lr_final 0 keeps lr. */
+    const struct {
+        double lr, lr_final;
+        uint64_t horizon;
+        double first, second;
+    } cases[] = {
+        {0.5, 2.5, 3, 0.5, 1.5},
+        {4.0, 2.0, 1, 2.0, 2.0},
+        {4.0, 0.0, 0, 4.0, 4.0},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        strata_server_opt_config_init(&cfg, STRATA_SERVER_OPT_FEDAVGM);
+        cfg.lr = cases[i].lr;
+        cfg.lr_final = cases[i].lr_final;
+        cfg.horizon = cases[i].horizon;
+        CU_ASSERT_EQUAL_FATAL(strata_server_opt_new(&p, &cfg, &o, NULL), STRATA_OK);
+        CU_ASSERT_DOUBLE_EQUAL(strata_server_opt_lr(o), cases[i].first, 1e-12);
+        strata_tensor_list d;
+        two_params(&d, 0.0f, 0.0f);
+        CU_ASSERT_EQUAL(strata_server_opt_step(o, &p, &d, NULL), STRATA_OK);
+        CU_ASSERT_DOUBLE_EQUAL(strata_server_opt_lr(o), cases[i].second, 1e-12);
+        strata_tensor_list_cleanup(&d);
+        strata_server_opt_free(o);
+    }
+    CU_ASSERT_EQUAL(strata_server_opt_lr(NULL), 0.0);
+    strata_tensor_list_cleanup(&p);
+}
+
 static void test_server_opt_errors(void)
 {
     strata_server_opt_config cfg;
@@ -683,21 +743,26 @@ static void test_server_opt_errors(void)
     CU_ASSERT_EQUAL_FATAL(strata_tensor_list_add(&bad, "w", 1, s3, NULL), STRATA_OK);
     static const struct {
         strata_server_opt_type type;
-        double lr, momentum, beta1, beta2, tau;
+        double lr, momentum, beta1, beta2, tau, lr_final;
+        uint64_t horizon;
     } cfgs[] = {
-        {STRATA_SERVER_OPT_PLAIN, 0.0, 0.9, 0.9, 0.99, 1e-3},
-        {STRATA_SERVER_OPT_PLAIN, NAN, 0.9, 0.9, 0.99, 1e-3},
-        {STRATA_SERVER_OPT_FEDAVGM, 1.0, 1.0, 0.9, 0.99, 1e-3},
-        {STRATA_SERVER_OPT_FEDAVGM, 1.0, -0.1, 0.9, 0.99, 1e-3},
-        {STRATA_SERVER_OPT_FEDADAM, 1.0, 0.9, 1.0, 0.99, 1e-3},
-        {STRATA_SERVER_OPT_FEDADAM, 1.0, 0.9, 0.9, 1.0, 1e-3},
-        {STRATA_SERVER_OPT_FEDYOGI, 1.0, 0.9, 0.9, 0.99, 0.0},
-        {STRATA_SERVER_OPT_FEDYOGI, 1.0, 0.9, 0.9, 0.99, INFINITY},
-        {(strata_server_opt_type)7, 1.0, 0.9, 0.9, 0.99, 1e-3},
+        {STRATA_SERVER_OPT_PLAIN, 0.0, 0.9, 0.9, 0.99, 1e-3, 0.0, 0},
+        {STRATA_SERVER_OPT_PLAIN, NAN, 0.9, 0.9, 0.99, 1e-3, 0.0, 0},
+        {STRATA_SERVER_OPT_FEDAVGM, 1.0, 1.0, 0.9, 0.99, 1e-3, 0.0, 0},
+        {STRATA_SERVER_OPT_FEDAVGM, 1.0, -0.1, 0.9, 0.99, 1e-3, 0.0, 0},
+        {STRATA_SERVER_OPT_FEDADAM, 1.0, 0.9, 1.0, 0.99, 1e-3, 0.0, 0},
+        {STRATA_SERVER_OPT_FEDADAM, 1.0, 0.9, 0.9, 1.0, 1e-3, 0.0, 0},
+        {STRATA_SERVER_OPT_FEDYOGI, 1.0, 0.9, 0.9, 0.99, 0.0, 0.0, 0},
+        {STRATA_SERVER_OPT_FEDYOGI, 1.0, 0.9, 0.9, 0.99, INFINITY, 0.0, 0},
+        {(strata_server_opt_type)7, 1.0, 0.9, 0.9, 0.99, 1e-3, 0.0, 0},
+        {STRATA_SERVER_OPT_PLAIN, 1.0, 0.9, 0.9, 0.99, 1e-3, -0.5, 10},
+        {STRATA_SERVER_OPT_PLAIN, 1.0, 0.9, 0.9, 0.99, 1e-3, NAN, 10},
+        {STRATA_SERVER_OPT_PLAIN, 1.0, 0.9, 0.9, 0.99, 1e-3, 0.5, 0},
     };
     for (size_t i = 0; i < sizeof(cfgs) / sizeof(cfgs[0]); i++) {
-        strata_server_opt_config c = {cfgs[i].type,  cfgs[i].lr,    cfgs[i].momentum,
-                                      cfgs[i].beta1, cfgs[i].beta2, cfgs[i].tau};
+        strata_server_opt_config c = {cfgs[i].type,     cfgs[i].lr,     cfgs[i].momentum,
+                                      cfgs[i].beta1,    cfgs[i].beta2,  cfgs[i].tau,
+                                      cfgs[i].lr_final, cfgs[i].horizon};
         strata_server_opt *o = NULL;
         d.msg[0] = '\0';
         CU_ASSERT_EQUAL(strata_server_opt_new(&p, &c, &o, &d), STRATA_EINVAL);
@@ -747,6 +812,8 @@ static void test_server_opt_save_load(void)
         strata_server_opt_config cfg;
         strata_server_opt_config_init(&cfg, (strata_server_opt_type)t);
         cfg.lr = 0.05;
+        cfg.lr_final = 0.01; /* the schedule's position is restored with the steps */
+        cfg.horizon = 4;
         strata_tensor_list p1, p2, delta;
         random_list(&p1, &layout, 1.0);
         strata_server_opt *a = NULL, *b = NULL;
@@ -768,6 +835,8 @@ static void test_server_opt_save_load(void)
                     strata_diag_msg(&d, rc));
         CU_ASSERT_EQUAL_FATAL(rc, STRATA_OK);
         CU_ASSERT_EQUAL(strata_server_opt_steps(b), 2);
+        CU_ASSERT_EQUAL(strata_server_opt_lr(b), strata_server_opt_lr(a));
+        CU_ASSERT(strata_server_opt_lr(b) < cfg.lr && strata_server_opt_lr(b) > cfg.lr_final);
         CU_ASSERT_EQUAL(strata_server_opt_get_config(b)->type, cfg.type);
 
         /* Two more steps on each: bit-identical parameters. */
@@ -937,6 +1006,7 @@ int main(void)
     };
     CU_TestInfo opt_tests[] = {
         {"hand-computed steps", test_server_opt_hand_computed},
+        {"a falling rate (--server-lr-final)", test_server_opt_schedule},
         {"configuration and input errors", test_server_opt_errors},
         {"save and load continue identically", test_server_opt_save_load},
         {"a copied state steps identically", test_server_opt_copy_state},

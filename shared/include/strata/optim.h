@@ -13,6 +13,8 @@
 #include "strata/error.h"
 #include "strata/tensor.h"
 
+#include <stdint.h>
+
 typedef struct strata_sgd_config {
     float lr;
     float momentum;
@@ -48,5 +50,11 @@ int strata_sgd_step(strata_sgd *o, strata_tensor_list *params, const strata_tens
 
 /* The learning rate the next step will use. */
 float strata_sgd_current_lr(const strata_sgd *o);
+
+/* A half-cosine schedule from `from` at step 0 to `to` at step T:
+ * to + (from - to) * (1 + cos(pi * min(t, T) / T)) / 2; `to` when T is 0.
+ * strata_sgd_config.decay_steps (to 0) and the coordinator's server rate
+ * (--server-lr-final) both use it. */
+double strata_cosine_schedule(double from, double to, uint64_t t, uint64_t T);
 
 #endif
