@@ -54,6 +54,16 @@ strata_values_format strata_values_format_for(strata_compressor_id comp, strata_
     return vf;
 }
 
+strata_budget strata_budget_whole(strata_values_format vf)
+{
+    strata_budget b = {.comp = STRATA_COMP_NONE, .density = 1.0, .values = vf};
+    if (STRATA_VALUES_QUANTISED(vf)) {
+        b.comp = STRATA_COMP_TOPK;
+        b.values = STRATA_VALUES_INT8;
+    }
+    return b;
+}
+
 int strata_comp_from_name(const char *name, strata_compressor_id *out)
 {
     if (out != NULL)

@@ -35,12 +35,9 @@ strata_budget strata_downlink_budget(const strata_budget *b, size_t numel)
     int lossy_shape = b->comp == STRATA_COMP_TOPK || b->comp == STRATA_COMP_RANDK ||
                       b->comp == STRATA_COMP_QSGD || b->comp == STRATA_COMP_SIGN ||
                       b->comp == STRATA_COMP_POWERSGD;
-    if (lossy_shape && numel < STRATA_DOWNLINK_DENSE_BELOW) {
-        memset(&out, 0, sizeof(out));
-        out.comp = STRATA_COMP_NONE;
-        out.density = 1.0;
-        out.values = STRATA_VALUES_BF16;
-    }
+    if (lossy_shape && numel < STRATA_DOWNLINK_DENSE_BELOW)
+        out = strata_budget_whole(STRATA_VALUES_QUANTISED(b->values) ? b->values
+                                                                     : STRATA_VALUES_BF16);
     return out;
 }
 

@@ -229,7 +229,8 @@ int strata_policy_set_lgreco_table(strata_policy *p, const double *err, const si
         if (iu == nc && cand[c].comp == uni.comp && cand[c].density == uni.density &&
             cand[c].values == uni.values && cand[c].levels == uni.levels)
             iu = c;
-        if (id == nc && cand[c].comp == dense.comp && cand[c].values == dense.values)
+        if (id == nc && cand[c].comp == dense.comp && cand[c].density == dense.density &&
+            cand[c].values == dense.values)
             id = c;
     }
     int rc = STRATA_ENOMEM;

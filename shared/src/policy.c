@@ -743,10 +743,7 @@ int strata__policy_is_dense(const strata_policy *p, size_t n)
 
 strata_budget strata__policy_dense_budget(const strata_policy *p)
 {
-    strata_budget b = {.comp = STRATA_COMP_NONE, .density = 1.0, .values = p->values};
-    if ((unsigned)b.values > STRATA_VALUES_BF16)
-        b.values = STRATA_VALUES_FP32;
-    return b;
+    return strata_budget_whole(p->values);
 }
 
 strata_budget strata__policy_layer_budget(const strata_policy *p, double d)

@@ -1201,6 +1201,37 @@ static void test_ternary(void)
     }
 }
 
+/* A whole tensor keeps the float formats and goes as top-k at density 1
+ * with int8 values for the quantised ones: every element, each within one
+ * step of its scale. */
+static void test_budget_whole(void)
+{
+    for (int f = 0; f < STRATA_VALUES_COUNT; f++) {
+        const strata_values_format vf = (strata_values_format)f;
+        const strata_budget b = strata_budget_whole(vf);
+        CU_ASSERT_EQUAL(strata_budget_check(&b, NULL), STRATA_OK);
+        CU_ASSERT_EQUAL(b.density, 1.0);
+        if (STRATA_VALUES_QUANTISED(vf)) {
+            CU_ASSERT(b.comp == STRATA_COMP_TOPK && b.values == STRATA_VALUES_INT8);
+        } else {
+            CU_ASSERT(b.comp == STRATA_COMP_NONE && b.values == vf);
+        }
+    }
+    float a[12] = {1, -2, 3, -4, 5, -6, 7, -8, 9, -10, 11, -0.01f}, back[12];
+    int64_t shape[1] = {12};
+    const strata_budget b = strata_budget_whole(STRATA_VALUES_TERNARY);
+    strata_clayer c;
+    CU_ASSERT_EQUAL_FATAL(strata_compress(a, 12, 1, shape, &b, b.values, 3, NULL, &c, NULL),
+                          STRATA_OK);
+    CU_ASSERT_EQUAL(c.count, 12);
+    CU_ASSERT_EQUAL(c.values_format, STRATA_VALUES_INT8);
+    CU_ASSERT_EQUAL_FATAL(strata_clayer_decode(&c, back, NULL), STRATA_OK);
+    for (size_t j = 0; j < 12; j++)
+        CU_ASSERT(fabsf(back[j] - a[j]) <= c.scale);
+    CU_ASSERT(c.scale <= 12.0f / 127.0f * (1.0f + 1.0f / 128.0f));
+    strata_clayer_cleanup(&c);
+}
+
 /* int8 and ternary apply to topk and randk only; decoding refuses
  * hand-built quantised layers that are not what a compressor produces. */
 static void test_quantised_refusals(void)
@@ -1439,6 +1470,7 @@ int main(void)
         {"int8: unbiased stochastic rounding, bfloat16 scale", test_int8_unbiased},
         {"ternary: +-mu, mean |kept| with its cap", test_ternary},
         {"int8/ternary: other compressors and bad layers refused", test_quantised_refusals},
+        {"a whole tensor's budget (strata_budget_whole)", test_budget_whole},
         {"byte-cost estimate within 10% of the encoded size", test_cost_estimate},
         CU_TEST_INFO_NULL,
     };
