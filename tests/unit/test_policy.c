@@ -863,20 +863,25 @@ static int same(const strata_budget *a, const strata_budget *b)
            a->levels == b->levels && a->rank == b->rank;
 }
 
-/* lgreco on ResNet-18 with the synthetic table at target d0: within the
- * uniform error, no more bytes than uniform, candidates only. */
-static void check_lgreco_resnet(double d0)
+/* lgreco on ResNet-18 with the synthetic table at target d0 and values
+ * format vf: within the uniform error, no more bytes than uniform,
+ * candidates only. */
+static void check_lgreco_resnet(double d0, strata_values_format vf)
 {
     const size_t L = N(resnet18);
     strata_policy *p = parse_ok("lgreco");
     CU_ASSERT_PTR_NOT_NULL_FATAL(p);
+    CU_ASSERT_EQUAL_FATAL(strata_policy_set_values(p, vf, NULL), STRATA_OK);
     static strata_budget cand[STRATA_LGRECO_MAX_TABLE];
     static double err[N(resnet18) * STRATA_LGRECO_MAX_TABLE];
     strata_budget b[N(resnet18)], uni[N(resnet18)];
     /* before any table: uniform */
     CU_ASSERT_EQUAL_FATAL(strata_policy_budgets(p, resnet18, L, d0, 0, 50, uni, NULL), STRATA_OK);
-    for (size_t l = 0; l < L; l++)
-        CU_ASSERT_EQUAL(uni[l].comp, resnet18[l] < 1000 ? STRATA_COMP_NONE : STRATA_COMP_TOPK);
+    for (size_t l = 0; l < L; l++) {
+        const strata_budget whole = strata_budget_whole(vf);
+        CU_ASSERT(resnet18[l] >= 1000 ? uni[l].comp == STRATA_COMP_TOPK && uni[l].density == d0
+                                      : same(&uni[l], &whole));
+    }
 
     size_t C = strata_policy_lgreco_candidates(p, d0, cand);
     CU_ASSERT_FATAL(C > 0 && C <= STRATA_LGRECO_MAX_TABLE);
@@ -945,8 +950,12 @@ static void test_lgreco_policy(void)
     CU_ASSERT_EQUAL(strata_policy_lgreco_candidates(p, 0.0, cand), 0);
     CU_ASSERT_EQUAL(strata_policy_lgreco_report(p).solved, 0);
 
-    check_lgreco_resnet(0.01);
-    check_lgreco_resnet(0.03);
+    check_lgreco_resnet(0.01, STRATA_VALUES_FP32);
+    check_lgreco_resnet(0.03, STRATA_VALUES_FP32);
+    /* Small layers go whole as top-k at density 1 with int8 values: the
+     * uniform reference must be that candidate, not another int8 top-k. */
+    check_lgreco_resnet(0.01, STRATA_VALUES_TERNARY);
+    check_lgreco_resnet(0.01, STRATA_VALUES_INT8);
     printf("\n");
     /* a bad table is rejected and leaves the allocation alone */
     size_t C = strata_policy_lgreco_candidates(p, 0.01, cand);
