@@ -56,11 +56,9 @@ strata_values_format strata_values_format_for(strata_compressor_id comp, strata_
 
 strata_budget strata_budget_whole(strata_values_format vf)
 {
-    strata_budget b = {.comp = STRATA_COMP_NONE, .density = 1.0, .values = vf};
-    if (STRATA_VALUES_QUANTISED(vf)) {
-        b.comp = STRATA_COMP_TOPK;
-        b.values = STRATA_VALUES_INT8;
-    }
+    strata_budget b = {.comp = STRATA_COMP_NONE,
+                       .density = 1.0,
+                       .values = strata_values_format_for(STRATA_COMP_NONE, vf)};
     return b;
 }
 

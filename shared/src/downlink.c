@@ -36,8 +36,7 @@ strata_budget strata_downlink_budget(const strata_budget *b, size_t numel)
                       b->comp == STRATA_COMP_QSGD || b->comp == STRATA_COMP_SIGN ||
                       b->comp == STRATA_COMP_POWERSGD;
     if (lossy_shape && numel < STRATA_DOWNLINK_DENSE_BELOW)
-        out = strata_budget_whole(STRATA_VALUES_QUANTISED(b->values) ? b->values
-                                                                     : STRATA_VALUES_BF16);
+        out = strata_budget_whole(STRATA_VALUES_BF16);
     return out;
 }
 

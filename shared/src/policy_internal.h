@@ -54,9 +54,8 @@ struct strata_policy {
 /* 1 when a layer of n elements is sent uncompressed (below dense_below). */
 int strata__policy_is_dense(const strata_policy *p, size_t n);
 
-/* The budget of a layer sent whole: strata_budget_whole of the policy's
- * values format (NONE in fp32, fp16 or bf16; top-k at density 1 with int8
- * values for int8 and ternary). */
+/* The budget of a layer sent uncompressed: strata_budget_whole of the
+ * policy's values format (NONE in it where NONE takes it, else fp32). */
 strata_budget strata__policy_dense_budget(const strata_policy *p);
 
 /* The budget of a compressed layer at density d (d >= 1: the dense one). */

@@ -140,12 +140,10 @@ double strata_budget_bytes(const strata_budget *b, uint64_t numel);
  * uploads by it. Pure, thread-safe. */
 strata_values_format strata_values_format_for(strata_compressor_id comp, strata_values_format vf);
 
-/* The budget that sends a whole tensor with values vf: NONE in vf for fp32,
- * fp16 and bf16; for INT8 and TERNARY, which quantise kept values only,
- * TOPK at density 1 with INT8 values (every element kept at one scale per
- * tensor; the index stream of an all-kept layer is zero gaps, an eighth of
- * a byte an element before zstd; ternary would leave one sign an element).
- * The policies' small layers and the downlink's use it. Pure, thread-safe. */
+/* The budget that sends a whole tensor with values vf: NONE at density 1
+ * in strata_values_format_for(NONE, vf), so fp32 for INT8 and TERNARY,
+ * which quantise kept values only. The policies' small layers and the
+ * downlink's (in bf16) use it. Pure, thread-safe. */
 strata_budget strata_budget_whole(strata_values_format vf);
 
 /* Parses a compressor name; returns STRATA_EINVAL for an unknown one. */

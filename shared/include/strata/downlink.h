@@ -40,9 +40,8 @@
 /* Characters of a digest's text, NUL included. */
 #define STRATA_DIGEST_HEX_SIZE 65
 
-/* Tensors below this many elements travel whole in a delta (bf16 values,
- * or int8 ones when the downlink quantises to int8 or ternary; the
- * rounding stays in x - x̂ and goes out with later deltas). */
+/* Tensors below this many elements travel dense (bf16 values; the
+ * rounding stays in x - x̂ and goes out with later deltas) in a delta. */
 #define STRATA_DOWNLINK_DENSE_BELOW 1000
 
 /* Most deltas one chain may carry. */
@@ -52,10 +51,9 @@
 void strata_downlink_digest(const strata_tensor_list *m, char hex[STRATA_DIGEST_HEX_SIZE]);
 
 /* The budget of tensor t in a delta compressed with b: b itself, except
- * for tensors below STRATA_DOWNLINK_DENSE_BELOW elements when b is a
- * sparsifier, quantiser or low-rank compressor: then the whole tensor
- * (strata_budget_whole) in int8 when b's values are int8 or ternary, else
- * in bf16. */
+ * dense bf16 (strata_budget_whole) for tensors below
+ * STRATA_DOWNLINK_DENSE_BELOW elements when b is a sparsifier, quantiser or
+ * low-rank compressor. */
 strata_budget strata_downlink_budget(const strata_budget *b, size_t numel);
 
 /* One downlink step: compresses a = target - ref (both borrowed, the same

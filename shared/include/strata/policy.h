@@ -104,7 +104,7 @@ uint32_t strata_policy_phase(const strata_policy *p, uint32_t round, uint32_t to
 uint32_t strata_policy_lgreco_every(const strata_policy *p);
 
 /* Sets the values format of the kept float values of the compressed layers
- * (and of the layers sent whole: strata_budget_whole of it), e.g. from
+ * (and of the layers sent whole where NONE takes it: strata_budget_whole), e.g. from
  * --values; fp32 until set. Errors: STRATA_EINVAL (p unchanged) when the
  * policy's compressor does not take that format (strata_budget_check). */
 int strata_policy_set_values(strata_policy *p, strata_values_format vf, strata_diag *diag);
@@ -149,8 +149,8 @@ int strata_policy_densities(const strata_policy *p, const size_t *numel, size_t 
 
 /* Same as strata_policy_densities(), expressed as per-layer budgets: the
  * policy's compressor with the density (TOPK, RANDK) or its parameter, and
- * the policy's values format; a layer sent whole gets
- * strata_budget_whole of the policy's values format; an lgreco policy
+ * the policy's values format; a layer sent uncompressed gets NONE with
+ * density 1 (strata_budget_whole of the policy's values format); an lgreco policy
  * with a solved table gets its chosen budget per layer. out (nlayers
  * entries, borrowed) is zeroed on entry. */
 int strata_policy_budgets(const strata_policy *p, const size_t *numel, size_t nlayers, double d0,
