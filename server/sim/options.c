@@ -38,8 +38,7 @@ static const pass_opt PASS[] = {
     {"server_opt", "NAME", "plain (default), fedavgm, fedadam or fedyogi"},
     {"server_lr", "X", "server learning rate (0: the optimiser's default)"},
     {"server_lr_final", "X",
-     "server rate of the last round, reached along a half cosine\nfrom the first's; 0 = constant "
-     "(0)"},
+     "move the server rate to X along a half cosine over\nthe run; 0 = constant (0)"},
     {"aggregator", "NAME", "fedavg (default), trimmed-mean or median"},
     {"trim_fraction", "F", "trimmed-mean: fraction cut at each end (0.1)"},
     {"clip_norm", "C", "scale every update to an L2 norm of at most C; 0 = off (0)"},
