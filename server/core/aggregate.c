@@ -635,8 +635,8 @@ double strata_server_opt_lr(const strata_server_opt *opt)
     const strata_server_opt_config *c = &opt->cfg;
     if (c->lr_final <= 0.0)
         return c->lr;
-    return strata_cosine_schedule(c->lr, c->lr_final, opt->steps,
-                                  c->horizon > 0 ? c->horizon - 1 : 0);
+    /* strata_server_opt_check keeps horizon >= 1 here. */
+    return strata_cosine_schedule(c->lr, c->lr_final, opt->steps, c->horizon - 1);
 }
 
 uint64_t strata_server_opt_steps(const strata_server_opt *opt)

@@ -877,11 +877,12 @@ static void check_lgreco_resnet(double d0, strata_values_format vf)
     strata_budget b[N(resnet18)], uni[N(resnet18)];
     /* before any table: uniform */
     CU_ASSERT_EQUAL_FATAL(strata_policy_budgets(p, resnet18, L, d0, 0, 50, uni, NULL), STRATA_OK);
-    for (size_t l = 0; l < L; l++) {
-        const strata_budget whole = strata_budget_whole(vf);
+    /* Small layers whole: uncompressed, in float32 when vf is int8 or ternary. */
+    const strata_values_format small_vf = STRATA_VALUES_QUANTISED(vf) ? STRATA_VALUES_FP32 : vf;
+    for (size_t l = 0; l < L; l++)
         CU_ASSERT(resnet18[l] >= 1000 ? uni[l].comp == STRATA_COMP_TOPK && uni[l].density == d0
-                                      : same(&uni[l], &whole));
-    }
+                                      : uni[l].comp == STRATA_COMP_NONE && uni[l].density == 1.0 &&
+                                            uni[l].values == small_vf);
 
     size_t C = strata_policy_lgreco_candidates(p, d0, cand);
     CU_ASSERT_FATAL(C > 0 && C <= STRATA_LGRECO_MAX_TABLE);
