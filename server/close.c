@@ -672,6 +672,8 @@ void srv__round_close(srv_engine *e)
                (unsigned long long)e->uplink, (long long)dur);
         if (nq > 0)
             printf(", %zu quarantined", nq);
+        if (e->cfg->server_lr_final > 0) /* the rate of this step (e->opt_next: before it) */
+            printf(", server lr %.4g", strata_server_opt_lr(e->opt_next));
         printf("\n");
     } else if (too_few) {
         srv__ctr_add(e, SRV_CTR_ROUNDS_FAILED, 1);

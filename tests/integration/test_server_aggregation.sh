@@ -162,6 +162,13 @@ run_case() {
     fi
     "${C[@]}" -f -H "Authorization: Bearer ${tokens[0]}" -o "$dir/w1.safetensors" \
         "$url/v1/models/1" || fail "$name: model 1"
+    # With a schedule the progress line names the rate of the step.
+    if [ -n "$final" ]; then
+        grep -q "^round 0/1: .*, server lr $final\$" "$dir/server.out" ||
+            fail "$name: no 'server lr $final' in the progress line: $(cat "$dir/server.out")"
+    else
+        grep -q "server lr" "$dir/server.out" && fail "$name: server lr without a schedule"
+    fi
     kill -TERM "$SPID"
     wait "$SPID" || fail "$name: server exit status $?: $(tail -n 5 "$dir/server.err")"
     SPID=""
