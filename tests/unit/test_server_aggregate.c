@@ -839,6 +839,18 @@ static void test_server_opt_save_load(void)
         CU_ASSERT(strata_server_opt_lr(b) < cfg.lr && strata_server_opt_lr(b) > cfg.lr_final);
         CU_ASSERT_EQUAL(strata_server_opt_get_config(b)->type, cfg.type);
 
+        /* Resumed with a longer run (--rounds 8 after 4): the two steps
+         * taken place it on the longer schedule, above where it was. */
+        strata_server_opt_config longer = cfg;
+        longer.horizon = 8;
+        strata_server_opt *l = NULL;
+        CU_ASSERT_EQUAL_FATAL(strata_server_opt_load(path, &layout, &longer, &l, NULL), STRATA_OK);
+        CU_ASSERT_EQUAL(strata_server_opt_steps(l), 2);
+        const double want = 0.01 + (0.05 - 0.01) * (1.0 + cos(acos(-1.0) * 2.0 / 7.0)) / 2.0;
+        CU_ASSERT_DOUBLE_EQUAL(strata_server_opt_lr(l), want, 1e-12);
+        CU_ASSERT(strata_server_opt_lr(l) > strata_server_opt_lr(b));
+        strata_server_opt_free(l);
+
         /* Two more steps on each: bit-identical parameters. */
         strata_tensor_list_init(&p2);
         CU_ASSERT_EQUAL_FATAL(strata_tensor_list_copy(&p2, &p1), STRATA_OK);
