@@ -256,46 +256,47 @@ static int start_clients(const sim_opts *o, procs *p, const char *client_bin, co
             return STRATA_EINVAL;
         }
         snprintf(idx, sizeof(idx), "%ld", i);
-        char *cargv[] = {(char *)client_bin,
-                         "--server",
-                         (char *)url,
-                         "--state-dir",
-                         cdir,
-                         "--data",
-                         shard,
-                         "--partition",
-                         "none",
-                         "--num-clients",
-                         s_clients,
-                         "--client-index",
-                         idx,
-                         "--seed",
-                         s_seed,
-                         "--threads",
-                         "1",
-                         "--enrolment-secret-file",
-                         (char *)od->path[SIM_OUT_SECRET],
-                         NULL};
         /* Behind a link: "ip netns exec NS" runs the client in its
          * namespace (ip execs it: the pid is the client's). */
-        char *wrapped[sizeof(cargv) / sizeof(cargv[0]) + 4];
+        argv_list a = {0};
         char ns[64];
         const char *ip = NULL;
-        char *const *argv = cargv;
+        int rc = STRATA_OK;
         if (links != NULL && sim_links_wrap(links, i, ns, sizeof(ns), &ip) == 0) {
-            wrapped[0] = (char *)ip;
-            wrapped[1] = "netns";
-            wrapped[2] = "exec";
-            wrapped[3] = ns;
-            memcpy(wrapped + 4, cargv, sizeof(cargv));
-            argv = wrapped;
+            const char *wrap[] = {ip, "netns", "exec", ns};
+            for (size_t k = 0; rc == 0 && k < sizeof(wrap) / sizeof(wrap[0]); k++)
+                rc = argv_add(&a, wrap[k]);
         }
-        if ((p->clients[i] = spawn(argv, clog, -1)) < 0) {
+        const char *fixed[][2] = {{"server", url},
+                                  {"state_dir", cdir},
+                                  {"data", shard},
+                                  {"partition", "none"},
+                                  {"num_clients", s_clients},
+                                  {"client_index", idx},
+                                  {"seed", s_seed},
+                                  {"threads", "1"},
+                                  {"enrolment_secret_file", od->path[SIM_OUT_SECRET]}};
+        if (rc == 0)
+            rc = argv_add(&a, client_bin);
+        for (size_t k = 0; rc == 0 && k < sizeof(fixed) / sizeof(fixed[0]); k++)
+            rc = argv_add_opt(&a, fixed[k][0], fixed[k][1]);
+        for (size_t k = 0; rc == 0 && k < SIM_NPASS; k++)
+            if (o->pass[k] != NULL && sim_opts_pass_client(k))
+                rc = argv_add_opt(&a, sim_opts_pass_key(k), o->pass[k]);
+        if (rc < 0) {
+            argv_cleanup(&a);
+            strata_log_error("out of memory (a client's command line)");
+            return rc;
+        }
+        p->clients[i] = spawn(a.v, clog, -1);
+        int err = errno;
+        argv_cleanup(&a);
+        if (p->clients[i] < 0) {
             p->clients[i] = 0;
-            strata_log_error("cannot start a client: %s", strerror(errno));
+            strata_log_error("cannot start a client: %s", strerror(err));
             return STRATA_EIO;
         }
-        int rc = wait_registered(p, i, cdir);
+        rc = wait_registered(p, i, cdir);
         if (rc < 0)
             return rc;
     }
@@ -495,16 +496,42 @@ static int server_argv(const sim_opts *o, const char *server_bin, const sim_out 
     for (size_t i = 0; rc == 0 && i < sizeof(fixed) / sizeof(fixed[0]); i++)
         rc = argv_add_opt(a, fixed[i][0], fixed[i][1]);
     for (size_t i = 0; rc == 0 && i < SIM_NPASS; i++)
-        if (o->pass[i] != NULL)
+        if (o->pass[i] != NULL && !sim_opts_pass_client(i))
             rc = argv_add_opt(a, sim_opts_pass_key(i), o->pass[i]);
     return rc;
 }
 
+/* Writes the pass-through options given that go to the clients (client 1)
+ * or to the coordinator (0; but the sampling and the downlink, which the
+ * header states on their own) as "--key value" pairs into buf, ending in
+ * " ..." when cap bytes (at least 8) cannot hold them all. */
+static void pass_text(const sim_opts *o, int client, char *buf, size_t cap)
+{
+    size_t len = 0;
+    buf[0] = '\0';
+    for (size_t i = 0; i < SIM_NPASS; i++) {
+        const char *key = sim_opts_pass_key(i);
+        if (o->pass[i] == NULL || sim_opts_pass_client(i) != client ||
+            strcmp(key, "clients_per_round") == 0 || strcmp(key, "fraction") == 0 ||
+            strcmp(key, "downlink") == 0)
+            continue;
+        char flag[64];
+        strata_opt_flag(key, flag, sizeof(flag));
+        int w = snprintf(buf + len, cap - len, "%s%s %s", len ? " " : "", flag, o->pass[i]);
+        if (w < 0 || (size_t)w >= cap - len) {
+            /* More than the buffer holds: say so rather than drop them. */
+            size_t at = len + 5 <= cap ? len : cap - 5;
+            snprintf(buf + at, cap - at, "%s...", at ? " " : "");
+            break;
+        }
+        len += (size_t)w;
+    }
+}
+
 /* The report header's settings: the options o holds, with sampling and
- * given (the other coordinator options given, as "--key value" pairs,
- * ending in " ..." when ng bytes cannot hold them all) written into the
- * caller's buffers (ns and ng at least 8). */
-static sim_run_info run_info(const sim_opts *o, char *sampling, size_t ns, char *given, size_t ng)
+ * given (the coordinator's options given and those of the clients, by
+ * pass_text) written into the caller's buffers (each at least 8 bytes). */
+static sim_run_info run_info(const sim_opts *o, char *sampling, size_t ns, char given[2][1024])
 {
     const char *cpr = sim_opts_pass_get(o, "clients_per_round"),
                *fr = sim_opts_pass_get(o, "fraction");
@@ -514,24 +541,8 @@ static sim_run_info run_info(const sim_opts *o, char *sampling, size_t ns, char 
         snprintf(sampling, ns, "fraction %s", fr);
     else
         snprintf(sampling, ns, "all");
-    size_t len = 0;
-    given[0] = '\0';
-    for (size_t i = 0; i < SIM_NPASS; i++) {
-        const char *key = sim_opts_pass_key(i);
-        if (o->pass[i] == NULL || strcmp(key, "clients_per_round") == 0 ||
-            strcmp(key, "fraction") == 0 || strcmp(key, "downlink") == 0)
-            continue;
-        char flag[64];
-        strata_opt_flag(key, flag, sizeof(flag));
-        int w = snprintf(given + len, ng - len, "%s%s %s", len ? " " : "", flag, o->pass[i]);
-        if (w < 0 || (size_t)w >= ng - len) {
-            /* More than the buffer holds: say so rather than drop them. */
-            size_t at = len + 5 <= ng ? len : ng - 5;
-            snprintf(given + at, ng - at, "%s...", at ? " " : "");
-            break;
-        }
-        len += (size_t)w;
-    }
+    pass_text(o, 0, given[0], sizeof(given[0]));
+    pass_text(o, 1, given[1], sizeof(given[1]));
     const char *downlink = sim_opts_pass_get(o, "downlink");
     return (sim_run_info){.clients = o->clients,
                           .rounds = o->rounds,
@@ -542,7 +553,8 @@ static sim_run_info run_info(const sim_opts *o, char *sampling, size_t ns, char 
                           .density = o->density,
                           .values = o->values,
                           .sampling = sampling,
-                          .given = given,
+                          .given = given[0],
+                          .client_given = given[1],
                           .downlink = downlink != NULL ? downlink : "none",
                           .link_up = o->link_up,
                           .link_down = o->link_down,
@@ -553,8 +565,8 @@ static sim_run_info run_info(const sim_opts *o, char *sampling, size_t ns, char 
  * for a run that ended with end. */
 static int finish(const sim_opts *o, const sim_out *od, run_end end)
 {
-    char sampling[64], given[1024];
-    sim_run_info info = run_info(o, sampling, sizeof(sampling), given, sizeof(given));
+    char sampling[64], given[2][1024];
+    sim_run_info info = run_info(o, sampling, sizeof(sampling), given);
     int rc = sim_report_write(od->path[SIM_OUT_STATE], o->out, &info, o->json);
     if (end == RUN_INTERRUPTED) {
         strata_log_warn("interrupted; the report covers the finished rounds. Continue with: "
@@ -682,8 +694,8 @@ static int report_only(const sim_opts *o)
         strata_log_error("cannot create %s", o->out);
         return SIM_EXIT_FAIL;
     }
-    char sampling[64], given[1024];
-    sim_run_info info = run_info(o, sampling, sizeof(sampling), given, sizeof(given));
+    char sampling[64], given[2][1024];
+    sim_run_info info = run_info(o, sampling, sizeof(sampling), given);
     info.data_shares = o->data_shares;
     return sim_report_write(o->report_from, o->out, &info, o->json) < 0 ? SIM_EXIT_FAIL
                                                                         : SIM_EXIT_OK;

@@ -1,7 +1,8 @@
-/* strata-sim: its options — its own, and the coordinator options it passes
- * through (one table, PASS, drives both the command line and what reaches
- * the coordinator); the usage text; saving a run's options to run.json and
- * merging them back for --resume; checking a study run's options. */
+/* strata-sim: its options — its own, and the coordinator and client
+ * options it passes through (one table, PASS, drives both the command line
+ * and what reaches the coordinator and the clients); the usage text; saving
+ * a run's options to run.json and merging them back for --resume; checking
+ * a study run's options. */
 #include "sim.h"
 
 #include "strata/fileio.h"
@@ -15,43 +16,49 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* The coordinator options strata-sim passes through unchanged (as
- * --kebab-key VALUE, only when given): every setting that changes the
- * learning. The coordinator checks the values; a bad one stops it at start
- * with its own message, which strata-sim prints. */
+/* The options strata-sim passes through unchanged (as --kebab-key VALUE,
+ * only when given): every setting that changes the learning. Those of the
+ * coordinator come first; the last ones (client set) go to every client
+ * instead. The receiver checks the values: a bad coordinator option stops
+ * it at start with its own message, which strata-sim prints; a bad client
+ * option stops the clients, whose logs say why. */
 typedef struct pass_opt {
     const char *key, *value, *help;
+    int client;
 } pass_opt;
 static const pass_opt PASS[] = {
-    {"clients_per_round", "N", "clients sampled per round (default: all)"},
-    {"fraction", "F", "or: this fraction of the clients per round, in (0, 1]"},
-    {"min_updates", "N", "updates a round needs to move the model (1)"},
-    {"over_select", "F", "select this fraction more clients and close without stragglers (0)"},
-    {"straggler_rounds", "N", "rounds a client that missed a deadline sits out (2)"},
-    {"local_epochs", "E", "client epochs per round (1)"},
-    {"batch", "B", "client batch size (32)"},
-    {"lr", "LR", "client learning rate (0.05)"},
-    {"momentum", "X", "client SGD momentum (0)"},
-    {"weight_decay", "X", "client weight decay (0)"},
-    {"prox_mu", "X", "FedProx proximal term (0)"},
-    {"max_steps", "N", "client step cap per round, 0 = none (0)"},
-    {"server_opt", "NAME", "plain (default), fedavgm, fedadam or fedyogi"},
-    {"server_lr", "X", "server learning rate (0: the optimiser's default)"},
+    {"clients_per_round", "N", "clients sampled per round (default: all)", 0},
+    {"fraction", "F", "or: this fraction of the clients per round, in (0, 1]", 0},
+    {"min_updates", "N", "updates a round needs to move the model (1)", 0},
+    {"over_select", "F", "select this fraction more clients and close without stragglers (0)", 0},
+    {"straggler_rounds", "N", "rounds a client that missed a deadline sits out (2)", 0},
+    {"local_epochs", "E", "client epochs per round (1)", 0},
+    {"batch", "B", "client batch size (32)", 0},
+    {"lr", "LR", "client learning rate (0.05)", 0},
+    {"momentum", "X", "client SGD momentum (0)", 0},
+    {"weight_decay", "X", "client weight decay (0)", 0},
+    {"prox_mu", "X", "FedProx proximal term (0)", 0},
+    {"max_steps", "N", "client step cap per round, 0 = none (0)", 0},
+    {"server_opt", "NAME", "plain (default), fedavgm, fedadam or fedyogi", 0},
+    {"server_lr", "X", "server learning rate (0: the optimiser's default)", 0},
     {"server_lr_final", "X",
-     "move the server rate to X along a half cosine over\nthe run; 0 = constant (0)"},
-    {"aggregator", "NAME", "fedavg (default), trimmed-mean or median"},
-    {"trim_fraction", "F", "trimmed-mean: fraction cut at each end (0.1)"},
-    {"clip_norm", "C", "scale every update to an L2 norm of at most C; 0 = off (0)"},
-    {"screen_factor", "F", "quarantine updates above F times the median norm; 0 = off (10)"},
+     "move the server rate to X along a half cosine over\nthe run; 0 = constant (0)", 0},
+    {"aggregator", "NAME", "fedavg (default), trimmed-mean or median", 0},
+    {"trim_fraction", "F", "trimmed-mean: fraction cut at each end (0.1)", 0},
+    {"clip_norm", "C", "scale every update to an L2 norm of at most C; 0 = off (0)", 0},
+    {"screen_factor", "F", "quarantine updates above F times the median norm; 0 = off (10)", 0},
     {"downlink", "SPEC",
-     "downlink compression: none (default) or a compressor\nspec (fp16, topk:D[:VALUES], ...)"},
+     "downlink compression: none (default) or a compressor\nspec (fp16, topk:D[:VALUES], ...)", 0},
     {"downlink_keep", "K",
      "deltas the coordinator keeps for lagging clients: the last K,\nor with 0 (default) all a "
-     "chain smaller than the snapshot can use"},
-    {"threads", "N", "the coordinator's evaluation threads (1)"},
+     "chain smaller than the snapshot can use",
+     0},
+    {"threads", "N", "the coordinator's evaluation threads (1)", 0},
     {"eval_samples", "N",
-     "evaluate every round but the last on N test images\n(the last on all); 0 = all (0)"},
-    {"http_threads", "N", "the coordinator's request threads (16)"},
+     "evaluate every round but the last on N test images\n(the last on all); 0 = all (0)", 0},
+    {"http_threads", "N", "the coordinator's request threads (16)", 0},
+    {"ef_beta", "B", "scale a client's residual by B per missed round, (0, 1] (1)", 1},
+    {"ef_max_staleness", "N", "drop a client's residual after N missed rounds; 0 = never (0)", 1},
 };
 #define NPASS (sizeof(PASS) / sizeof(PASS[0]))
 _Static_assert(NPASS == SIM_NPASS, "SIM_NPASS counts the PASS table");
@@ -173,8 +180,16 @@ static void usage(FILE *f)
         fputs((const char *)b.data, f);
     strata_buf_cleanup(&b);
     strata_buf_init(&b, 1 << 16);
+    size_t nserver = 0;
+    while (nserver < NPASS && !PASS[nserver].client)
+        nserver++;
     fputs("Passed to the coordinator when given (see strata-server --help):\n", f);
-    if (strata_opts_usage(opts_table() + NOWN, NPASS, &b) == STRATA_OK)
+    if (strata_opts_usage(opts_table() + NOWN, nserver, &b) == STRATA_OK)
+        fputs((const char *)b.data, f);
+    strata_buf_cleanup(&b);
+    strata_buf_init(&b, 1 << 16);
+    fputs("Passed to every client when given (see strata-client --help):\n", f);
+    if (strata_opts_usage(opts_table() + NOWN + nserver, NPASS - nserver, &b) == STRATA_OK)
         fputs((const char *)b.data, f);
     fputs("Writes each client's share of the training set to --out (shards/I), starts\n"
           "strata-server on a free loopback port and N strata-client processes (one\n"
@@ -440,4 +455,9 @@ void sim_opts_cleanup(sim_opts *o)
 const char *sim_opts_pass_key(size_t i)
 {
     return i < NPASS ? PASS[i].key : NULL;
+}
+
+int sim_opts_pass_client(size_t i)
+{
+    return i < NPASS && PASS[i].client;
 }

@@ -208,7 +208,7 @@ int sim_report_write(const char *state_dir, const char *out_dir, const sim_run_i
         fputc('\n', fc);
         fprintf(fm,
                 "# strata-sim report\n\n%ld clients (%s per round), %ld rounds, model %s, "
-                "partition %s, policy %s, density %s, values %s, downlink %s, seed %ld%s%s\n\n"
+                "partition %s, policy %s, density %s, values %s, downlink %s, seed %ld%s%s%s%s\n\n"
                 "Bytes are HTTP bodies actually sent: uplink the accepted update payloads, "
                 "downlink the model snapshots and delta chains served. Dense FedAvg would send "
                 "every participant's update and model as float32 (4 bytes a parameter each "
@@ -218,7 +218,9 @@ int sim_report_write(const char *state_dir, const char *out_dir, const sim_run_i
                 "|---|---|---|---|---|---|---|---|---|\n",
                 o->clients, o->sampling, o->rounds, o->model, o->partition, o->policy, o->density,
                 o->values, o->downlink ? o->downlink : "none", o->seed,
-                o->given && *o->given ? "; coordinator options " : "", o->given ? o->given : "");
+                o->given && *o->given ? "; coordinator options " : "", o->given ? o->given : "",
+                o->client_given && *o->client_given ? "; client options " : "",
+                o->client_given ? o->client_given : "");
     }
     /* acc: the model's last evaluation (a round without one left the model
      * as it was); NaN while no round was evaluated. */

@@ -22,8 +22,9 @@
 /* Exit codes. */
 enum { SIM_EXIT_OK = 0, SIM_EXIT_FAIL = 1, SIM_EXIT_USAGE = 2, SIM_EXIT_INTERRUPTED = 130 };
 
-/* The number of coordinator options strata-sim passes through. */
-#define SIM_NPASS 24
+/* The number of options strata-sim passes through (to the coordinator or
+ * to every client). */
+#define SIM_NPASS 26
 
 /* strata-sim's options (strings malloc'ed; sim_opts_cleanup frees them). */
 typedef struct sim_opts {
@@ -53,6 +54,10 @@ int sim_opts_save(const sim_opts *o, const char *path, strata_diag *d);
 
 /* The key (snake_case) of pass-through option i < SIM_NPASS; NULL above. */
 const char *sim_opts_pass_key(size_t i);
+
+/* 1 when pass-through option i goes to every client, 0 when to the
+ * coordinator (or i >= SIM_NPASS). */
+int sim_opts_pass_client(size_t i);
 
 /* The value given for pass-through option key, or NULL. */
 const char *sim_opts_pass_get(const sim_opts *o, const char *key);
@@ -162,6 +167,7 @@ typedef struct sim_run_info {
     const char *sampling;            /* "all", "N per round" or "fraction F" */
     const char *given;               /* the other coordinator options given ("--key value ..."),
                                         "" or NULL: none */
+    const char *client_given;        /* the client options given, as given */
     const char *downlink;            /* the coordinator's --downlink ("none" when not given) */
     const char *link_up, *link_down; /* per-client link rates, NULL: none */
     double target_accuracy;          /* 0: no time-to-target line */
