@@ -11,6 +11,7 @@
 #include "transport.h"
 
 #include "strata/data.h"
+#include "strata/ef.h"
 #include "strata/fileio.h"
 #include "strata/log.h"
 #include "strata/model.h"
@@ -69,8 +70,8 @@ static const strata_opt OPTS[] = {
      "long-poll wait for tasks in seconds (default 10)"},
     {"ef_beta", STRATA_OPT_DOUBLE, OFF(ef_beta), DBL_TRUE_MIN, 1, "B",
      "residual decay per missed round, (0, 1] (default 1)"},
-    {"ef_max_staleness", STRATA_OPT_INTEGER, OFF(ef_max_staleness), 0, 1000000000, "N",
-     "drop the residual after N missed rounds (default 0: never)"},
+    {"ef_max_staleness", STRATA_OPT_INTEGER, OFF(ef_max_staleness), 0, STRATA_EF_MAX_STALENESS_MAX,
+     "N", "drop the residual after N missed rounds (default 0: never)"},
     {"log_format", STRATA_OPT_STRING, OFF(log_format_name), 0, 0, "F",
      "text (default) or json: one JSON object per log line"},
     {"log_level", STRATA_OPT_STRING, OFF(log_level_name), 0, 0, "L",

@@ -469,8 +469,8 @@ static int find_binaries(char *server_bin, char *client_bin, size_t cap)
     return STRATA_OK;
 }
 
-/* The coordinator's command line: the run's settings, then every PASS
- * option given. */
+/* The coordinator's command line: the run's settings, then every
+ * coordinator option of PASS given. */
 static int server_argv(const sim_opts *o, const char *server_bin, const sim_out *od,
                        const char *host, argv_list *a)
 {
@@ -530,7 +530,7 @@ static void pass_text(const sim_opts *o, int client, char *buf, size_t cap)
 
 /* The report header's settings: the options o holds, with sampling and
  * given (the coordinator's options given and those of the clients, by
- * pass_text) written into the caller's buffers (each at least 8 bytes). */
+ * pass_text) written into the caller's buffers. */
 static sim_run_info run_info(const sim_opts *o, char *sampling, size_t ns, char given[2][1024])
 {
     const char *cpr = sim_opts_pass_get(o, "clients_per_round"),
@@ -642,11 +642,12 @@ static int sim_main(const sim_opts *o)
     fcntl(pfd[0], F_SETFD, FD_CLOEXEC);
     fcntl(pfd[1], F_SETFD, FD_CLOEXEC);
     p.server = spawn(sargv.v, od.path[SIM_OUT_SERVER_LOG], pfd[1]);
+    int spawn_err = errno;
     close(pfd[1]);
     so.fd = pfd[0];
     fcntl(so.fd, F_SETFL, fcntl(so.fd, F_GETFL) | O_NONBLOCK);
     if (p.server < 0) {
-        strata_log_error("cannot start the coordinator: %s", strerror(errno));
+        strata_log_error("cannot start the coordinator: %s", strerror(spawn_err));
         goto stop;
     }
     so.log_fd = open(od.path[SIM_OUT_SERVER_LOG], O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);

@@ -7,8 +7,10 @@
 
 #include "strata/fileio.h"
 #include "strata/log.h"
+#include "strata/ef.h"
 #include "strata/opts.h"
 
+#include <float.h>
 #include <jansson.h>
 #include <limits.h>
 #include <stddef.h>
@@ -62,6 +64,20 @@ static const pass_opt PASS[] = {
 };
 #define NPASS (sizeof(PASS) / sizeof(PASS[0]))
 _Static_assert(NPASS == SIM_NPASS, "SIM_NPASS counts the PASS table");
+
+/* The client options' types and ranges (those of strata-client), so that a
+ * bad value is refused before anything starts rather than by every client
+ * once the run has begun. One entry per client entry of PASS. */
+typedef struct client_vals {
+    double ef_beta;
+    long ef_max_staleness;
+} client_vals;
+static const strata_opt CLIENT_TYPES[] = {
+    {"ef_beta", STRATA_OPT_DOUBLE, offsetof(client_vals, ef_beta), DBL_TRUE_MIN, 1, "B", NULL},
+    {"ef_max_staleness", STRATA_OPT_INTEGER, offsetof(client_vals, ef_max_staleness), 0,
+     STRATA_EF_MAX_STALENESS_MAX, "N", NULL},
+};
+#define NCLIENT_TYPES (sizeof(CLIENT_TYPES) / sizeof(CLIENT_TYPES[0]))
 
 /* Largest run.json read back. */
 #define RUN_JSON_MAX ((size_t)1 << 16)
@@ -178,19 +194,21 @@ static void usage(FILE *f)
           f);
     if (strata_opts_usage(OWN, NOWN, &b) == STRATA_OK)
         fputs((const char *)b.data, f);
-    strata_buf_cleanup(&b);
-    strata_buf_init(&b, 1 << 16);
-    size_t nserver = 0;
-    while (nserver < NPASS && !PASS[nserver].client)
-        nserver++;
-    fputs("Passed to the coordinator when given (see strata-server --help):\n", f);
-    if (strata_opts_usage(opts_table() + NOWN, nserver, &b) == STRATA_OK)
-        fputs((const char *)b.data, f);
-    strata_buf_cleanup(&b);
-    strata_buf_init(&b, 1 << 16);
-    fputs("Passed to every client when given (see strata-client --help):\n", f);
-    if (strata_opts_usage(opts_table() + NOWN + nserver, NPASS - nserver, &b) == STRATA_OK)
-        fputs((const char *)b.data, f);
+    static const char *const heads[2] = {
+        "Passed to the coordinator when given (see strata-server --help):\n",
+        "Passed to every client when given (see strata-client --help):\n"};
+    for (int client = 0; client < 2; client++) {
+        strata_opt part[NPASS];
+        size_t n = 0;
+        for (size_t i = 0; i < NPASS; i++)
+            if (PASS[i].client == client)
+                part[n++] = opts_table()[NOWN + i];
+        strata_buf_cleanup(&b);
+        strata_buf_init(&b, 1 << 16);
+        fputs(heads[client], f);
+        if (strata_opts_usage(part, n, &b) == STRATA_OK)
+            fputs((const char *)b.data, f);
+    }
     fputs("Writes each client's share of the training set to --out (shards/I), starts\n"
           "strata-server on a free loopback port and N strata-client processes (one\n"
           "thread each, each loading only its share), follows the run through the\n"
@@ -341,6 +359,28 @@ out:
     return code;
 }
 
+/* Checks the client options o holds against CLIENT_TYPES: STRATA_EINVAL
+ * with diag naming the option and the range otherwise. */
+static int check_client_opts(const sim_opts *o, strata_diag *d)
+{
+    char *args[2 * NPASS + 2];
+    char flags[NPASS][64];
+    int n = 0;
+    args[n++] = "strata-sim";
+    for (size_t i = 0; i < NPASS; i++) {
+        if (!PASS[i].client || o->pass[i] == NULL)
+            continue;
+        strata_opt_flag(PASS[i].key, flags[i], sizeof(flags[i]));
+        args[n++] = flags[i];
+        args[n++] = o->pass[i];
+    }
+    args[n] = NULL;
+    client_vals v;
+    int help = 0;
+    int rc = strata_opts_parse_argv(CLIENT_TYPES, NCLIENT_TYPES, n, args, &v, &help, d);
+    return rc < 0 ? rc : STRATA_OK;
+}
+
 int sim_opts_parse(int argc, char **argv, sim_opts *o, int *help)
 {
     const strata_opt *t = opts_table();
@@ -403,6 +443,8 @@ int sim_opts_parse(int argc, char **argv, sim_opts *o, int *help)
         strata_log_error("give either --clients-per-round or --fraction, not both");
         return SIM_EXIT_USAGE;
     }
+    if ((rc = check_client_opts(o, &d)) < 0)
+        return usage_error(&d, rc);
     if (sim_link_rate_check(o->link_up) < 0 || sim_link_rate_check(o->link_down) < 0) {
         strata_log_error("--link-up/--link-down: expected a rate such as 1mbit, 512kbit or "
                          "10.5mbit, got '%s'",
@@ -443,6 +485,8 @@ int sim_study_check(int argc, char **argv, strata_diag *d)
     else if (rc >= 0 && sim_opts_pass_get(&o, "clients_per_round") != NULL &&
              sim_opts_pass_get(&o, "fraction"))
         rc = strata_diag_set(d, STRATA_EINVAL, "give either clients_per_round or fraction");
+    else if (rc >= 0)
+        rc = check_client_opts(&o, d);
     strata_opts_cleanup(t, NOPTS, &o);
     return rc < 0 ? rc : STRATA_OK;
 }

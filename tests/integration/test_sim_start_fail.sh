@@ -43,5 +43,11 @@ expect_fail 2 "give either --clients-per-round or --fraction" \
     --clients 4 --clients-per-round 2 --fraction 0.5 --data "$DATA" --out "$WORK/u"
 expect_fail 2 "holds no run to resume" --data "$DATA" --out "$WORK/u" --resume
 expect_fail 2 "unknown option" --clients 2 --data "$DATA" --out "$WORK/u" --no-such-option 1
+# A client option out of the clients' range is refused here, not by every
+# client once the run has started.
+expect_fail 2 "ef-beta: 2 is above the maximum 1" --clients 2 --data "$DATA" --out "$WORK/u" \
+    --ef-beta 2
+expect_fail 2 "ef-max-staleness: -1 is below the minimum 0" --clients 2 --data "$DATA" \
+    --out "$WORK/u" --ef-max-staleness -1
 [ ! -e "$WORK/u" ] || fail "a usage error created $WORK/u"
 echo "PASS: failed starts leave nothing behind"

@@ -101,6 +101,14 @@ rc=0
 [ "$rc" = 2 ] || fail "a bad spec exited $rc, expected 2"
 grep -q "roundz" "$WORK/err3.txt" || fail "the error does not name the bad key: $(cat "$WORK/err3.txt")"
 [ ! -e "$WORK/bad" ] || fail "a bad spec created its --out"
+# So does one with a client option out of the clients' range.
+sed 's/"rounds": 2/"rounds": 2, "ef_beta": [0.5, 1.5]/' "$WORK/spec.json" >"$WORK/bad.json"
+rc=0
+"$SIM" --study "$WORK/bad.json" --out "$WORK/bad" 2>"$WORK/err3.txt" || rc=$?
+[ "$rc" = 2 ] || fail "a spec with ef_beta 1.5 exited $rc, expected 2"
+grep -q -- "--ef-beta: 1.5 is above the maximum 1" "$WORK/err3.txt" ||
+    fail "the error does not name the bad client option: $(cat "$WORK/err3.txt")"
+[ ! -e "$WORK/bad" ] || fail "a spec with a bad client option created its --out"
 # Run options on the command line are refused with --study.
 rc=0
 "$SIM" --study "$WORK/spec.json" --out "$WORK/bad" --rounds 5 2>"$WORK/err4.txt" || rc=$?

@@ -40,6 +40,10 @@
 
 typedef struct strata_ef strata_ef;
 
+/* The largest max_staleness the programs' options take (strata-client's
+ * --ef-max-staleness, which strata-sim checks before it passes it on). */
+#define STRATA_EF_MAX_STALENESS_MAX 1000000000
+
 /* Creates error-feedback state with zero residuals shaped like layout
  * (borrowed; names and shapes are copied). beta (staleness decay) must be in
  * (0, 1]; 1 keeps stale residuals unchanged. max_staleness 0 never drops.
