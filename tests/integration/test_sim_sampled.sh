@@ -11,24 +11,22 @@ source "$(dirname "$0")/lib.sh"
 SIM="$BUILD/strata-sim"
 OUT="$WORK/sim"
 
-# --help lists every option it passes through to the coordinator, and each
-# is the coordinator's.
+# --help lists every option it passes through, in two sections: each of
+# the first is the coordinator's, each of the second the client's.
 "$SIM" --help >"$WORK/help.txt"
-"$BUILD/strata-server" --help >"$WORK/server_help.txt"
-passed=$(sed -n '/^Passed to the coordinator/,/^[A-Z]/p' "$WORK/help.txt" |
-    grep -o '^  --[a-z-]*' | tr -d ' ')
-[ "$(echo "$passed" | wc -l)" -ge 18 ] || fail "strata-sim --help lists too few coordinator options"
-for opt in $passed; do
-    grep -q -- "^  $opt " "$WORK/server_help.txt" || fail "$opt is not a strata-server option"
-done
-# And those it gives every client are the client's.
-"$BUILD/strata-client" --help >"$WORK/client_help.txt"
-passed=$(sed -n '/^Passed to every client/,/^[A-Z]/p' "$WORK/help.txt" |
-    grep -o '^  --[a-z-]*' | tr -d ' ')
-[ "$(echo "$passed" | wc -l)" -ge 2 ] || fail "strata-sim --help lists too few client options"
-for opt in $passed; do
-    grep -q -- "^  $opt " "$WORK/client_help.txt" || fail "$opt is not a strata-client option"
-done
+# check_passed HEADING PROGRAM MIN: the options under HEADING (at least MIN)
+# are all options of PROGRAM.
+check_passed() {
+    local opt passed
+    "$BUILD/$2" --help >"$WORK/$2.help"
+    passed=$(sed -n "/^$1/,/^[A-Z]/p" "$WORK/help.txt" | grep -o '^  --[a-z-]*' | tr -d ' ')
+    [ "$(echo "$passed" | wc -l)" -ge "$3" ] || fail "strata-sim --help lists too few $2 options"
+    for opt in $passed; do
+        grep -q -- "^  $opt " "$WORK/$2.help" || fail "$opt is not a $2 option"
+    done
+}
+check_passed "Passed to the coordinator" strata-server 18
+check_passed "Passed to every client" strata-client 2
 
 # Peak resident memory (VmHWM, kB) of each client of this run (its command
 # line names its shard), sampled while the run lasts.
