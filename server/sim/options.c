@@ -19,11 +19,11 @@
 #include <string.h>
 
 /* The options strata-sim passes through unchanged (as --kebab-key VALUE,
- * only when given): every setting that changes the learning. Those of the
- * coordinator come first; the last ones (client set) go to every client
- * instead. The receiver checks the values: a bad coordinator option stops
- * it at start with its own message, which strata-sim prints; a bad client
- * option stops the clients, whose logs say why. */
+ * only when given): every setting that changes the learning. Those with
+ * client set go to every client, the others to the coordinator. The
+ * coordinator checks its values: a bad one stops it at start with its own
+ * message, which strata-sim prints. The client options are checked here
+ * first (CLIENT_TYPES), so a bad one stops nothing that has started. */
 typedef struct pass_opt {
     const char *key, *value, *help;
     int client;
