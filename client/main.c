@@ -19,7 +19,6 @@
 #include "strata/stop.h"
 #include "strata/partition.h"
 
-#include <float.h>
 #include <stddef.h>
 #include <limits.h>
 #include <signal.h>
@@ -34,8 +33,7 @@ static volatile sig_atomic_t *g_stop;
 typedef struct options {
     char *server, *state_dir, *data, *partition, *name, *secret, *secret_file, *ca_cert;
     long num_clients, client_index, threads, max_rounds, poll_wait, seed;
-    double ef_beta;
-    long ef_max_staleness;
+    strata_ef_opts ef;
     char *log_format_name, *log_level_name;
     strata_log_level log_level;
     strata_log_format log_format;
@@ -68,16 +66,28 @@ static const strata_opt OPTS[] = {
      "stop after N uploaded updates (default: until finished)"},
     {"poll_wait", STRATA_OPT_INTEGER, OFF(poll_wait), 0, 30, "S",
      "long-poll wait for tasks in seconds (default 10)"},
-    {"ef_beta", STRATA_OPT_DOUBLE, OFF(ef_beta), DBL_TRUE_MIN, 1, "B",
-     "residual decay per missed round, (0, 1] (default 1)"},
-    {"ef_max_staleness", STRATA_OPT_INTEGER, OFF(ef_max_staleness), 0, STRATA_EF_MAX_STALENESS_MAX,
-     "N", "drop the residual after N missed rounds (default 0: never)"},
     {"log_format", STRATA_OPT_STRING, OFF(log_format_name), 0, 0, "F",
      "text (default) or json: one JSON object per log line"},
     {"log_level", STRATA_OPT_STRING, OFF(log_level_name), 0, 0, "L",
      "debug, info (default), warn or error"},
 };
-#define NOPTS (sizeof(OPTS) / sizeof(OPTS[0]))
+#define NOWN (sizeof(OPTS) / sizeof(OPTS[0]))
+#define NOPTS (NOWN + STRATA_EF_NOPTS)
+
+/* The whole option table: OPTS, then the residual settings' rows
+ * (strata_ef_opt_rows, which strata-sim checks its clients' values with). */
+static const strata_opt *opts_table(void)
+{
+    static strata_opt table[NOPTS];
+    if (table[0].key == NULL) {
+        memcpy(table, OPTS, sizeof(OPTS));
+        for (size_t i = 0; i < STRATA_EF_NOPTS; i++) {
+            table[NOWN + i] = strata_ef_opt_rows[i];
+            table[NOWN + i].offset += OFF(ef);
+        }
+    }
+    return table;
+}
 
 /* Writes the usage text to f. */
 static void usage(FILE *f)
@@ -85,7 +95,7 @@ static void usage(FILE *f)
     strata_buf b;
     strata_buf_init(&b, 1 << 16);
     fputs("usage: strata-client --server URL --state-dir DIR --data DIR [options]\n", f);
-    if (strata_opts_usage(OPTS, NOPTS, &b) == STRATA_OK)
+    if (strata_opts_usage(opts_table(), NOPTS, &b) == STRATA_OK)
         fputs((const char *)b.data, f);
     fputs("Exits 0 when the federation has finished or --max-rounds updates were acknowledged,\n"
           "1 on an error, 2 on a bad command line, 130 when interrupted.\n",
@@ -96,7 +106,7 @@ static void usage(FILE *f)
 /* Frees the strings *o owns. */
 static void options_cleanup(options *o)
 {
-    strata_opts_cleanup(OPTS, NOPTS, o);
+    strata_opts_cleanup(opts_table(), NOPTS, o);
 }
 
 /* Parses the command line into *o (zeroed on entry, then the defaults;
@@ -111,13 +121,13 @@ static int parse_options(int argc, char **argv, options *o, int *help)
                    .threads = 1,
                    .poll_wait = 10,
                    .seed = 1,
-                   .ef_beta = 1.0,
+                   .ef = {.beta = 1.0},
                    .log_level = STRATA_LOG_INFO,
                    .log_format = STRATA_LOG_TEXT};
     if (o->partition == NULL)
         return STRATA_ENOMEM;
     strata_diag d = {{0}};
-    int rc = strata_opts_parse_argv(OPTS, NOPTS, argc, argv, o, help, &d);
+    int rc = strata_opts_parse_argv(opts_table(), NOPTS, argc, argv, o, help, &d);
     if (rc < 0) {
         strata_log_error("%s (see --help)", strata_diag_msg(&d, rc));
         return rc;
@@ -371,8 +381,8 @@ int main(int argc, char **argv)
                                    .mine = mine,
                                    .nmine = n_mine,
                                    .client_index = (uint64_t)index,
-                                   .ef_beta = o.ef_beta,
-                                   .ef_max_staleness = (uint32_t)o.ef_max_staleness,
+                                   .ef_beta = o.ef.beta,
+                                   .ef_max_staleness = (uint32_t)o.ef.max_staleness,
                                    .progress =
                                        isatty(STDERR_FILENO) && o.log_format == STRATA_LOG_TEXT,
                                    .stop = g_stop};

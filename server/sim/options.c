@@ -10,7 +10,6 @@
 #include "strata/ef.h"
 #include "strata/opts.h"
 
-#include <float.h>
 #include <jansson.h>
 #include <limits.h>
 #include <stddef.h>
@@ -19,65 +18,49 @@
 #include <string.h>
 
 /* The options strata-sim passes through unchanged (as --kebab-key VALUE,
- * only when given): every setting that changes the learning. Those with
- * client set go to every client, the others to the coordinator. The
- * coordinator checks its values: a bad one stops it at start with its own
- * message, which strata-sim prints. The client options are checked here
- * first (CLIENT_TYPES), so a bad one stops nothing that has started. */
+ * only when given): every setting that changes the learning. Those of PASS
+ * go to the coordinator, which checks their values: a bad one stops it at
+ * start with its own message, which strata-sim prints. After them come the
+ * clients' residual settings (strata_ef_opt_rows), which go to every client
+ * and are checked here first (check_client_opts), so a bad one stops
+ * nothing that has started. */
 typedef struct pass_opt {
     const char *key, *value, *help;
-    int client;
 } pass_opt;
 static const pass_opt PASS[] = {
-    {"clients_per_round", "N", "clients sampled per round (default: all)", 0},
-    {"fraction", "F", "or: this fraction of the clients per round, in (0, 1]", 0},
-    {"min_updates", "N", "updates a round needs to move the model (1)", 0},
-    {"over_select", "F", "select this fraction more clients and close without stragglers (0)", 0},
-    {"straggler_rounds", "N", "rounds a client that missed a deadline sits out (2)", 0},
-    {"local_epochs", "E", "client epochs per round (1)", 0},
-    {"batch", "B", "client batch size (32)", 0},
-    {"lr", "LR", "client learning rate (0.05)", 0},
-    {"momentum", "X", "client SGD momentum (0)", 0},
-    {"weight_decay", "X", "client weight decay (0)", 0},
-    {"prox_mu", "X", "FedProx proximal term (0)", 0},
-    {"max_steps", "N", "client step cap per round, 0 = none (0)", 0},
-    {"server_opt", "NAME", "plain (default), fedavgm, fedadam or fedyogi", 0},
-    {"server_lr", "X", "server learning rate (0: the optimiser's default)", 0},
+    {"clients_per_round", "N", "clients sampled per round (default: all)"},
+    {"fraction", "F", "or: this fraction of the clients per round, in (0, 1]"},
+    {"min_updates", "N", "updates a round needs to move the model (1)"},
+    {"over_select", "F", "select this fraction more clients and close without stragglers (0)"},
+    {"straggler_rounds", "N", "rounds a client that missed a deadline sits out (2)"},
+    {"local_epochs", "E", "client epochs per round (1)"},
+    {"batch", "B", "client batch size (32)"},
+    {"lr", "LR", "client learning rate (0.05)"},
+    {"momentum", "X", "client SGD momentum (0)"},
+    {"weight_decay", "X", "client weight decay (0)"},
+    {"prox_mu", "X", "FedProx proximal term (0)"},
+    {"max_steps", "N", "client step cap per round, 0 = none (0)"},
+    {"server_opt", "NAME", "plain (default), fedavgm, fedadam or fedyogi"},
+    {"server_lr", "X", "server learning rate (0: the optimiser's default)"},
     {"server_lr_final", "X",
-     "move the server rate to X along a half cosine over\nthe run; 0 = constant (0)", 0},
-    {"aggregator", "NAME", "fedavg (default), trimmed-mean or median", 0},
-    {"trim_fraction", "F", "trimmed-mean: fraction cut at each end (0.1)", 0},
-    {"clip_norm", "C", "scale every update to an L2 norm of at most C; 0 = off (0)", 0},
-    {"screen_factor", "F", "quarantine updates above F times the median norm; 0 = off (10)", 0},
+     "move the server rate to X along a half cosine over\nthe run; 0 = constant (0)"},
+    {"aggregator", "NAME", "fedavg (default), trimmed-mean or median"},
+    {"trim_fraction", "F", "trimmed-mean: fraction cut at each end (0.1)"},
+    {"clip_norm", "C", "scale every update to an L2 norm of at most C; 0 = off (0)"},
+    {"screen_factor", "F", "quarantine updates above F times the median norm; 0 = off (10)"},
     {"downlink", "SPEC",
-     "downlink compression: none (default) or a compressor\nspec (fp16, topk:D[:VALUES], ...)", 0},
+     "downlink compression: none (default) or a compressor\nspec (fp16, topk:D[:VALUES], ...)"},
     {"downlink_keep", "K",
      "deltas the coordinator keeps for lagging clients: the last K,\nor with 0 (default) all a "
-     "chain smaller than the snapshot can use",
-     0},
-    {"threads", "N", "the coordinator's evaluation threads (1)", 0},
+     "chain smaller than the snapshot can use"},
+    {"threads", "N", "the coordinator's evaluation threads (1)"},
     {"eval_samples", "N",
-     "evaluate every round but the last on N test images\n(the last on all); 0 = all (0)", 0},
-    {"http_threads", "N", "the coordinator's request threads (16)", 0},
-    {"ef_beta", "B", "scale a client's residual by B per missed round, (0, 1] (1)", 1},
-    {"ef_max_staleness", "N", "drop a client's residual after N missed rounds; 0 = never (0)", 1},
+     "evaluate every round but the last on N test images\n(the last on all); 0 = all (0)"},
+    {"http_threads", "N", "the coordinator's request threads (16)"},
 };
-#define NPASS (sizeof(PASS) / sizeof(PASS[0]))
-_Static_assert(NPASS == SIM_NPASS, "SIM_NPASS counts the PASS table");
-
-/* The client options' types and ranges (those of strata-client), so that a
- * bad value is refused before anything starts rather than by every client
- * once the run has begun. One entry per client entry of PASS. */
-typedef struct client_vals {
-    double ef_beta;
-    long ef_max_staleness;
-} client_vals;
-static const strata_opt CLIENT_TYPES[] = {
-    {"ef_beta", STRATA_OPT_DOUBLE, offsetof(client_vals, ef_beta), DBL_TRUE_MIN, 1, "B", NULL},
-    {"ef_max_staleness", STRATA_OPT_INTEGER, offsetof(client_vals, ef_max_staleness), 0,
-     STRATA_EF_MAX_STALENESS_MAX, "N", NULL},
-};
-#define NCLIENT_TYPES (sizeof(CLIENT_TYPES) / sizeof(CLIENT_TYPES[0]))
+#define NSERVER_PASS (sizeof(PASS) / sizeof(PASS[0]))
+#define NPASS (NSERVER_PASS + STRATA_EF_NOPTS)
+_Static_assert(NPASS == SIM_NPASS, "SIM_NPASS counts the pass-through options");
 
 /* Largest run.json read back. */
 #define RUN_JSON_MAX ((size_t)1 << 16)
@@ -162,16 +145,23 @@ static int fixed_on_resume(const char *key)
     return 0;
 }
 
-/* The whole option table: OWN, then one string option per PASS entry. */
+/* The whole option table: OWN, then one string option per pass-through
+ * option (PASS, then strata_ef_opt_rows), which keeps its value as given. */
 static const strata_opt *opts_table(void)
 {
     static strata_opt table[NOPTS];
     if (table[0].key == NULL) {
         memcpy(table, OWN, sizeof(OWN));
-        for (size_t i = 0; i < NPASS; i++)
-            table[NOWN + i] =
-                (strata_opt){PASS[i].key,   STRATA_OPT_STRING, OFF(pass) + i * sizeof(char *), 0, 0,
-                             PASS[i].value, PASS[i].help};
+        for (size_t i = 0; i < NPASS; i++) {
+            strata_opt *r = &table[NOWN + i];
+            if (i < NSERVER_PASS)
+                *r = (strata_opt){PASS[i].key, .value = PASS[i].value, .help = PASS[i].help};
+            else
+                *r = strata_ef_opt_rows[i - NSERVER_PASS];
+            r->kind = STRATA_OPT_STRING;
+            r->offset = OFF(pass) + i * sizeof(char *);
+            r->min = r->max = 0;
+        }
     }
     return table;
 }
@@ -179,7 +169,7 @@ static const strata_opt *opts_table(void)
 const char *sim_opts_pass_get(const sim_opts *o, const char *key)
 {
     for (size_t i = 0; i < NPASS; i++)
-        if (strcmp(PASS[i].key, key) == 0)
+        if (strcmp(sim_opts_pass_key(i), key) == 0)
             return o->pass[i];
     return NULL;
 }
@@ -201,7 +191,7 @@ static void usage(FILE *f)
         strata_opt part[NPASS];
         size_t n = 0;
         for (size_t i = 0; i < NPASS; i++)
-            if (PASS[i].client == client)
+            if (sim_opts_pass_client(i) == client)
                 part[n++] = opts_table()[NOWN + i];
         strata_buf_cleanup(&b);
         strata_buf_init(&b, 1 << 16);
@@ -359,25 +349,26 @@ out:
     return code;
 }
 
-/* Checks the client options o holds against CLIENT_TYPES: STRATA_EINVAL
- * with diag naming the option and the range otherwise. */
+/* Checks the client options o holds with the rows strata-client parses
+ * them with (strata_ef_opt_rows): STRATA_EINVAL with diag naming the option
+ * and the range otherwise. */
 static int check_client_opts(const sim_opts *o, strata_diag *d)
 {
-    char *args[2 * NPASS + 2];
-    char flags[NPASS][64];
+    char *args[2 * STRATA_EF_NOPTS + 2];
+    char flags[STRATA_EF_NOPTS][64];
     int n = 0;
     args[n++] = "strata-sim";
-    for (size_t i = 0; i < NPASS; i++) {
-        if (!PASS[i].client || o->pass[i] == NULL)
+    for (size_t i = 0; i < STRATA_EF_NOPTS; i++) {
+        if (o->pass[NSERVER_PASS + i] == NULL)
             continue;
-        strata_opt_flag(PASS[i].key, flags[i], sizeof(flags[i]));
+        strata_opt_flag(strata_ef_opt_rows[i].key, flags[i], sizeof(flags[i]));
         args[n++] = flags[i];
-        args[n++] = o->pass[i];
+        args[n++] = o->pass[NSERVER_PASS + i];
     }
     args[n] = NULL;
-    client_vals v;
+    strata_ef_opts v;
     int help = 0;
-    int rc = strata_opts_parse_argv(CLIENT_TYPES, NCLIENT_TYPES, n, args, &v, &help, d);
+    int rc = strata_opts_parse_argv(strata_ef_opt_rows, STRATA_EF_NOPTS, n, args, &v, &help, d);
     return rc < 0 ? rc : STRATA_OK;
 }
 
@@ -498,10 +489,12 @@ void sim_opts_cleanup(sim_opts *o)
 
 const char *sim_opts_pass_key(size_t i)
 {
-    return i < NPASS ? PASS[i].key : NULL;
+    if (i < NSERVER_PASS)
+        return PASS[i].key;
+    return i < NPASS ? strata_ef_opt_rows[i - NSERVER_PASS].key : NULL;
 }
 
 int sim_opts_pass_client(size_t i)
 {
-    return i < NPASS && PASS[i].client;
+    return i >= NSERVER_PASS && i < NPASS;
 }

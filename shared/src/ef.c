@@ -6,11 +6,20 @@
 #include "strata/safetensors.h"
 
 #include <errno.h>
+#include <float.h>
 #include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+const strata_opt strata_ef_opt_rows[STRATA_EF_NOPTS] = {
+    {"ef_beta", STRATA_OPT_DOUBLE, offsetof(strata_ef_opts, beta), DBL_TRUE_MIN, 1, "B",
+     "scale the residual by B per missed round, (0, 1] (default 1)"},
+    {"ef_max_staleness", STRATA_OPT_INTEGER, offsetof(strata_ef_opts, max_staleness), 0,
+     STRATA_EF_MAX_STALENESS_MAX, "N",
+     "drop the residual after N missed rounds (default 0: never)"},
+};
 
 #define META_VERSION "strata.ef.version"
 #define META_ROUND "strata.ef.last_round"

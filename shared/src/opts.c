@@ -74,6 +74,8 @@ static int set_string(void *dst, const strata_opt *o, const char *v)
 static int check_range(const strata_opt *o, double v, const char *name, const char *text,
                        strata_diag *d)
 {
+    if (v < o->min && o->min == DBL_TRUE_MIN)
+        return strata_diag_set(d, STRATA_EINVAL, "%s: %s must be above 0", name, text);
     if (v < o->min)
         return strata_diag_set(d, STRATA_EINVAL, "%s: %s is below the minimum %g", name, text,
                                o->min);

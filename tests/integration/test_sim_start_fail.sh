@@ -49,5 +49,6 @@ expect_fail 2 "ef-beta: 2 is above the maximum 1" --clients 2 --data "$DATA" --o
     --ef-beta 2
 expect_fail 2 "ef-max-staleness: -1 is below the minimum 0" --clients 2 --data "$DATA" \
     --out "$WORK/u" --ef-max-staleness -1
+expect_fail 2 "ef-beta: 0 must be above 0" --clients 2 --data "$DATA" --out "$WORK/u" --ef-beta 0
 [ ! -e "$WORK/u" ] || fail "a usage error created $WORK/u"
 echo "PASS: failed starts leave nothing behind"

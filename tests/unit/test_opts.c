@@ -3,7 +3,9 @@
 #include "strata/opts.h"
 #include "test_util.h"
 
+#include <float.h>
 #include <stddef.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -231,6 +233,32 @@ static void test_flag(void)
     CU_ASSERT_STRING_EQUAL(f, "--min-");
 }
 
+/* A DOUBLE whose minimum is DBL_TRUE_MIN takes any value above 0, and its
+ * error says so instead of printing the smallest double. */
+static void test_open_bound(void)
+{
+    static const strata_opt ROWS[] = {
+        {"beta", STRATA_OPT_DOUBLE, 0, DBL_TRUE_MIN, 1, "B", "decay, (0, 1]"},
+    };
+    static const char *const BAD[] = {"0", "-0.5", "0.0"};
+    for (size_t i = 0; i < sizeof(BAD) / sizeof(BAD[0]); i++) {
+        char *argv[] = {"prog", "--beta", (char *)BAD[i], NULL};
+        double beta = 0.5;
+        int help = 0;
+        strata_diag d = {{0}};
+        CU_ASSERT_EQUAL(strata_opts_parse_argv(ROWS, 1, 3, argv, &beta, &help, &d), STRATA_EINVAL);
+        char want[64];
+        snprintf(want, sizeof(want), "--beta: %s must be above 0", BAD[i]);
+        CU_ASSERT_STRING_EQUAL(d.msg, want);
+        CU_ASSERT_DOUBLE_EQUAL(beta, 0.5, 0);
+    }
+    char *argv[] = {"prog", "--beta", "1e-300", NULL};
+    double beta = 0.5;
+    int help = 0;
+    CU_ASSERT_EQUAL(strata_opts_parse_argv(ROWS, 1, 3, argv, &beta, &help, NULL), 3);
+    CU_ASSERT_DOUBLE_EQUAL(beta, 1e-300, 0);
+}
+
 int main(void)
 {
     CU_TestInfo tests[] = {
@@ -239,6 +267,7 @@ int main(void)
         {"JSON size cap", test_json_size_cap},
         {"usage text", test_usage},
         {"a key spelt as its command-line flag", test_flag},
+        {"an open lower bound at 0", test_open_bound},
         CU_TEST_INFO_NULL,
     };
     CU_SuiteInfo suites[] = {

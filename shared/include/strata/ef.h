@@ -33,6 +33,7 @@
 
 #include "strata/compress.h"
 #include "strata/error.h"
+#include "strata/opts.h"
 #include "strata/tensor.h"
 
 #include <stddef.h>
@@ -40,9 +41,21 @@
 
 typedef struct strata_ef strata_ef;
 
-/* The largest max_staleness the programs' options take (strata-client's
- * --ef-max-staleness, which strata-sim checks before it passes it on). */
+/* The largest max_staleness the programs' options take. */
 #define STRATA_EF_MAX_STALENESS_MAX 1000000000
+
+/* The staleness settings as a program's options: --ef-beta B, in (0, 1],
+ * and --ef-max-staleness N, in [0, STRATA_EF_MAX_STALENESS_MAX]. */
+typedef struct strata_ef_opts {
+    double beta;        /* 1 unless given */
+    long max_staleness; /* 0 unless given */
+} strata_ef_opts;
+
+/* The option rows of strata_ef_opts (offsets into it): strata-client parses
+ * them, strata-sim checks the values it passes on to its clients with them,
+ * so both take the same keys and ranges. */
+#define STRATA_EF_NOPTS 2
+extern const strata_opt strata_ef_opt_rows[STRATA_EF_NOPTS];
 
 /* Creates error-feedback state with zero residuals shaped like layout
  * (borrowed; names and shapes are copied). beta (staleness decay) must be in

@@ -38,7 +38,7 @@ typedef struct strata_opt {
     const char *key;      /* snake_case; the command line spells it --kebab-case */
     strata_opt_kind kind; /* the field's type, see above */
     size_t offset;        /* offsetof the field in the caller's struct */
-    double min, max;      /* INTEGER and DOUBLE: the inclusive range */
+    double min, max;      /* INTEGER and DOUBLE: the inclusive range; min DBL_TRUE_MIN: above 0 */
     const char *value;    /* the value's placeholder in the usage text ("N"); NULL for a flag */
     const char *help;     /* one line of help; '\n' starts a continuation line */
 } strata_opt;
