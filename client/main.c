@@ -66,16 +66,20 @@ static const strata_opt OPTS[] = {
      "stop after N uploaded updates (default: until finished)"},
     {"poll_wait", STRATA_OPT_INTEGER, OFF(poll_wait), 0, 30, "S",
      "long-poll wait for tasks in seconds (default 10)"},
+};
+static const strata_opt LOG_OPTS[] = {
     {"log_format", STRATA_OPT_STRING, OFF(log_format_name), 0, 0, "F",
      "text (default) or json: one JSON object per log line"},
     {"log_level", STRATA_OPT_STRING, OFF(log_level_name), 0, 0, "L",
      "debug, info (default), warn or error"},
 };
 #define NOWN (sizeof(OPTS) / sizeof(OPTS[0]))
-#define NOPTS (NOWN + STRATA_EF_NOPTS)
+#define NLOG (sizeof(LOG_OPTS) / sizeof(LOG_OPTS[0]))
+#define NOPTS (NOWN + STRATA_EF_NOPTS + NLOG)
 
-/* The whole option table: OPTS, then the residual settings' rows
- * (strata_ef_opt_rows, which strata-sim checks its clients' values with). */
+/* The whole option table: OPTS, the residual settings' rows
+ * (strata_ef_opt_rows, which strata-sim checks its clients' values with),
+ * then LOG_OPTS. Built once, before any thread starts. */
 static const strata_opt *opts_table(void)
 {
     static strata_opt table[NOPTS];
@@ -85,6 +89,7 @@ static const strata_opt *opts_table(void)
             table[NOWN + i] = strata_ef_opt_rows[i];
             table[NOWN + i].offset += OFF(ef);
         }
+        memcpy(table + NOWN + STRATA_EF_NOPTS, LOG_OPTS, sizeof(LOG_OPTS));
     }
     return table;
 }
@@ -121,7 +126,7 @@ static int parse_options(int argc, char **argv, options *o, int *help)
                    .threads = 1,
                    .poll_wait = 10,
                    .seed = 1,
-                   .ef = {.beta = 1.0},
+                   .ef = STRATA_EF_OPTS_DEFAULT,
                    .log_level = STRATA_LOG_INFO,
                    .log_format = STRATA_LOG_TEXT};
     if (o->partition == NULL)

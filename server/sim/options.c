@@ -1,6 +1,8 @@
 /* strata-sim: its options — its own, and the coordinator and client
- * options it passes through (one table, PASS, drives both the command line
- * and what reaches the coordinator and the clients); the usage text; saving
+ * options it passes through (PASS for the coordinator's, then the clients'
+ * residual settings, strata_ef_opt_rows: together they drive both the
+ * command line and what reaches the coordinator and the clients); the usage
+ * text; saving
  * a run's options to run.json and merging them back for --resume; checking
  * a study run's options. */
 #include "sim.h"
@@ -66,7 +68,8 @@ _Static_assert(NPASS == SIM_NPASS, "SIM_NPASS counts the pass-through options");
 #define RUN_JSON_MAX ((size_t)1 << 16)
 
 #define OFF(f) offsetof(sim_opts, f)
-/* strata-sim's own options; the table used (opts_table) appends PASS. */
+/* strata-sim's own options; the table used (opts_table) appends the
+ * pass-through options. */
 static const strata_opt OWN[] = {
     {"clients", STRATA_OPT_INTEGER, OFF(clients), 1, 1000, "N", "edge clients (10)"},
     {"rounds", STRATA_OPT_INTEGER, OFF(rounds), 1, 100000, "R", "rounds (10)"},
@@ -366,7 +369,7 @@ static int check_client_opts(const sim_opts *o, strata_diag *d)
         args[n++] = o->pass[NSERVER_PASS + i];
     }
     args[n] = NULL;
-    strata_ef_opts v;
+    strata_ef_opts v = STRATA_EF_OPTS_DEFAULT;
     int help = 0;
     int rc = strata_opts_parse_argv(strata_ef_opt_rows, STRATA_EF_NOPTS, n, args, &v, &help, d);
     return rc < 0 ? rc : STRATA_OK;

@@ -13,7 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-const strata_opt strata_ef_opt_rows[STRATA_EF_NOPTS] = {
+const strata_opt strata_ef_opt_rows[] = {
     {"ef_beta", STRATA_OPT_DOUBLE, offsetof(strata_ef_opts, beta), DBL_TRUE_MIN, 1, "B",
      "scale the residual by B per missed round, (0, 1] (default 1)"},
     {"ef_max_staleness", STRATA_OPT_INTEGER, offsetof(strata_ef_opts, max_staleness), 0,

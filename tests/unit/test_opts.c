@@ -233,8 +233,8 @@ static void test_flag(void)
     CU_ASSERT_STRING_EQUAL(f, "--min-");
 }
 
-/* A DOUBLE whose minimum is DBL_TRUE_MIN takes any value above 0, and its
- * error says so instead of printing the smallest double. */
+/* A DOUBLE whose minimum is DBL_TRUE_MIN takes a value above 0, and the
+ * error for 0 or below says so instead of printing the smallest double. */
 static void test_open_bound(void)
 {
     static const strata_opt ROWS[] = {

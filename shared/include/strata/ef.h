@@ -47,9 +47,16 @@ typedef struct strata_ef strata_ef;
 /* The staleness settings as a program's options: --ef-beta B, in (0, 1],
  * and --ef-max-staleness N, in [0, STRATA_EF_MAX_STALENESS_MAX]. */
 typedef struct strata_ef_opts {
-    double beta;        /* 1 unless given */
-    long max_staleness; /* 0 unless given */
+    double beta;
+    long max_staleness;
 } strata_ef_opts;
+
+/* The settings when neither option is given: keep the residual whole, never
+ * drop it. */
+#define STRATA_EF_OPTS_DEFAULT                                                                     \
+    {                                                                                              \
+        .beta = 1.0, .max_staleness = 0                                                            \
+    }
 
 /* The option rows of strata_ef_opts (offsets into it): strata-client parses
  * them, strata-sim checks the values it passes on to its clients with them,

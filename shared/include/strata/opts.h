@@ -14,7 +14,8 @@
  *
  * The field types are fixed by the kind: char * (STRING: NULL or a malloc'ed
  * string the struct owns; set defaults with strdup), long (INTEGER), double
- * (DOUBLE), int (FLAG: 0 or 1). Numbers must lie in [min, max]. The
+ * (DOUBLE), int (FLAG: 0 or 1). Numbers must lie in [min, max]; a DOUBLE
+ * whose min is DBL_TRUE_MIN must be above 0 (and is refused as such). The
  * functions keep no state and are thread-safe on distinct structs; the table
  * is borrowed. Error messages name the option (`--rounds: "x" is not an
  * integer`, `lr: 2e+09 is above the maximum 1e+06`) and quote input text as
