@@ -287,6 +287,156 @@ static void test_sparse_hand_computed(void)
     strata_tensor_list_cleanup(&layout);
 }
 
+/* ---- 1b. the mean over the senders of each element ---- */
+
+static void test_senders_hand_computed(void)
+{
+    strata_tensor_list layout;
+    int64_t s[1] = {4};
+    strata_tensor_list_init(&layout);
+    CU_ASSERT_EQUAL_FATAL(strata_tensor_list_add(&layout, "w", 1, s, NULL), STRATA_OK);
+    uint32_t i1[2] = {0, 2}, i2[1] = {2};
+    float v1[2] = {1.0f, 2.0f}, v2[1] = {-4.0f}, v3[4] = {0.5f, 0.5f, 0.5f, 0.5f};
+    strata_clayer c1 = {
+        .comp = STRATA_COMP_TOPK, .numel = 4, .count = 2, .indices = i1, .values = v1};
+    strata_clayer c2 = {
+        .comp = STRATA_COMP_TOPK, .numel = 4, .count = 1, .indices = i2, .values = v2};
+    strata_clayer c3 = {.comp = STRATA_COMP_NONE, .numel = 4, .count = 4, .values = v3};
+    strata_agg *agg = NULL;
+    CU_ASSERT_EQUAL_FATAL(strata_agg_new_over(&layout, STRATA_AGG_OVER_SENDERS, &agg), STRATA_OK);
+    CU_ASSERT_EQUAL(strata_agg_add(agg, &c1, 1, 1.0, NULL), STRATA_OK);
+    CU_ASSERT_EQUAL(strata_agg_add(agg, &c2, 1, 2.0, NULL), STRATA_OK);
+    CU_ASSERT_EQUAL(strata_agg_add(agg, &c3, 1, 1.0, NULL), STRATA_OK);
+    strata_tensor_list m;
+    agg_mean_list(agg, &layout, &m);
+    /* Element 0: c1 and c3 sent it, (1*1 + 1*.5) / 2; element 1: c3 alone;
+     * element 2: all three, (1*2 + 2*-4 + 1*.5) / 4; element 3: c3 alone. */
+    const float want[4] = {0.75f, 0.5f, -1.375f, 0.5f};
+    for (int j = 0; j < 4; j++)
+        CU_ASSERT_EQUAL(m.items[0].data[j], want[j]);
+
+    /* After a reset the senders' weights start again: without the dense
+     * update, elements nobody sent stay 0. */
+    strata_agg_reset(agg);
+    CU_ASSERT_EQUAL(strata_agg_add(agg, &c1, 1, 1.0, NULL), STRATA_OK);
+    CU_ASSERT_EQUAL(strata_agg_add(agg, &c2, 1, 2.0, NULL), STRATA_OK);
+    CU_ASSERT_EQUAL(strata_agg_mean(agg, &m, NULL), STRATA_OK);
+    const float want2[4] = {1.0f, 0.0f, -2.0f, 0.0f};
+    for (int j = 0; j < 4; j++)
+        CU_ASSERT_EQUAL(m.items[0].data[j], want2[j]);
+
+    /* Clipping scales the values, not the weight: c1 (norm sqrt 5) clipped
+     * to half its norm, alone, is half of c1. */
+    strata_agg_reset(agg);
+    CU_ASSERT_EQUAL(strata_agg_add_clipped(agg, &c1, 1, 3.0, sqrt(5.0) / 2.0, NULL, NULL),
+                    STRATA_OK);
+    CU_ASSERT_EQUAL(strata_agg_mean(agg, &m, NULL), STRATA_OK);
+    CU_ASSERT_DOUBLE_EQUAL(m.items[0].data[0], 0.5, 1e-6);
+    CU_ASSERT_DOUBLE_EQUAL(m.items[0].data[2], 1.0, 1e-6);
+    CU_ASSERT_EQUAL(m.items[0].data[1], 0.0f);
+
+    /* A rejected update leaves the senders' weights as they were. */
+    uint32_t bad_idx[2] = {2, 1};
+    strata_clayer bad = {
+        .comp = STRATA_COMP_TOPK, .numel = 4, .count = 2, .indices = bad_idx, .values = v1};
+    CU_ASSERT_EQUAL(strata_agg_add(agg, &bad, 1, 5.0, NULL), STRATA_EPROTO);
+    strata_tensor_list m2;
+    agg_mean_list(agg, &layout, &m2);
+    CU_ASSERT(lists_identical(&m, &m2));
+
+    /* The extra memory: 8 bytes per element and per tensor. */
+    strata_agg *plain = NULL;
+    CU_ASSERT_EQUAL_FATAL(strata_agg_new(&layout, &plain), STRATA_OK);
+    CU_ASSERT_EQUAL(strata_agg_memory_bytes(agg), strata_agg_memory_bytes(plain) + 4 * 8 + 8);
+
+    strata_agg_free(plain);
+    strata_tensor_list_cleanup(&m2);
+    strata_tensor_list_cleanup(&m);
+    strata_agg_free(agg);
+    strata_tensor_list_cleanup(&layout);
+}
+
+/* With layers that send every element (dense compressors) the senders' mean
+ * is the plain mean; with sparse ones it is at least as large in magnitude
+ * wherever a single update sent an element. */
+static void test_senders_dense_is_plain(void)
+{
+    strata_tensor_list layout;
+    make_layout(&layout);
+    const comp_spec dense_specs[] = {SPEC_NONE, SPEC_QSGD};
+    strata_agg *all = NULL, *snd = NULL;
+    CU_ASSERT_EQUAL_FATAL(strata_agg_new(&layout, &all), STRATA_OK);
+    CU_ASSERT_EQUAL_FATAL(strata_agg_new_over(&layout, STRATA_AGG_OVER_SENDERS, &snd), STRATA_OK);
+    for (int c = 0; c < NCLIENTS; c++) {
+        strata_clayer *u = make_update(&layout, dense_specs, 2, (size_t)c);
+        const double w = 1.0 + floor(99.0 * uniform());
+        CU_ASSERT_EQUAL(strata_agg_add(all, u, layout.count, w, NULL), STRATA_OK);
+        CU_ASSERT_EQUAL(strata_agg_add(snd, u, layout.count, w, NULL), STRATA_OK);
+        strata_clayers_free(u, layout.count);
+    }
+    strata_tensor_list ma, ms;
+    agg_mean_list(all, &layout, &ma);
+    agg_mean_list(snd, &layout, &ms);
+    for (size_t i = 0; i < layout.count; i++)
+        for (size_t j = 0; j < layout.items[i].numel; j++)
+            CU_ASSERT_DOUBLE_EQUAL(ms.items[i].data[j], ma.items[i].data[j],
+                                   1e-6 * (1.0 + fabs(ma.items[i].data[j])));
+    strata_tensor_list_cleanup(&ma);
+    strata_tensor_list_cleanup(&ms);
+
+    /* One top-k update of weight 1 among nothing else: the senders' mean is
+     * the update itself, the plain mean the same; add a second top-k update
+     * and every element only one of them sent keeps that update's value. */
+    const comp_spec topk[] = {SPEC_TOPK};
+    strata_agg_reset(snd);
+    strata_clayer *u1 = make_update(&layout, topk, 1, 0), *u2 = make_update(&layout, topk, 1, 0);
+    CU_ASSERT_EQUAL(strata_agg_add(snd, u1, layout.count, 1.0, NULL), STRATA_OK);
+    CU_ASSERT_EQUAL(strata_agg_add(snd, u2, layout.count, 3.0, NULL), STRATA_OK);
+    agg_mean_list(snd, &layout, &ms);
+    size_t checked = 0;
+    for (size_t i = 0; i < layout.count; i++) {
+        const strata_clayer *a = &u1[i], *b = &u2[i];
+        for (size_t j = 0; j < a->count; j++) {
+            int in_b = 0;
+            for (size_t k = 0; k < b->count; k++)
+                in_b |= b->indices[k] == a->indices[j];
+            if (in_b)
+                continue;
+            CU_ASSERT_EQUAL(ms.items[i].data[a->indices[j]], a->values[j]);
+            checked++;
+        }
+    }
+    CU_ASSERT(checked > 0);
+    strata_clayers_free(u1, layout.count);
+    strata_clayers_free(u2, layout.count);
+    strata_tensor_list_cleanup(&ms);
+    strata_agg_free(all);
+    strata_agg_free(snd);
+    strata_tensor_list_cleanup(&layout);
+}
+
+static void test_senders_parse(void)
+{
+    strata_agg_over o = STRATA_AGG_OVER_SENDERS;
+    CU_ASSERT_EQUAL(strata_agg_over_parse("all", &o, NULL), STRATA_OK);
+    CU_ASSERT_EQUAL(o, STRATA_AGG_OVER_ALL);
+    CU_ASSERT_EQUAL(strata_agg_over_parse("senders", &o, NULL), STRATA_OK);
+    CU_ASSERT_EQUAL(o, STRATA_AGG_OVER_SENDERS);
+    strata_diag d = {{0}};
+    CU_ASSERT_EQUAL(strata_agg_over_parse("Senders", &o, &d), STRATA_EINVAL);
+    CU_ASSERT(strstr(d.msg, "Senders") != NULL);
+    CU_ASSERT_EQUAL(o, STRATA_AGG_OVER_SENDERS);
+    CU_ASSERT_EQUAL(strata_agg_over_parse(NULL, &o, NULL), STRATA_EINVAL);
+    CU_ASSERT_STRING_EQUAL(strata_agg_over_name(STRATA_AGG_OVER_ALL), "all");
+    CU_ASSERT_STRING_EQUAL(strata_agg_over_name(STRATA_AGG_OVER_SENDERS), "senders");
+    strata_tensor_list layout;
+    make_layout(&layout);
+    strata_agg *agg = (strata_agg *)&layout;
+    CU_ASSERT_EQUAL(strata_agg_new_over(&layout, (strata_agg_over)7, &agg), STRATA_EINVAL);
+    CU_ASSERT_PTR_NULL(agg);
+    strata_tensor_list_cleanup(&layout);
+}
+
 /* ---- 2. rejected updates change nothing ---- */
 
 enum mutation {
@@ -1009,6 +1159,9 @@ int main(void)
     CU_TestInfo agg_tests[] = {
         {"mean matches the direct weighted mean", test_mean_matches_direct},
         {"sparse updates, hand computed; reset", test_sparse_hand_computed},
+        {"mean over senders, hand computed", test_senders_hand_computed},
+        {"mean over senders of dense layers is plain", test_senders_dense_is_plain},
+        {"mean over: names and errors", test_senders_parse},
         {"rejected updates change nothing", test_rejected_updates_change_nothing},
         {"memory does not grow with updates", test_memory_constant},
         {"clipping, hand computed; bad bounds", test_clip_hand_computed},
