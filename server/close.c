@@ -240,7 +240,7 @@ static int aggregate(srv_engine *e, close_job *j, strata_tensor_list *delta, str
         if (j->streamed && kept == j->n)
             return strata_agg_mean(e->agg, delta, d);
         strata_agg *agg = NULL;
-        if ((rc = strata_agg_new_over(layout, e->over, &agg)) < 0)
+        if ((rc = strata_agg_new(layout, &agg)) < 0)
             return strata_diag_set(d, rc, "re-aggregation: %s", strata_strerror(rc));
         for (size_t i = 0; rc == 0 && i < j->n; i++) {
             if (j->u[i].quarantined)

@@ -78,9 +78,6 @@ const char srv_config_usage[] =
     "                            (fsync) in them, so more threads overlap more uploads\n"
     "  --aggregator NAME         fedavg, trimmed-mean or median (fedavg); the last two\n"
     "                            are coordinate-wise and ignore sample counts\n"
-    "  --mean-over all|senders  fedavg: divide each element of the mean by the weights of\n"
-    "                            all the round's updates (all), or of those that sent it\n"
-    "                            (senders: a sparse update sends its kept elements)\n"
     "  --trim-fraction F         trimmed-mean: fraction cut at each end, [0, 0.5) (0.1)\n"
     "  --clip-norm C             scale every update to an L2 norm of at most C; 0 = off (0)\n"
     "  --screen-factor F         at close, with at least 3 updates, quarantine (keep stored,\n"
@@ -153,7 +150,6 @@ static const strata_opt OPTS[] = {
     {"eval_samples", STRATA_OPT_INTEGER, OFF(eval_samples), 0, 1e9, "N", NULL},
     {"http_threads", STRATA_OPT_INTEGER, OFF(http_threads), 1, 1024, "N", NULL},
     {"aggregator", STRATA_OPT_STRING, OFF(aggregator), 0, 0, "NAME", NULL},
-    {"mean_over", STRATA_OPT_STRING, OFF(mean_over), 0, 0, "all|senders", NULL},
     {"trim_fraction", STRATA_OPT_DOUBLE, OFF(trim_fraction), 0, 0.499999, "F", NULL},
     {"clip_norm", STRATA_OPT_DOUBLE, OFF(clip_norm), 0, 1e30, "C", NULL},
     {"screen_factor", STRATA_OPT_DOUBLE, OFF(screen_factor), 0, 1e9, "F", NULL},
@@ -201,7 +197,6 @@ void srv_config_init(srv_config *cfg)
     cfg->threads = 1;
     cfg->http_threads = 16;
     cfg->aggregator = strdup("fedavg");
-    cfg->mean_over = strdup("all");
     cfg->trim_fraction = 0.1;
     cfg->screen_factor = 10;
     cfg->max_json_bytes = 65536;
@@ -301,14 +296,6 @@ static int check(srv_config *cfg, strata_diag *d)
         return strata_diag_set(d, STRATA_EINVAL,
                                "aggregator: expected fedavg, trimmed-mean or median, got '%s'",
                                cfg->aggregator);
-    strata_agg_over over;
-    if (strata_agg_over_parse(cfg->mean_over, &over, NULL) < 0)
-        return strata_diag_set(d, STRATA_EINVAL, "mean_over: expected all or senders, got '%s'",
-                               cfg->mean_over);
-    if (over != STRATA_AGG_OVER_ALL && method != STRATA_ROBUST_FEDAVG)
-        return strata_diag_set(d, STRATA_EINVAL,
-                               "mean_over: %s applies to the fedavg aggregator, not to %s",
-                               cfg->mean_over, cfg->aggregator);
     if (cfg->screen_factor > 0 && cfg->screen_factor < 1)
         return strata_diag_set(d, STRATA_EINVAL,
                                "screen_factor: %g would quarantine updates below the median norm; "

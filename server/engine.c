@@ -195,8 +195,7 @@ int srv_engine_open(const srv_config *cfg, srv_engine **out, strata_diag *d)
     if ((rc = load_model(e, d)) < 0 || (rc = derive_limits(e)) < 0 ||
         (rc = srv__downlink_load(e, d)) < 0 || (rc = srv__downlink_recipe(e, d)) < 0)
         goto fail;
-    if ((rc = strata_agg_over_parse(cfg->mean_over, &e->over, d)) < 0 ||
-        (rc = strata_agg_new_over(strata_model_params(e->model), e->over, &e->agg)) < 0)
+    if ((rc = strata_agg_new(strata_model_params(e->model), &e->agg)) < 0)
         goto fail;
     if ((rc = load_server_opt(e, d)) < 0 || (rc = srv__metrics_load(e, d)) < 0)
         goto fail;

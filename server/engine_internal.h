@@ -126,7 +126,6 @@ struct srv_engine {
     strata_payload_limits limits;
     srv_json_limits jlim;
     strata_robust_method method;
-    strata_agg_over over; /* fedavg: what each element of the mean is divided by */
 
     /* ---- registry.c: registered clients, ascending ids, with each one's
      * state (cstate[i] belongs to clients[i]), and the same clients by token

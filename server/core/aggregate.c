@@ -103,13 +103,8 @@ static int layout_match(const layout *lay, const strata_tensor_list *l, const ch
 
 struct strata_agg {
     layout lay;
-    strata_agg_over over;
-    double *acc;     /* lay.total sums of w * value */
-    double *wsum;    /* STRATA_AGG_OVER_SENDERS: lay.total sums of the weights of the sparse
-                      * layers that sent each element; NULL otherwise */
-    double *dense_w; /* STRATA_AGG_OVER_SENDERS: lay.count sums of the weights of the dense
-                      * layers (which send every element); NULL otherwise */
-    void *scratch;   /* lay.total * 4 bytes: per layer float[numel] or uint32[count] */
+    double *acc;   /* lay.total sums of w * value */
+    void *scratch; /* lay.total * 4 bytes: per layer float[numel] or uint32[count] */
     uint64_t count;
     double total_weight;
     size_t bytes; /* heap bytes owned, fixed at creation */
@@ -121,47 +116,19 @@ void strata_agg_free(strata_agg *agg)
         return;
     layout_cleanup(&agg->lay);
     free(agg->acc);
-    free(agg->wsum);
-    free(agg->dense_w);
     free(agg->scratch);
     free(agg);
 }
 
-const char *strata_agg_over_name(strata_agg_over over)
-{
-    return over == STRATA_AGG_OVER_ALL ? "all" : over == STRATA_AGG_OVER_SENDERS ? "senders" : "?";
-}
-
-int strata_agg_over_parse(const char *name, strata_agg_over *out, strata_diag *diag)
-{
-    if (name == NULL || out == NULL)
-        return strata_diag_set(diag, STRATA_EINVAL, "mean over: NULL argument");
-    if (strcmp(name, "all") == 0)
-        *out = STRATA_AGG_OVER_ALL;
-    else if (strcmp(name, "senders") == 0)
-        *out = STRATA_AGG_OVER_SENDERS;
-    else
-        return strata_diag_set(diag, STRATA_EINVAL, "mean over: expected all or senders, got '%s'",
-                               name);
-    return STRATA_OK;
-}
-
 int strata_agg_new(const strata_tensor_list *layout_in, strata_agg **out)
-{
-    return strata_agg_new_over(layout_in, STRATA_AGG_OVER_ALL, out);
-}
-
-int strata_agg_new_over(const strata_tensor_list *layout_in, strata_agg_over over, strata_agg **out)
 {
     if (out != NULL)
         *out = NULL;
-    if (layout_in == NULL || out == NULL ||
-        (over != STRATA_AGG_OVER_ALL && over != STRATA_AGG_OVER_SENDERS))
+    if (layout_in == NULL || out == NULL)
         return STRATA_EINVAL;
     strata_agg *agg = calloc(1, sizeof(*agg));
     if (agg == NULL)
         return STRATA_ENOMEM;
-    agg->over = over;
     int rc = layout_copy(&agg->lay, layout_in);
     if (rc < 0)
         goto fail;
@@ -175,13 +142,6 @@ int strata_agg_new_over(const strata_tensor_list *layout_in, strata_agg_over ove
     if (agg->acc == NULL || agg->scratch == NULL)
         goto fail;
     agg->bytes = sizeof(*agg) + agg->lay.bytes + n * sizeof(double) + n * sizeof(float);
-    if (over == STRATA_AGG_OVER_SENDERS) {
-        agg->wsum = calloc(n, sizeof(double));
-        agg->dense_w = calloc(agg->lay.count, sizeof(double));
-        if (agg->wsum == NULL || agg->dense_w == NULL)
-            goto fail;
-        agg->bytes += n * sizeof(double) + agg->lay.count * sizeof(double);
-    }
     *out = agg;
     return STRATA_OK;
 fail:
@@ -351,15 +311,10 @@ int strata_agg_add_clipped(strata_agg *agg, const strata_clayer *layers, size_t 
                 c->comp == STRATA_COMP_TOPK ? c->indices : (const uint32_t *)(scratch + e->offset);
             for (size_t j = 0; j < k; j++)
                 acc[idx[j]] += ws * (double)c->values[j];
-            if (agg->wsum != NULL)
-                for (size_t j = 0; j < k; j++)
-                    agg->wsum[e->offset + idx[j]] += weight;
         } else {
             const float *v = scratch + e->offset;
             for (size_t j = 0; j < e->numel; j++)
                 acc[j] += ws * (double)v[j];
-            if (agg->dense_w != NULL)
-                agg->dense_w[i] += weight;
         }
     }
     agg->count++;
@@ -391,18 +346,8 @@ int strata_agg_mean(const strata_agg *agg, strata_tensor_list *delta_out, strata
         const layout_entry *e = &agg->lay.items[i];
         const double *acc = agg->acc + e->offset;
         float *out = delta_out->items[i].data;
-        if (agg->over == STRATA_AGG_OVER_SENDERS) {
-            /* Each element over the weights of the updates that sent it;
-             * one nobody sent stays 0. */
-            const double *ws = agg->wsum + e->offset;
-            for (size_t j = 0; j < e->numel; j++) {
-                const double w = agg->dense_w[i] + ws[j];
-                out[j] = w > 0.0 ? (float)(acc[j] / w) : 0.0f;
-            }
-        } else {
-            for (size_t j = 0; j < e->numel; j++)
-                out[j] = (float)(acc[j] * inv);
-        }
+        for (size_t j = 0; j < e->numel; j++)
+            out[j] = (float)(acc[j] * inv);
     }
     return STRATA_OK;
 }
@@ -412,10 +357,6 @@ void strata_agg_reset(strata_agg *agg)
     if (agg == NULL)
         return;
     memset(agg->acc, 0, agg->lay.total * sizeof(double));
-    if (agg->wsum != NULL) {
-        memset(agg->wsum, 0, agg->lay.total * sizeof(double));
-        memset(agg->dense_w, 0, agg->lay.count * sizeof(double));
-    }
     agg->count = 0;
     agg->total_weight = 0.0;
 }

@@ -36,27 +36,6 @@
 
 typedef struct strata_agg strata_agg;
 
-/* What each element of the mean is divided by. */
-typedef enum {
-    /* The weights of all the round's updates: the standard FedAvg of
-     * compressed deltas, in which an element a sparse update did not send
-     * counts as a 0 of that update. */
-    STRATA_AGG_OVER_ALL = 0,
-    /* The weights of the updates that sent the element: a sparse (TOPK,
-     * RANDK) layer sends its kept elements, any other layer all of its
-     * elements. An element sent by one client of ten moves by that
-     * client's value, not a tenth of it; an element every update sent is
-     * the plain mean; an element nobody sent stays 0. */
-    STRATA_AGG_OVER_SENDERS = 1
-} strata_agg_over;
-
-/* Parses "all" or "senders". *out is written only on success. Errors:
- * STRATA_EINVAL (NULL argument or another name, with diag). */
-int strata_agg_over_parse(const char *name, strata_agg_over *out, strata_diag *diag);
-
-/* Returns "all", "senders", or "?" for another value. */
-const char *strata_agg_over_name(strata_agg_over over);
-
 /* Creates an empty aggregator for the model layout (borrowed; names and
  * shapes are copied, the data is not read). *out is zeroed on entry.
  * Memory: 12 bytes per model element (a double accumulator and a float32
@@ -64,12 +43,6 @@ const char *strata_agg_over_name(strata_agg_over over);
  * Errors: STRATA_EINVAL (NULL argument, empty layout, a tensor above
  * STRATA_CLAYER_MAX_NUMEL), STRATA_ETOOBIG (size overflow), STRATA_ENOMEM. */
 int strata_agg_new(const strata_tensor_list *layout, strata_agg **out);
-
-/* As strata_agg_new, with the mean taken over `over` (strata_agg_new is
- * STRATA_AGG_OVER_ALL). STRATA_AGG_OVER_SENDERS adds 8 bytes per model
- * element and 8 per tensor (the sums of the senders' weights). Errors: those
- * of strata_agg_new, and STRATA_EINVAL for an unknown `over`. */
-int strata_agg_new_over(const strata_tensor_list *layout, strata_agg_over over, strata_agg **out);
 
 /* Frees agg. Accepts NULL. */
 void strata_agg_free(strata_agg *agg);
@@ -125,9 +98,7 @@ uint64_t strata_agg_count(const strata_agg *agg);
 double strata_agg_total_weight(const strata_agg *agg);
 
 /* Writes the weighted mean update, sum_i w_i * delta_i / sum_i w_i computed
- * in double precision and rounded once to float32 (with
- * STRATA_AGG_OVER_SENDERS each element's sums run over the updates that sent
- * it), into delta_out, which
+ * in double precision and rounded once to float32, into delta_out, which
  * must be an initialised list with exactly the layout given to
  * strata_agg_new (names, shapes, order; for example made with
  * strata_tensor_list_zeros_like). agg is not changed. Errors: STRATA_EINVAL

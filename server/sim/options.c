@@ -47,8 +47,6 @@ static const pass_opt PASS[] = {
     {"server_lr_final", "X",
      "move the server rate to X along a half cosine over\nthe run; 0 = constant (0)"},
     {"aggregator", "NAME", "fedavg (default), trimmed-mean or median"},
-    {"mean_over", "all|senders",
-     "fedavg: each element's mean over all updates (default)\nor over those that sent it"},
     {"trim_fraction", "F", "trimmed-mean: fraction cut at each end (0.1)"},
     {"clip_norm", "C", "scale every update to an L2 norm of at most C; 0 = off (0)"},
     {"screen_factor", "F", "quarantine updates above F times the median norm; 0 = off (10)"},

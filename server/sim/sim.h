@@ -24,7 +24,7 @@ enum { SIM_EXIT_OK = 0, SIM_EXIT_FAIL = 1, SIM_EXIT_USAGE = 2, SIM_EXIT_INTERRUP
 
 /* The number of options strata-sim passes through (to the coordinator or
  * to every client). */
-#define SIM_NPASS 27
+#define SIM_NPASS 26
 
 /* strata-sim's options (strings malloc'ed; sim_opts_cleanup frees them). */
 typedef struct sim_opts {
