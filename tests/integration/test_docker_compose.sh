@@ -7,8 +7,10 @@
 #  1. A clean run: `compose up --scale client=5`, 5 rounds to completion;
 #     the report (written by the `report` service into the coordinator's
 #     volume) lists 5 clients on 5 distinct data shares.
-#  2. A run with faults across containers (8 rounds): the coordinator
-#     container is killed (SIGKILL) mid-round and started again; a client is
+#  2. A run with faults across containers (8 rounds): a client container is
+#     frozen (docker pause) so that rounds stay open until their deadline,
+#     the coordinator container is killed (SIGKILL) mid-round and started
+#     again, the frozen client is thawed and rejoins; a client is
 #     disconnected from the network for a while and reconnected; a client
 #     container is removed and recreated (it resumes its identity and share
 #     from the client-states volume: no ghost client). The run completes;
@@ -49,6 +51,9 @@ cleanup() {
         COMPOSE_PROJECT_NAME=$p timeout 120 "${DC[@]}" -f "$COMPOSE" --profile report \
             down -v --remove-orphans -t 5 >/dev/null 2>&1 || true
         # (a TLS project's secrets are files of $WORK; down needs no override)
+        # A container the test froze and did not thaw (it failed first).
+        timeout 60 docker ps -q --filter status=paused --filter "label=com.docker.compose.project=$p" |
+            xargs -r timeout 60 docker unpause >/dev/null 2>&1 || true
         # Whatever compose left (a container it no longer tracks).
         timeout 60 docker ps -aq --filter "label=com.docker.compose.project=$p" |
             xargs -r timeout 60 docker rm -f -v >/dev/null 2>&1 || true
@@ -205,6 +210,16 @@ dc up -d --no-build --scale client=5 >"$WORK/up.log" 2>&1 || die "compose up: $(
 round_open_with() { [ "$(round_field "$1" state)" = open ] && [ "$(round_field "$1" participants)" -ge "$2" ] 2>/dev/null; }
 round_closed() { [ "$(round_field "$1" state)" = closed ]; }
 
+# One client is frozen (docker pause) once round 0 has opened, so that the
+# rounds it is selected for stay open until their 20 s deadline instead of
+# closing within a second: the coordinator is then killed in a round that
+# is surely open. It is thawed after the restart and must rejoin.
+round_exists() { [ -n "$(round_field 0 state)" ]; }
+wait_until 240 "round 0 to open" round_exists
+FROZEN=$(ids_of client | sed -n 3p)
+[ -n "$FROZEN" ] || die "fewer than 3 client containers"
+timeout 30 docker pause "$FROZEN" >/dev/null || die "docker pause"
+
 # The coordinator is killed mid-round: a round from 1 to 4 open with an
 # accepted update (and so with others to come).
 mid_round() {
@@ -221,6 +236,8 @@ KILLS=1
 sleep 5
 timeout 60 docker start "$COORD" >/dev/null || die "docker start"
 wait_until 60 "the coordinator to answer again" status_is running
+timeout 30 docker unpause "$FROZEN" >/dev/null || die "docker unpause"
+FREEZES=1
 wait_until 120 "round $KROUND to close after the restart" round_closed "$KROUND"
 
 # A client is cut off the network for 15 s.
@@ -256,7 +273,7 @@ finish_run
 T_FAULTS=$((SECONDS - t0))
 restarts=$(timeout 30 docker inspect -f '{{.RestartCount}}' $(ids_of client) | awk '{ n += $1 } END { print n + 0 }')
 echo "fault run: 8 rounds; coordinator kills $KILLS (round $KROUND), network disconnects $DISCONNECTS," \
-    "recreated containers $RECREATED, client restarts by the engine $restarts;" \
+    "frozen clients $FREEZES, recreated containers $RECREATED, client restarts by the engine $restarts;" \
     "$RECEIPTS receipts = $ACCEPTED accepted updates, each matched once (${T_FAULTS} s)"
 dc --profile report down -v -t 5 >/dev/null 2>&1 || die "compose down"
 
