@@ -94,7 +94,8 @@ static void cache_model(const strata_client_round_ctx *c, strata_model *m, uint6
 
 /* Brings the cached model of version `from` to t's version with the chain
  * of deltas (GET /v1/models/{v}/delta?from=u), checking every step's digest
- * and the task's. Returns STRATA_OK with *m, or an error after which the
+ * (for a chain that ends with a base, the digest after the base) and the
+ * task's. Returns STRATA_OK with *m, or an error after which the
  * caller takes a snapshot (the reason is logged). */
 static int fetch_deltas(const strata_client_round_ctx *c, const strata_task *t, uint64_t from,
                         strata_model **m, size_t *downloaded)
@@ -126,10 +127,21 @@ static int fetch_deltas(const strata_client_round_ctx *c, const strata_task *t, 
     size_t *lens = NULL, n = 0;
     uint64_t at = from;
     char hex[STRATA_DIGEST_HEX_SIZE] = "", got[STRATA_DIGEST_HEX_SIZE] = "";
+    strata_payload *base = NULL;
     rc = strata_client_state_load_model(c->state, m, &d);
     if (rc == 0)
         rc = strata_downlink_chain_split(r.body, r.len, &parts, &lens, &n, &d);
-    for (size_t i = 0; rc == 0 && i < n; i++) {
+    /* A chain may end with a base that sets the tensors its deltas leave
+     * out; the deltas then reach no version's digest until the base. */
+    if (rc == 0 && n >= 2) {
+        rc = strata_payload_decode(parts[n - 1], lens[n - 1], NULL, &base, &d);
+        if (rc == 0 && !strata_downlink_meta_is_base(base)) {
+            strata_payload_free(base);
+            base = NULL;
+        }
+    }
+    size_t nd = base != NULL ? n - 1 : n;
+    for (size_t i = 0; rc == 0 && i < nd; i++) {
         strata_payload *p = NULL;
         uint64_t pf = 0, pt = 0;
         rc = strata_payload_decode(parts[i], lens[i], NULL, &p, &d);
@@ -142,7 +154,7 @@ static int fetch_deltas(const strata_client_round_ctx *c, const strata_task *t, 
         if (rc == 0)
             rc = strata_downlink_apply(strata_model_params(*m), p, &d);
         strata_payload_free(p);
-        if (rc == 0) {
+        if (rc == 0 && base == NULL) {
             strata_downlink_digest(strata_model_params(*m), got);
             if (strcmp(got, hex) != 0)
                 rc = strata_diag_set(&d, STRATA_EPROTO,
@@ -152,6 +164,27 @@ static int fetch_deltas(const strata_client_round_ctx *c, const strata_task *t, 
         }
         at = pt;
     }
+    if (rc == 0 && base != NULL) {
+        uint64_t bf = 0, bt = 0;
+        rc = strata_downlink_meta_parse(base, &bf, &bt, hex, &d);
+        if (rc == 0 && (bf != from || bt != at))
+            rc = strata_diag_set(&d, STRATA_EPROTO,
+                                 "the base goes from %llu to %llu, the deltas from %llu to %llu",
+                                 (unsigned long long)bf, (unsigned long long)bt,
+                                 (unsigned long long)from, (unsigned long long)at);
+        if (rc == 0)
+            rc = strata_downlink_apply_base(strata_model_params(*m), base, &d);
+        if (rc == 0) {
+            strata_downlink_digest(strata_model_params(*m), got);
+            if (strcmp(got, hex) != 0)
+                rc = strata_diag_set(&d, STRATA_EPROTO,
+                                     "the model rebuilt for version %llu has digest %.16s..., "
+                                     "the coordinator's is %.16s...",
+                                     (unsigned long long)bt, got, hex);
+        }
+    }
+    int base_used = base != NULL;
+    strata_payload_free(base);
     if (rc == 0 && at != v)
         rc = strata_diag_set(&d, STRATA_EPROTO, "the deltas end at version %llu, not %llu",
                              (unsigned long long)at, (unsigned long long)v);
@@ -170,8 +203,9 @@ static int fetch_deltas(const strata_client_round_ctx *c, const strata_task *t, 
         return rc;
     }
     cache_model(c, *m, v);
-    strata_log_info("model %llu: %zu deltas from version %llu, %zu bytes, digest %s matches",
-                    (unsigned long long)v, n, (unsigned long long)from, *downloaded, got);
+    strata_log_info("model %llu: %zu deltas%s from version %llu, %zu bytes, digest %s matches",
+                    (unsigned long long)v, nd, base_used ? " and a base" : "",
+                    (unsigned long long)from, *downloaded, got);
     return STRATA_OK;
 }
 

@@ -1,7 +1,8 @@
 /* Model distribution (see models.h and srv_engine_model in engine.h): the
  * current version served from memory, raw or as one zstd frame encoded once
  * per version with a reused context; older versions read back from their
- * checkpoint files and encoded on request. */
+ * checkpoint files and encoded on request; chains of deltas from the delta
+ * files, compacted with a base where that is smaller. */
 #include "models.h"
 
 #include "engine_internal.h"
@@ -9,6 +10,8 @@
 #include "strata/checkpoint.h"
 #include "strata/downlink.h"
 #include "strata/fileio.h"
+#include "strata/log.h"
+#include "strata/safetensors.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -183,6 +186,42 @@ void srv_engine_model_init(srv_engine *e, srv_result *r)
 /* Largest delta file read back. */
 #define DELTA_MAX ((size_t)1 << 31)
 
+/* The chain of n deltas (parts, lens) that ends at version `to`, compacted
+ * with a base where that is smaller (strata_downlink_chain_compact), with
+ * x̂ of `to` decoded from raw (the current version's safetensors, raw_len
+ * bytes) or, when raw is NULL, read from its checkpoint. NULL in *out when
+ * the plain chain is to be served: compaction gains nothing, x̂ of `to` is
+ * not kept, or it failed (logged; memory aside). */
+static int chain_compact(srv_engine *e, uint64_t to, const uint8_t *raw, size_t raw_len,
+                         uint8_t *const *parts, const size_t *lens, size_t n, uint8_t **out,
+                         size_t *len)
+{
+    strata_tensor_list x;
+    strata_tensor_list_init(&x);
+    strata_diag d = {{0}};
+    int rc;
+    if (raw != NULL) {
+        rc = strata_safetensors_decode(raw, raw_len, &x, NULL, &d);
+    } else {
+        char path[4096];
+        rc = strata_store_checkpoint_path(e->store, to, path, sizeof(path), &d);
+        if (rc == 0)
+            rc = strata_safetensors_read(path, OLD_MODEL_MAX, &x, NULL, &d);
+        if (rc == STRATA_EIO || rc == STRATA_ESTATE) /* not kept */
+            return 0;
+    }
+    if (rc == 0)
+        rc = strata_downlink_chain_compact((const uint8_t *const *)parts, lens, n, &x, ZSTD_LEVEL,
+                                           out, len, &d);
+    strata_tensor_list_cleanup(&x);
+    if (rc < 0 && rc != STRATA_ENOMEM) {
+        strata_log_warn("model %llu: the chain of %zu deltas is served without a base: %s",
+                        (unsigned long long)to, n, strata_diag_msg(&d, rc));
+        rc = 0;
+    }
+    return rc;
+}
+
 void srv_engine_model_delta(srv_engine *e, uint64_t to, uint64_t from, const char *inm,
                             srv_result *r)
 {
@@ -237,19 +276,35 @@ void srv_engine_model_delta(srv_engine *e, uint64_t to, uint64_t from, const cha
         }
         total += 4 + lens[i];
     }
-    uint8_t *chain = NULL;
-    size_t len = 0;
-    if (rc == 0 && !missing && total < snapshot)
+    uint8_t *chain = NULL, *raw = NULL;
+    size_t len = 0, raw_len = 0;
+    int plain = rc == 0 && !missing && total < snapshot;
+    /* Two deltas or more: a base may pay (x̂ of the current version is
+     * copied under the lock; the cache may move on meanwhile). */
+    if (plain && n >= 2 && n < STRATA_DOWNLINK_MAX_CHAIN) {
+        pthread_mutex_lock(&e->mu);
+        if (e->version == to && (raw = malloc(e->cache.raw_len ? e->cache.raw_len : 1)) != NULL) {
+            memcpy(raw, e->cache.raw, e->cache.raw_len);
+            raw_len = e->cache.raw_len;
+        }
+        int now = e->version == to;
+        pthread_mutex_unlock(&e->mu);
+        rc = now && raw == NULL ? STRATA_ENOMEM
+                                : chain_compact(e, to, raw, raw_len, parts, lens, n, &chain, &len);
+        free(raw);
+    }
+    if (rc == 0 && plain && chain == NULL)
         rc = strata_downlink_chain_encode((const uint8_t *const *)parts, lens, n, &chain, &len);
     for (size_t i = 0; parts != NULL && i < n; i++)
         free(parts[i]);
     free(parts);
     free(lens);
     if (rc < 0) {
+        free(chain);
         srv_result_internal(r, strata_strerror(rc));
         return;
     }
-    if (missing || chain == NULL) {
+    if (!plain) {
         srv_result_error(r, SRV_E_NOT_FOUND,
                          missing ? "a delta between versions %llu and %llu is not kept: "
                                    "download /v1/models/%llu"

@@ -175,6 +175,206 @@ int strata_downlink_meta_parse(const strata_payload *p, uint64_t *from, uint64_t
     return rc;
 }
 
+int strata_downlink_meta_is_base(const strata_payload *p)
+{
+    if (p->metadata_json == NULL)
+        return 0;
+    json_t *j = json_loads(p->metadata_json, JSON_REJECT_DUPLICATES, NULL);
+    int base = json_is_true(json_object_get(j, "base"));
+    json_decref(j);
+    return base;
+}
+
+/* A layer that carries nothing: TOPK keeping no element. */
+static int layer_is_empty(const strata_clayer *c)
+{
+    return c->comp == STRATA_COMP_TOPK && c->count == 0;
+}
+
+int strata_downlink_apply_base(strata_tensor_list *m, const strata_payload *p, strata_diag *diag)
+{
+    if (p->num_layers != m->count)
+        return strata_diag_set(diag, STRATA_EPROTO, "base: %zu layers for a model of %zu tensors",
+                               p->num_layers, m->count);
+    for (size_t i = 0; i < m->count; i++) {
+        const strata_clayer *c = &p->layers[i];
+        if (c->layer_index != i || c->numel != m->items[i].numel)
+            return strata_diag_set(diag, STRATA_EPROTO,
+                                   "base: layer %zu does not match tensor %s (%zu elements)", i,
+                                   m->items[i].name, m->items[i].numel);
+        if (layer_is_empty(c))
+            continue;
+        if (c->comp != STRATA_COMP_NONE || c->values_format != STRATA_VALUES_FP32 ||
+            c->count != c->numel || c->values == NULL)
+            return strata_diag_set(diag, STRATA_EPROTO,
+                                   "base: layer %zu is neither float32 values nor empty", i);
+        for (uint64_t k = 0; k < c->count; k++)
+            if (!isfinite(c->values[k]))
+                return strata_diag_set(diag, STRATA_EPROTO,
+                                       "base: layer %zu has a value that "
+                                       "is not finite",
+                                       i);
+    }
+    for (size_t i = 0; i < m->count; i++)
+        if (!layer_is_empty(&p->layers[i]))
+            memcpy(m->items[i].data, p->layers[i].values, m->items[i].numel * sizeof(float));
+    return STRATA_OK;
+}
+
+/* The estimated bytes of decoded layer c (strata_clayer_cost_bytes with
+ * the budget that made it); 0 for an empty layer. */
+static double layer_cost(const strata_clayer *c)
+{
+    if (layer_is_empty(c))
+        return 0.0;
+    strata_budget b = {.comp = c->comp,
+                       .density = 1.0,
+                       .levels = c->levels,
+                       .rank = c->rank,
+                       .values = c->values_format};
+    if (c->comp == STRATA_COMP_TOPK || c->comp == STRATA_COMP_RANDK)
+        b.density = (double)c->count / (double)c->numel;
+    int64_t shape[2] = {(int64_t)c->numel, 1};
+    if (c->comp == STRATA_COMP_POWERSGD) {
+        shape[0] = c->rows;
+        shape[1] = c->cols;
+    }
+    double v = strata_clayer_cost_bytes(&b, c->values_format,
+                                        c->comp == STRATA_COMP_POWERSGD ? 2 : 1, shape, c->numel);
+    return v < 0.0 ? 4.0 * (double)c->numel : v;
+}
+
+static double base_cost(uint64_t numel)
+{
+    strata_budget b = strata_budget_whole(STRATA_VALUES_FP32);
+    int64_t shape[1] = {(int64_t)numel};
+    return strata_clayer_cost_bytes(&b, STRATA_VALUES_FP32, 1, shape, numel);
+}
+
+int strata_downlink_chain_compact(const uint8_t *const *parts, const size_t *lens, size_t n,
+                                  const strata_tensor_list *target, int zstd_level, uint8_t **out,
+                                  size_t *len, strata_diag *diag)
+{
+    *out = NULL;
+    *len = 0;
+    if (n == 0 || n >= STRATA_DOWNLINK_MAX_CHAIN)
+        return strata_diag_set(diag, STRATA_EINVAL, "chain: %zu deltas to compact", n);
+    size_t nt = target->count;
+    strata_payload **p = calloc(n, sizeof(*p));
+    double *cost = calloc(nt ? nt : 1, sizeof(*cost));
+    uint8_t *based = calloc(nt ? nt : 1, 1);
+    uint8_t **enc = calloc(n + 1, sizeof(*enc));
+    size_t *el = calloc(n + 1, sizeof(*el));
+    strata_clayer *bl = calloc(nt ? nt : 1, sizeof(*bl));
+    char *meta = NULL;
+    int rc = p && cost && based && enc && el && bl ? STRATA_OK : STRATA_ENOMEM;
+    uint64_t first = 0, at = 0;
+    char hex[STRATA_DIGEST_HEX_SIZE] = "", want[STRATA_DIGEST_HEX_SIZE];
+    for (size_t i = 0; rc == STRATA_OK && i < n; i++) {
+        uint64_t pf = 0, pt = 0;
+        rc = strata_payload_decode(parts[i], lens[i], NULL, &p[i], diag);
+        if (rc == STRATA_OK)
+            rc = strata_downlink_meta_parse(p[i], &pf, &pt, hex, diag);
+        if (rc == STRATA_OK && i == 0)
+            first = pf;
+        else if (rc == STRATA_OK && (pf != at || pt != at + 1))
+            rc = strata_diag_set(diag, STRATA_EPROTO, "chain: delta %zu goes from %llu to %llu", i,
+                                 (unsigned long long)pf, (unsigned long long)pt);
+        at = pt;
+        if (rc == STRATA_OK && p[i]->num_layers != nt)
+            rc = strata_diag_set(diag, STRATA_EPROTO, "chain: delta %zu has %zu layers, not %zu", i,
+                                 p[i]->num_layers, nt);
+        for (size_t k = 0; rc == STRATA_OK && k < nt; k++) {
+            const strata_clayer *c = &p[i]->layers[k];
+            if (c->layer_index != k || c->numel != target->items[k].numel)
+                rc = strata_diag_set(diag, STRATA_EPROTO,
+                                     "chain: delta %zu, layer %zu does not match tensor %s", i, k,
+                                     target->items[k].name);
+            else
+                cost[k] += layer_cost(c);
+        }
+    }
+    if (rc < 0)
+        rc = rc == STRATA_ENOMEM ? rc : STRATA_EPROTO;
+    if (rc == STRATA_OK) {
+        strata_downlink_digest(target, want);
+        if (strcmp(want, hex) != 0)
+            rc = strata_diag_set(diag, STRATA_EINVAL,
+                                 "chain: the last delta's digest is not the target model's");
+    }
+    size_t nb = 0;
+    for (size_t k = 0; rc == STRATA_OK && k < nt; k++) {
+        uint64_t numel = target->items[k].numel;
+        bl[k] = (strata_clayer){.layer_index = (uint32_t)k,
+                                .comp = STRATA_COMP_TOPK,
+                                .values_format = STRATA_VALUES_FP32,
+                                .numel = numel};
+        if (cost[k] > base_cost(numel)) {
+            based[k] = 1;
+            nb++;
+        }
+    }
+    /* Each delta without the based tensors: their layers swapped for empty
+     * ones while it is encoded, then put back (the payload owns them). */
+    for (size_t i = 0; rc == STRATA_OK && nb > 0 && i < n; i++) {
+        for (size_t k = 0; k < nt; k++)
+            if (based[k]) {
+                strata_clayer keep = p[i]->layers[k];
+                p[i]->layers[k] = bl[k];
+                bl[k] = keep;
+            }
+        rc = strata_payload_encode(p[i], zstd_level, &enc[i], &el[i], diag);
+        for (size_t k = 0; k < nt; k++)
+            if (based[k]) {
+                strata_clayer keep = p[i]->layers[k];
+                p[i]->layers[k] = bl[k];
+                bl[k] = keep;
+            }
+    }
+    if (rc == STRATA_OK && nb > 0) {
+        for (size_t k = 0; k < nt; k++)
+            if (based[k]) {
+                bl[k].comp = STRATA_COMP_NONE;
+                bl[k].count = bl[k].numel;
+                bl[k].values = target->items[k].data;
+            }
+        char buf[192];
+        int m = snprintf(buf, sizeof(buf),
+                         "{\"from\":%llu,\"to\":%llu,\"digest\":\"%s\",\"base\":true}",
+                         (unsigned long long)first, (unsigned long long)at, want);
+        if (m < 0 || (size_t)m >= sizeof(buf) || (meta = strdup(buf)) == NULL)
+            rc = STRATA_ENOMEM;
+        strata_payload b = {.round = p[n - 1]->round,
+                            .model_version = at,
+                            .num_layers = nt,
+                            .layers = bl,
+                            .metadata_json = meta};
+        if (rc == STRATA_OK)
+            rc = strata_payload_encode(&b, zstd_level, &enc[n], &el[n], diag);
+    }
+    if (rc == STRATA_OK && nb > 0) {
+        size_t plain = 8, compact = 8;
+        for (size_t i = 0; i < n; i++)
+            plain += 4 + lens[i];
+        for (size_t i = 0; i <= n; i++)
+            compact += 4 + el[i];
+        if (compact < plain)
+            rc = strata_downlink_chain_encode((const uint8_t *const *)enc, el, n + 1, out, len);
+    }
+    for (size_t i = 0; p != NULL && i < n; i++)
+        strata_payload_free(p[i]);
+    for (size_t i = 0; enc != NULL && i <= n; i++)
+        free(enc[i]);
+    free(p);
+    free(cost);
+    free(based);
+    free(enc);
+    free(el);
+    free(bl);
+    free(meta);
+    return rc;
+}
+
 static void put_u32(uint8_t *p, uint32_t v)
 {
     for (int i = 0; i < 4; i++)

@@ -1,7 +1,8 @@
 /* libFuzzer target for a downlink delta chain as a client reads it:
  * strata_downlink_chain_split, then each part through strata_payload_decode
- * and strata_downlink_meta_parse, then strata_downlink_apply onto a small
- * model (two tensors of 6 and 3 elements).
+ * and strata_downlink_meta_parse, then strata_downlink_apply (or, for a
+ * part whose metadata marks a base, strata_downlink_apply_base) onto a
+ * small model (two tensors of 6 and 3 elements).
  *
  * Every step must either fail with an error (and leave the model as it
  * was: its digest unchanged) or succeed; a split that succeeds gives parts
@@ -51,7 +52,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         if (strata_downlink_meta_parse(p, &from, &to, hex, &d) == STRATA_OK)
             check(to > from && strlen(hex) == 64);
         strata_downlink_digest(&m, before);
-        if (strata_downlink_apply(&m, p, &d) != STRATA_OK) {
+        int base = strata_downlink_meta_is_base(p);
+        if ((base ? strata_downlink_apply_base(&m, p, &d) : strata_downlink_apply(&m, p, &d)) !=
+            STRATA_OK) {
             strata_downlink_digest(&m, after);
             check(strcmp(before, after) == 0);
         }

@@ -112,7 +112,7 @@ grep -Eq "model [0-9]+: snapshot" "$WORK/C.log" && die "C's first model is a sna
 v0=$(cached_version)
 wait_until 60 "two versions past C's" version_at_least $((v0 + 2))
 run_c hold
-grep -Eq "model [0-9]+: [2-6] deltas from version $v0," "$WORK/C.log" ||
+grep -Eq "model [0-9]+: [2-6] deltas( and a base)? from version $v0," "$WORK/C.log" ||
     die "C did not rebuild from a chain of deltas from version $v0"
 
 # 2. A corrupted cached model: the digest after the deltas differs.

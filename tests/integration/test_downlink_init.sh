@@ -10,7 +10,8 @@
 #  2. a fresh client C joining at version 4 builds version 0 and takes the
 #     chain 0..4 (no snapshot);
 #  3. a chain is served exactly when it is smaller than the snapshot, for
-#     every starting version; the chain from 0 grows past it and is refused;
+#     every starting version, as its delta files or, smaller, as deltas and
+#     a base; the chain from 0 grows past it and is refused;
 #  4. through a proxy that raises the recipe's init_seed, a fresh client D
 #     builds a model whose digest is not version 0's: it falls back to a
 #     snapshot; hostile requests to the recipe endpoint are refused; the
@@ -153,7 +154,7 @@ CPID=$LAST
 wait_clients "$APID" "$CPID"
 wait_until 30 "the federation to finish" finished
 grep -q "model 0: built from its recipe" "$WORK/C.log" || die "C did not build version 0"
-grep -Eq "model 4: 4 deltas from version 0, [0-9]+ bytes" "$WORK/C.log" ||
+grep -Eq "model 4: 4 deltas( and a base)? from version 0, [0-9]+ bytes" "$WORK/C.log" ||
     die "C did not take the chain from version 0"
 [ "$(snapshots C)" = 0 ] || die "C downloaded a snapshot"
 check_digests A C
@@ -161,7 +162,8 @@ stop_server
 
 # 3. With every delta kept (--downlink-keep 100), grow the chain from 0
 # past the snapshot; then every chain is served exactly when it is smaller
-# than the (zstd) snapshot.
+# than the (zstd) snapshot, as the plain chain of its delta files or, where
+# a base makes it smaller, as those deltas and a base (one entry more).
 KEEP=100 start_server 12 3 --seed $SEED
 start_client A 0
 APID=$LAST
@@ -171,14 +173,22 @@ wait_clients "$APID" "$CPID"
 wait_until 30 "the federation to finish" finished
 V=$(version)
 SNAP=$("${C[@]}" -o /dev/null -w '%{size_download}' "${AUTH[@]}" -H "Accept-Encoding: zstd" "$URL/v1/models/$V")
-served=0 refused=0
+served=0 refused=0 based=0
 for ((u = 0; u < V; u++)); do
     sum=8
     for ((w = u + 1; w <= V; w++)); do sum=$((sum + 4 + $(stat -c %s "$STATE/checkpoints/delta-$w.bin"))); done
     code=$("${C[@]}" -o "$WORK/chain.bin" -w '%{http_code}' "${AUTH[@]}" "$URL/v1/models/$V/delta?from=$u")
     if [ "$sum" -lt "$SNAP" ]; then
         [ "$code" = 200 ] || die "chain $u..$V ($sum bytes < snapshot $SNAP): HTTP $code"
-        [ "$(stat -c %s "$WORK/chain.bin")" = "$sum" ] || die "chain $u..$V is not $sum bytes"
+        got=$(stat -c %s "$WORK/chain.bin")
+        entries=$(od -An -tu4 -j4 -N4 "$WORK/chain.bin" | tr -d ' ')
+        if [ "$got" = "$sum" ]; then
+            [ "$entries" = $((V - u)) ] || die "chain $u..$V: $entries entries"
+        else
+            [ "$got" -lt "$sum" ] || die "chain $u..$V is $got bytes, the plain chain $sum"
+            [ "$entries" = $((V - u + 1)) ] || die "chain $u..$V ($got bytes): $entries entries"
+            based=$((based + 1))
+        fi
         served=$((served + 1))
     else
         [ "$code" = 404 ] || die "chain $u..$V ($sum bytes >= snapshot $SNAP): HTTP $code"
@@ -186,7 +196,8 @@ for ((u = 0; u < V; u++)); do
         refused=$((refused + 1))
     fi
 done
-[ "$served" -gt 0 ] && [ "$refused" -gt 0 ] || die "$served chains served, $refused refused"
+[ "$served" -gt 0 ] && [ "$refused" -gt 0 ] && [ "$based" -gt 0 ] ||
+    die "$served chains served ($based with a base), $refused refused"
 stop_server
 
 # 4. A tampered recipe (through a proxy): D falls back to a snapshot.

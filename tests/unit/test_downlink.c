@@ -194,6 +194,188 @@ static void test_chain(void)
     CU_ASSERT_PTR_NULL(buf);
 }
 
+/* n deltas of x̂ (topk:0.02:ternary, so the bias goes whole in bf16) as
+ * encoded payloads wire[1..n], from xs (moved to x̂ of version n). */
+static void make_deltas(strata_tensor_list *x, strata_tensor_list *xs, uint32_t n, uint8_t **wire,
+                        size_t *lens)
+{
+    strata_budget b;
+    CU_ASSERT_EQUAL_FATAL(strata_budget_parse("topk:0.02:ternary", 1, &b, NULL), STRATA_OK);
+    for (uint32_t v = 1; v <= n; v++) {
+        strata_tensor_list step;
+        make(&step, 200 + v, 0.1f);
+        for (size_t i = 0; i < x->count; i++)
+            for (size_t k = 0; k < x->items[i].numel; k++)
+                x->items[i].data[k] += step.items[i].data[k];
+        strata_tensor_list_cleanup(&step);
+        strata_clayer *layers = NULL;
+        CU_ASSERT_EQUAL_FATAL(strata_downlink_step(xs, x, &b, v, &layers, NULL), STRATA_OK);
+        char hex[STRATA_DIGEST_HEX_SIZE], *meta = NULL;
+        strata_downlink_digest(xs, hex);
+        CU_ASSERT_EQUAL_FATAL(strata_downlink_meta(v - 1, v, hex, &meta), STRATA_OK);
+        strata_payload p = {.round = v - 1,
+                            .model_version = v,
+                            .num_layers = 2,
+                            .layers = layers,
+                            .metadata_json = meta};
+        CU_ASSERT_EQUAL_FATAL(strata_payload_encode(&p, 3, &wire[v], &lens[v], NULL), STRATA_OK);
+        strata_clayers_free(layers, 2);
+        free(meta);
+    }
+}
+
+/* What a client does with a chain: every delta in order, then the base if
+ * the chain ends with one; returns the digest reached. */
+static int client_apply(strata_tensor_list *m, const uint8_t *buf, size_t len, int *based,
+                        char out[STRATA_DIGEST_HEX_SIZE])
+{
+    const uint8_t **pp = NULL;
+    size_t *ll = NULL, n = 0;
+    int rc = strata_downlink_chain_split(buf, len, &pp, &ll, &n, NULL);
+    *based = 0;
+    for (size_t i = 0; rc == STRATA_OK && i < n; i++) {
+        strata_payload *q = NULL;
+        rc = strata_payload_decode(pp[i], ll[i], NULL, &q, NULL);
+        if (rc == STRATA_OK && strata_downlink_meta_is_base(q)) {
+            *based = i + 1 == n;
+            rc = strata_downlink_apply_base(m, q, NULL);
+        } else if (rc == STRATA_OK) {
+            rc = strata_downlink_apply(m, q, NULL);
+        }
+        strata_payload_free(q);
+    }
+    free(pp);
+    free(ll);
+    strata_downlink_digest(m, out);
+    return rc;
+}
+
+/* A chain whose bias would cost more as 24 bf16 deltas than as its float32
+ * values once: the compacted chain leaves the bias out of every delta,
+ * sets it with a base at the end, is smaller, and reaches x̂ bit for bit;
+ * the weight, cheaper as deltas, stays in them. */
+static void test_chain_compact(void)
+{
+    strata_tensor_list x, xs, x0, xc;
+    make(&x, 7, 1.0f);
+    strata_tensor_list_init(&xs);
+    strata_tensor_list_init(&x0);
+    strata_tensor_list_init(&xc);
+    CU_ASSERT_EQUAL_FATAL(strata_tensor_list_copy(&xs, &x), STRATA_OK);
+    CU_ASSERT_EQUAL_FATAL(strata_tensor_list_copy(&x0, &x), STRATA_OK);
+    enum { N = 24 };
+    uint8_t *wire[N + 1] = {0};
+    size_t lens[N + 1] = {0};
+    make_deltas(&x, &xs, N, wire, lens);
+    char want[STRATA_DIGEST_HEX_SIZE], got[STRATA_DIGEST_HEX_SIZE];
+    strata_downlink_digest(&xs, want);
+
+    uint8_t *plain = NULL, *comp = NULL;
+    size_t plain_len = 0, comp_len = 0;
+    const uint8_t *const *parts = (const uint8_t *const *)&wire[1];
+    CU_ASSERT_EQUAL_FATAL(strata_downlink_chain_encode(parts, &lens[1], N, &plain, &plain_len),
+                          STRATA_OK);
+    CU_ASSERT_EQUAL_FATAL(
+        strata_downlink_chain_compact(parts, &lens[1], N, &xs, 3, &comp, &comp_len, NULL),
+        STRATA_OK);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(comp);
+    CU_ASSERT(comp_len < plain_len);
+
+    /* The client reaches x̂ of version N from version 0 either way. */
+    int based = 0;
+    CU_ASSERT_EQUAL_FATAL(strata_tensor_list_copy(&xc, &x0), STRATA_OK);
+    CU_ASSERT_EQUAL(client_apply(&xc, plain, plain_len, &based, got), STRATA_OK);
+    CU_ASSERT_STRING_EQUAL(got, want);
+    CU_ASSERT_FALSE(based);
+    strata_tensor_list_cleanup(&xc);
+    CU_ASSERT_EQUAL_FATAL(strata_tensor_list_copy(&xc, &x0), STRATA_OK);
+    CU_ASSERT_EQUAL(client_apply(&xc, comp, comp_len, &based, got), STRATA_OK);
+    CU_ASSERT_STRING_EQUAL(got, want);
+    CU_ASSERT_TRUE(based);
+
+    /* What it holds: N deltas without the bias, then a base of the bias
+     * alone with x̂'s own values. */
+    const uint8_t **pp = NULL;
+    size_t *ll = NULL, n = 0;
+    CU_ASSERT_EQUAL_FATAL(strata_downlink_chain_split(comp, comp_len, &pp, &ll, &n, NULL),
+                          STRATA_OK);
+    CU_ASSERT_EQUAL_FATAL(n, N + 1);
+    strata_payload *first = NULL, *base = NULL;
+    CU_ASSERT_EQUAL_FATAL(strata_payload_decode(pp[0], ll[0], NULL, &first, NULL), STRATA_OK);
+    CU_ASSERT_EQUAL_FATAL(strata_payload_decode(pp[N], ll[N], NULL, &base, NULL), STRATA_OK);
+    CU_ASSERT_FALSE(strata_downlink_meta_is_base(first));
+    CU_ASSERT_EQUAL(first->layers[0].comp, STRATA_COMP_TOPK);
+    CU_ASSERT(first->layers[0].count > 0);
+    CU_ASSERT(first->layers[1].comp == STRATA_COMP_TOPK && first->layers[1].count == 0);
+    CU_ASSERT_TRUE(strata_downlink_meta_is_base(base));
+    uint64_t bf = 9, bt = 9;
+    CU_ASSERT_EQUAL(strata_downlink_meta_parse(base, &bf, &bt, got, NULL), STRATA_OK);
+    CU_ASSERT(bf == 0 && bt == N);
+    CU_ASSERT_STRING_EQUAL(got, want);
+    CU_ASSERT(base->layers[0].comp == STRATA_COMP_TOPK && base->layers[0].count == 0);
+    CU_ASSERT_EQUAL(base->layers[1].comp, STRATA_COMP_NONE);
+    CU_ASSERT_EQUAL(memcmp(base->layers[1].values, xs.items[1].data, 10 * sizeof(float)), 0);
+
+    /* A base refused changes nothing: a bf16 layer, a layer too short. */
+    strata_tensor_list_cleanup(&xc);
+    CU_ASSERT_EQUAL_FATAL(strata_tensor_list_copy(&xc, &x0), STRATA_OK);
+    char before[STRATA_DIGEST_HEX_SIZE];
+    strata_downlink_digest(&xc, before);
+    strata_diag d;
+    base->layers[1].values_format = STRATA_VALUES_BF16;
+    CU_ASSERT_EQUAL(strata_downlink_apply_base(&xc, base, &d), STRATA_EPROTO);
+    base->layers[1].values_format = STRATA_VALUES_FP32;
+    base->layers[1].numel = 9;
+    CU_ASSERT_EQUAL(strata_downlink_apply_base(&xc, base, &d), STRATA_EPROTO);
+    base->layers[1].numel = 10;
+    base->layers[1].values[2] = NAN;
+    CU_ASSERT_EQUAL(strata_downlink_apply_base(&xc, base, &d), STRATA_EPROTO);
+    strata_downlink_digest(&xc, got);
+    CU_ASSERT_STRING_EQUAL(got, before);
+    strata_payload_free(first);
+    strata_payload_free(base);
+    free(pp);
+    free(ll);
+
+    /* One delta: the bias is cheaper as it is, nothing to compact. */
+    uint8_t *one = NULL;
+    size_t one_len = 7;
+    strata_tensor_list x1;
+    strata_tensor_list_init(&x1);
+    CU_ASSERT_EQUAL(
+        strata_downlink_chain_compact(parts + N - 1, &lens[N], 1, &xs, 3, &one, &one_len, NULL),
+        STRATA_OK);
+    CU_ASSERT_PTR_NULL(one);
+    CU_ASSERT_EQUAL(one_len, 0);
+
+    /* Refused: a target that is not the last delta's model, deltas that do
+     * not follow each other, a part that is not a payload. */
+    xs.items[1].data[0] += 1.0f;
+    CU_ASSERT_EQUAL(strata_downlink_chain_compact(parts, &lens[1], N, &xs, 3, &one, &one_len, &d),
+                    STRATA_EINVAL);
+    xs.items[1].data[0] -= 1.0f;
+    const uint8_t *gap[] = {wire[1], wire[3]};
+    size_t gap_lens[] = {lens[1], lens[3]};
+    CU_ASSERT_EQUAL(strata_downlink_chain_compact(gap, gap_lens, 2, &xs, 3, &one, &one_len, &d),
+                    STRATA_EPROTO);
+    const uint8_t junk[] = {1, 2, 3, 4};
+    const uint8_t *bad[] = {wire[1], junk};
+    size_t bad_lens[] = {lens[1], sizeof(junk)};
+    CU_ASSERT_EQUAL(strata_downlink_chain_compact(bad, bad_lens, 2, &xs, 3, &one, &one_len, &d),
+                    STRATA_EPROTO);
+    CU_ASSERT_PTR_NULL(one);
+
+    for (size_t v = 1; v <= N; v++)
+        free(wire[v]);
+    free(plain);
+    free(comp);
+    strata_tensor_list_cleanup(&x);
+    strata_tensor_list_cleanup(&xs);
+    strata_tensor_list_cleanup(&x0);
+    strata_tensor_list_cleanup(&xc);
+    strata_tensor_list_cleanup(&x1);
+}
+
 int main(void)
 {
     CU_TestInfo tests[] = {
@@ -201,6 +383,7 @@ int main(void)
         {"server step and client apply agree bit for bit", test_step_apply_agree},
         {"mismatched layouts and metadata refused", test_apply_refuses_mismatch},
         {"chain framing", test_chain},
+        {"a chain compacted with a base reaches the same model", test_chain_compact},
         CU_TEST_INFO_NULL,
     };
     CU_SuiteInfo suites[] = {

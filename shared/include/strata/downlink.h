@@ -25,6 +25,16 @@
  * (little-endian), then count entries of a uint32 length and that many
  * bytes of one delta payload, oldest first, nothing after.
  *
+ * A chain may end with a base: a payload whose metadata is
+ * {"from":U,"to":V,"digest":"HEX","base":true} (U the chain's first
+ * version, V its last) and whose layers are either NONE with the float32
+ * values of x̂ at V (the layer is set to them) or TOPK with no element
+ * (the layer is left as the deltas made it). In such a chain the layers
+ * the base sets are empty in the deltas before it (strata_downlink_chain_
+ * compact): a tensor whose deltas together cost more than its values
+ * travels once, as values. The deltas of a based chain do not reproduce
+ * the digests their metadata name; only the result after the base does.
+ *
  * Functions keep no state; thread-safe for distinct arguments. */
 #ifndef STRATA_DOWNLINK_H
 #define STRATA_DOWNLINK_H
@@ -87,6 +97,34 @@ int strata_downlink_meta(uint64_t from, uint64_t to, const char *hex, char **out
  * which). */
 int strata_downlink_meta_parse(const strata_payload *p, uint64_t *from, uint64_t *to,
                                char hex[STRATA_DIGEST_HEX_SIZE], strata_diag *diag);
+
+/* 1 when delta payload p's metadata marks it as a chain's base (see the
+ * file comment), else 0. */
+int strata_downlink_meta_is_base(const strata_payload *p);
+
+/* Sets the layers of base payload p (borrowed) that carry values (NONE,
+ * float32, one value per element) in m and leaves those that carry none
+ * (TOPK with count 0). All-or-nothing: every layer is checked (one per
+ * tensor, in order, matching element counts, one of those two forms, finite
+ * values) before m changes. Errors: STRATA_EPROTO (diag says why). */
+int strata_downlink_apply_base(strata_tensor_list *m, const strata_payload *p, strata_diag *diag);
+
+/* Compacts the chain of n delta payloads (parts[i], lens[i] bytes;
+ * borrowed, oldest first) that ends at x̂ = target (borrowed; the model of
+ * the last delta's version, whose digest it must have): every tensor
+ * whose layers in the n deltas are estimated (strata_clayer_cost_bytes) to
+ * cost more than its float32 values is emptied in each delta and set by a
+ * base at the end (see the file comment). On success *out (free()) holds
+ * the compacted chain, or is NULL (and *len 0) when no tensor gains or the
+ * result would not be smaller than the plain chain; a client applying it
+ * reaches target bit for bit. Errors: STRATA_EPROTO (a part that does not
+ * decode, is not a delta of target's layout, or versions that do not
+ * follow each other), STRATA_EINVAL (a digest that is not target's, n 0
+ * or above STRATA_DOWNLINK_MAX_CHAIN - 1), STRATA_ENOMEM. zstd_level as
+ * for strata_payload_encode. */
+int strata_downlink_chain_compact(const uint8_t *const *parts, const size_t *lens, size_t n,
+                                  const strata_tensor_list *target, int zstd_level, uint8_t **out,
+                                  size_t *len, strata_diag *diag);
 
 /* Encodes n delta payloads (parts[i], lens[i] bytes; borrowed) as a chain
  * into a new buffer *out (free()) of *len bytes. Errors: STRATA_EINVAL (n 0
