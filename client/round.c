@@ -127,24 +127,34 @@ static int fetch_deltas(const strata_client_round_ctx *c, const strata_task *t, 
     size_t *lens = NULL, n = 0;
     uint64_t at = from;
     char hex[STRATA_DIGEST_HEX_SIZE] = "", got[STRATA_DIGEST_HEX_SIZE] = "";
-    strata_payload *base = NULL;
+    strata_payload *last = NULL, *base = NULL;
     rc = strata_client_state_load_model(c->state, m, &d);
     if (rc == 0)
         rc = strata_downlink_chain_split(r.body, r.len, &parts, &lens, &n, &d);
-    /* A chain may end with a base that sets the tensors its deltas leave
-     * out; the deltas then reach no version's digest until the base. */
-    if (rc == 0 && n >= 2) {
-        rc = strata_payload_decode(parts[n - 1], lens[n - 1], NULL, &base, &d);
-        if (rc == 0 && !strata_downlink_meta_is_base(base)) {
-            strata_payload_free(base);
-            base = NULL;
-        }
+    /* A chain of two deltas or more may end with a base that sets the
+     * tensors its deltas leave out; the deltas then reach no version's
+     * digest until the base. A base anywhere else is refused. */
+    if (rc == 0)
+        rc = strata_payload_decode(parts[n - 1], lens[n - 1], NULL, &last, &d);
+    if (rc == 0 && n >= 3 && strata_downlink_meta_is_base(last)) {
+        base = last;
+        last = NULL;
     }
     size_t nd = base != NULL ? n - 1 : n;
     for (size_t i = 0; rc == 0 && i < nd; i++) {
         strata_payload *p = NULL;
         uint64_t pf = 0, pt = 0;
-        rc = strata_payload_decode(parts[i], lens[i], NULL, &p, &d);
+        if (i == n - 1) {
+            p = last;
+            last = NULL;
+        } else {
+            rc = strata_payload_decode(parts[i], lens[i], NULL, &p, &d);
+        }
+        if (rc == 0 && strata_downlink_meta_is_base(p))
+            rc = strata_diag_set(&d, STRATA_EPROTO,
+                                 "entry %zu of %zu is a base, which only ends a chain of two "
+                                 "deltas or more",
+                                 i + 1, n);
         if (rc == 0)
             rc = strata_downlink_meta_parse(p, &pf, &pt, hex, &d);
         if (rc == 0 && (pf != at || pt != at + 1))
@@ -164,12 +174,16 @@ static int fetch_deltas(const strata_client_round_ctx *c, const strata_task *t, 
         }
         at = pt;
     }
+    strata_payload_free(last);
     if (rc == 0 && base != NULL) {
         uint64_t bf = 0, bt = 0;
+        char want[STRATA_DIGEST_HEX_SIZE];
+        memcpy(want, hex, sizeof(want)); /* the last delta's */
         rc = strata_downlink_meta_parse(base, &bf, &bt, hex, &d);
-        if (rc == 0 && (bf != from || bt != at))
+        if (rc == 0 && (bf != from || bt != at || strcmp(hex, want) != 0))
             rc = strata_diag_set(&d, STRATA_EPROTO,
-                                 "the base goes from %llu to %llu, the deltas from %llu to %llu",
+                                 "the base (versions %llu to %llu) does not end the deltas "
+                                 "from %llu to %llu with their digest",
                                  (unsigned long long)bf, (unsigned long long)bt,
                                  (unsigned long long)from, (unsigned long long)at);
         if (rc == 0)

@@ -188,38 +188,27 @@ void srv_engine_model_init(srv_engine *e, srv_result *r)
 
 /* The chain of n deltas (parts, lens) that ends at version `to`, compacted
  * with a base where that is smaller (strata_downlink_chain_compact), with
- * x̂ of `to` decoded from raw (the current version's safetensors, raw_len
- * bytes) or, when raw is NULL, read from its checkpoint. NULL in *out when
- * the plain chain is to be served: compaction gains nothing, x̂ of `to` is
- * not kept, or it failed (logged; memory aside). */
-static int chain_compact(srv_engine *e, uint64_t to, const uint8_t *raw, size_t raw_len,
-                         uint8_t *const *parts, const size_t *lens, size_t n, uint8_t **out,
-                         size_t *len)
+ * x̂ of `to` read from its checkpoint (written before the version is
+ * published, never removed). NULL in *out when the plain chain is to be
+ * served: compaction gains nothing or failed (logged: the plain chain is
+ * still a correct answer, so no failure here fails the request). */
+static void chain_compact(srv_engine *e, uint64_t to, uint8_t *const *parts, const size_t *lens,
+                          size_t n, uint8_t **out, size_t *len)
 {
     strata_tensor_list x;
     strata_tensor_list_init(&x);
     strata_diag d = {{0}};
-    int rc;
-    if (raw != NULL) {
-        rc = strata_safetensors_decode(raw, raw_len, &x, NULL, &d);
-    } else {
-        char path[4096];
-        rc = strata_store_checkpoint_path(e->store, to, path, sizeof(path), &d);
-        if (rc == 0)
-            rc = strata_safetensors_read(path, OLD_MODEL_MAX, &x, NULL, &d);
-        if (rc == STRATA_EIO || rc == STRATA_ESTATE) /* not kept */
-            return 0;
-    }
+    char path[4096];
+    int rc = strata_store_checkpoint_path(e->store, to, path, sizeof(path), &d);
+    if (rc == 0)
+        rc = strata_safetensors_read(path, OLD_MODEL_MAX, &x, NULL, &d);
     if (rc == 0)
         rc = strata_downlink_chain_compact((const uint8_t *const *)parts, lens, n, &x, ZSTD_LEVEL,
                                            out, len, &d);
     strata_tensor_list_cleanup(&x);
-    if (rc < 0 && rc != STRATA_ENOMEM) {
+    if (rc < 0)
         strata_log_warn("model %llu: the chain of %zu deltas is served without a base: %s",
                         (unsigned long long)to, n, strata_diag_msg(&d, rc));
-        rc = 0;
-    }
-    return rc;
 }
 
 void srv_engine_model_delta(srv_engine *e, uint64_t to, uint64_t from, const char *inm,
@@ -276,23 +265,11 @@ void srv_engine_model_delta(srv_engine *e, uint64_t to, uint64_t from, const cha
         }
         total += 4 + lens[i];
     }
-    uint8_t *chain = NULL, *raw = NULL;
-    size_t len = 0, raw_len = 0;
+    uint8_t *chain = NULL;
+    size_t len = 0;
     int plain = rc == 0 && !missing && total < snapshot;
-    /* Two deltas or more: a base may pay (x̂ of the current version is
-     * copied under the lock; the cache may move on meanwhile). */
-    if (plain && n >= 2 && n < STRATA_DOWNLINK_MAX_CHAIN) {
-        pthread_mutex_lock(&e->mu);
-        if (e->version == to && (raw = malloc(e->cache.raw_len ? e->cache.raw_len : 1)) != NULL) {
-            memcpy(raw, e->cache.raw, e->cache.raw_len);
-            raw_len = e->cache.raw_len;
-        }
-        int now = e->version == to;
-        pthread_mutex_unlock(&e->mu);
-        rc = now && raw == NULL ? STRATA_ENOMEM
-                                : chain_compact(e, to, raw, raw_len, parts, lens, n, &chain, &len);
-        free(raw);
-    }
+    if (plain && n >= 2 && n < STRATA_DOWNLINK_MAX_CHAIN)
+        chain_compact(e, to, parts, lens, n, &chain, &len);
     if (rc == 0 && plain && chain == NULL)
         rc = strata_downlink_chain_encode((const uint8_t *const *)parts, lens, n, &chain, &len);
     for (size_t i = 0; parts != NULL && i < n; i++)

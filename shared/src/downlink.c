@@ -251,6 +251,57 @@ static double base_cost(uint64_t numel)
     return strata_clayer_cost_bytes(&b, STRATA_VALUES_FP32, 1, shape, numel);
 }
 
+/* What a base costs beyond its layers (payload header, metadata with its
+ * digest, checksum, zstd frame, chain entry), and what a layer that
+ * carries nothing costs after zstd, in bytes (measured: about 150, and 3
+ * to 7 depending on the layer count). */
+#define BASE_OVERHEAD_BYTES 160.0
+#define EMPTY_LAYER_BYTES 5.0
+
+/* Swaps the layers of the based tensors between a and b. */
+static void swap_based(strata_clayer *a, strata_clayer *b, const uint8_t *based, size_t nt)
+{
+    for (size_t k = 0; k < nt; k++)
+        if (based[k]) {
+            strata_clayer keep = a[k];
+            a[k] = b[k];
+            b[k] = keep;
+        }
+}
+
+/* Decodes delta i of a chain and checks it against target's layout and
+ * the version the chain has reached (*at; the first delta sets *first). */
+static int chain_part(const uint8_t *buf, size_t len, size_t i, const strata_tensor_list *target,
+                      uint64_t *first, uint64_t *at, char hex[STRATA_DIGEST_HEX_SIZE],
+                      strata_payload **out, strata_diag *diag)
+{
+    uint64_t pf = 0, pt = 0;
+    int rc = strata_payload_decode(buf, len, NULL, out, diag);
+    if (rc == STRATA_OK)
+        rc = strata_downlink_meta_parse(*out, &pf, &pt, hex, diag);
+    if (rc == STRATA_OK && i == 0)
+        *first = pf;
+    else if (rc == STRATA_OK && (pf != *at || pt != *at + 1))
+        rc = strata_diag_set(diag, STRATA_EPROTO, "chain: delta %zu goes from %llu to %llu", i,
+                             (unsigned long long)pf, (unsigned long long)pt);
+    *at = pt;
+    if (rc == STRATA_OK && (*out)->num_layers != target->count)
+        rc = strata_diag_set(diag, STRATA_EPROTO, "chain: delta %zu has %zu layers, not %zu", i,
+                             (*out)->num_layers, target->count);
+    for (size_t k = 0; rc == STRATA_OK && k < target->count; k++) {
+        const strata_clayer *c = &(*out)->layers[k];
+        if (c->layer_index != k || c->numel != target->items[k].numel)
+            rc = strata_diag_set(diag, STRATA_EPROTO,
+                                 "chain: delta %zu, layer %zu does not match tensor %s", i, k,
+                                 target->items[k].name);
+    }
+    if (rc < 0) {
+        strata_payload_free(*out);
+        *out = NULL;
+    }
+    return rc < 0 && rc != STRATA_ENOMEM ? STRATA_EPROTO : rc;
+}
+
 int strata_downlink_chain_compact(const uint8_t *const *parts, const size_t *lens, size_t n,
                                   const strata_tensor_list *target, int zstd_level, uint8_t **out,
                                   size_t *len, strata_diag *diag)
@@ -260,78 +311,65 @@ int strata_downlink_chain_compact(const uint8_t *const *parts, const size_t *len
     if (n == 0 || n >= STRATA_DOWNLINK_MAX_CHAIN)
         return strata_diag_set(diag, STRATA_EINVAL, "chain: %zu deltas to compact", n);
     size_t nt = target->count;
-    strata_payload **p = calloc(n, sizeof(*p));
     double *cost = calloc(nt ? nt : 1, sizeof(*cost));
     uint8_t *based = calloc(nt ? nt : 1, 1);
     uint8_t **enc = calloc(n + 1, sizeof(*enc));
     size_t *el = calloc(n + 1, sizeof(*el));
     strata_clayer *bl = calloc(nt ? nt : 1, sizeof(*bl));
     char *meta = NULL;
-    int rc = p && cost && based && enc && el && bl ? STRATA_OK : STRATA_ENOMEM;
+    int rc = cost && based && enc && el && bl ? STRATA_OK : STRATA_ENOMEM;
     uint64_t first = 0, at = 0;
+    uint32_t round = 0;
     char hex[STRATA_DIGEST_HEX_SIZE] = "", want[STRATA_DIGEST_HEX_SIZE];
+    /* Pass 1, one delta at a time: what each tensor costs in the chain. */
     for (size_t i = 0; rc == STRATA_OK && i < n; i++) {
-        uint64_t pf = 0, pt = 0;
-        rc = strata_payload_decode(parts[i], lens[i], NULL, &p[i], diag);
-        if (rc == STRATA_OK)
-            rc = strata_downlink_meta_parse(p[i], &pf, &pt, hex, diag);
-        if (rc == STRATA_OK && i == 0)
-            first = pf;
-        else if (rc == STRATA_OK && (pf != at || pt != at + 1))
-            rc = strata_diag_set(diag, STRATA_EPROTO, "chain: delta %zu goes from %llu to %llu", i,
-                                 (unsigned long long)pf, (unsigned long long)pt);
-        at = pt;
-        if (rc == STRATA_OK && p[i]->num_layers != nt)
-            rc = strata_diag_set(diag, STRATA_EPROTO, "chain: delta %zu has %zu layers, not %zu", i,
-                                 p[i]->num_layers, nt);
-        for (size_t k = 0; rc == STRATA_OK && k < nt; k++) {
-            const strata_clayer *c = &p[i]->layers[k];
-            if (c->layer_index != k || c->numel != target->items[k].numel)
-                rc = strata_diag_set(diag, STRATA_EPROTO,
-                                     "chain: delta %zu, layer %zu does not match tensor %s", i, k,
-                                     target->items[k].name);
-            else
-                cost[k] += layer_cost(c);
-        }
+        strata_payload *p = NULL;
+        rc = chain_part(parts[i], lens[i], i, target, &first, &at, hex, &p, diag);
+        for (size_t k = 0; rc == STRATA_OK && k < nt; k++)
+            cost[k] += layer_cost(&p->layers[k]);
+        strata_payload_free(p);
     }
-    if (rc < 0)
-        rc = rc == STRATA_ENOMEM ? rc : STRATA_EPROTO;
     if (rc == STRATA_OK) {
         strata_downlink_digest(target, want);
         if (strcmp(want, hex) != 0)
             rc = strata_diag_set(diag, STRATA_EINVAL,
                                  "chain: the last delta's digest is not the target model's");
     }
+    /* A tensor goes in the base when its layers, less the empty layers
+     * they leave in each delta, cost more than its values; the base is
+     * made only when what the tensors save pays for the base itself. */
     size_t nb = 0;
+    double gain = 0.0;
     for (size_t k = 0; rc == STRATA_OK && k < nt; k++) {
         uint64_t numel = target->items[k].numel;
         bl[k] = (strata_clayer){.layer_index = (uint32_t)k,
                                 .comp = STRATA_COMP_TOPK,
                                 .values_format = STRATA_VALUES_FP32,
                                 .numel = numel};
-        if (cost[k] > base_cost(numel)) {
+        double g = cost[k] - (double)n * EMPTY_LAYER_BYTES - base_cost(numel);
+        if (g > 0.0) {
             based[k] = 1;
             nb++;
+            gain += g;
         }
     }
-    /* Each delta without the based tensors: their layers swapped for empty
-     * ones while it is encoded, then put back (the payload owns them). */
-    for (size_t i = 0; rc == STRATA_OK && nb > 0 && i < n; i++) {
-        for (size_t k = 0; k < nt; k++)
-            if (based[k]) {
-                strata_clayer keep = p[i]->layers[k];
-                p[i]->layers[k] = bl[k];
-                bl[k] = keep;
-            }
-        rc = strata_payload_encode(p[i], zstd_level, &enc[i], &el[i], diag);
-        for (size_t k = 0; k < nt; k++)
-            if (based[k]) {
-                strata_clayer keep = p[i]->layers[k];
-                p[i]->layers[k] = bl[k];
-                bl[k] = keep;
-            }
+    int make = rc == STRATA_OK && nb > 0 &&
+               gain > BASE_OVERHEAD_BYTES + (double)(nt - nb) * EMPTY_LAYER_BYTES;
+    /* Pass 2: each delta without the based tensors, their layers swapped
+     * for empty ones while it is encoded, then put back (the payload owns
+     * them). */
+    for (size_t i = 0; make && rc == STRATA_OK && i < n; i++) {
+        strata_payload *p = NULL;
+        rc = chain_part(parts[i], lens[i], i, target, &first, &at, hex, &p, diag);
+        if (rc == STRATA_OK) {
+            swap_based(p->layers, bl, based, nt);
+            rc = strata_payload_encode(p, zstd_level, &enc[i], &el[i], diag);
+            swap_based(p->layers, bl, based, nt);
+            round = p->round;
+        }
+        strata_payload_free(p);
     }
-    if (rc == STRATA_OK && nb > 0) {
+    if (make && rc == STRATA_OK) {
         for (size_t k = 0; k < nt; k++)
             if (based[k]) {
                 bl[k].comp = STRATA_COMP_NONE;
@@ -344,7 +382,7 @@ int strata_downlink_chain_compact(const uint8_t *const *parts, const size_t *len
                          (unsigned long long)first, (unsigned long long)at, want);
         if (m < 0 || (size_t)m >= sizeof(buf) || (meta = strdup(buf)) == NULL)
             rc = STRATA_ENOMEM;
-        strata_payload b = {.round = p[n - 1]->round,
+        strata_payload b = {.round = round,
                             .model_version = at,
                             .num_layers = nt,
                             .layers = bl,
@@ -352,7 +390,7 @@ int strata_downlink_chain_compact(const uint8_t *const *parts, const size_t *len
         if (rc == STRATA_OK)
             rc = strata_payload_encode(&b, zstd_level, &enc[n], &el[n], diag);
     }
-    if (rc == STRATA_OK && nb > 0) {
+    if (make && rc == STRATA_OK) {
         size_t plain = 8, compact = 8;
         for (size_t i = 0; i < n; i++)
             plain += 4 + lens[i];
@@ -361,11 +399,8 @@ int strata_downlink_chain_compact(const uint8_t *const *parts, const size_t *len
         if (compact < plain)
             rc = strata_downlink_chain_encode((const uint8_t *const *)enc, el, n + 1, out, len);
     }
-    for (size_t i = 0; p != NULL && i < n; i++)
-        strata_payload_free(p[i]);
     for (size_t i = 0; enc != NULL && i <= n; i++)
         free(enc[i]);
-    free(p);
     free(cost);
     free(based);
     free(enc);
