@@ -251,11 +251,8 @@ static double base_cost(uint64_t numel)
     return strata_clayer_cost_bytes(&b, STRATA_VALUES_FP32, 1, shape, numel);
 }
 
-/* What a base costs beyond its layers (payload header, metadata with its
- * digest, checksum, zstd frame, chain entry), and what a layer that
- * carries nothing costs after zstd, in bytes (measured: about 150, and 3
- * to 7 depending on the layer count). */
-#define BASE_OVERHEAD_BYTES 160.0
+/* What a layer that carries nothing costs after zstd, in bytes (measured:
+ * 3 to 7 depending on the layer count). */
 #define EMPTY_LAYER_BYTES 5.0
 
 /* Swaps the layers of the based tensors between a and b. */
@@ -336,10 +333,10 @@ int strata_downlink_chain_compact(const uint8_t *const *parts, const size_t *len
                                  "chain: the last delta's digest is not the target model's");
     }
     /* A tensor goes in the base when its layers, less the empty layers
-     * they leave in each delta, cost more than its values; the base is
-     * made only when what the tensors save pays for the base itself. */
+     * they leave in each delta, are estimated to cost more than its
+     * values; the base is kept only when the chain comes out smaller (the
+     * estimates leave out the base's own header and metadata). */
     size_t nb = 0;
-    double gain = 0.0;
     for (size_t k = 0; rc == STRATA_OK && k < nt; k++) {
         uint64_t numel = target->items[k].numel;
         bl[k] = (strata_clayer){.layer_index = (uint32_t)k,
@@ -350,11 +347,9 @@ int strata_downlink_chain_compact(const uint8_t *const *parts, const size_t *len
         if (g > 0.0) {
             based[k] = 1;
             nb++;
-            gain += g;
         }
     }
-    int make = rc == STRATA_OK && nb > 0 &&
-               gain > BASE_OVERHEAD_BYTES + (double)(nt - nb) * EMPTY_LAYER_BYTES;
+    int make = rc == STRATA_OK && nb > 0;
     /* Pass 2: each delta without the based tensors, their layers swapped
      * for empty ones while it is encoded, then put back (the payload owns
      * them). */
