@@ -211,9 +211,7 @@ int strata_downlink_apply_base(strata_tensor_list *m, const strata_payload *p, s
         for (uint64_t k = 0; k < c->count; k++)
             if (!isfinite(c->values[k]))
                 return strata_diag_set(diag, STRATA_EPROTO,
-                                       "base: layer %zu has a value that "
-                                       "is not finite",
-                                       i);
+                                       "base: layer %zu: a value is not finite", i);
     }
     for (size_t i = 0; i < m->count; i++)
         if (!layer_is_empty(&p->layers[i]))
