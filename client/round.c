@@ -92,6 +92,20 @@ static void cache_model(const strata_client_round_ctx *c, strata_model *m, uint6
     free(buf);
 }
 
+/* Writes m's digest to got and compares it with the coordinator's, hex,
+ * for version v. */
+static int check_digest(strata_model *m, uint64_t v, const char *hex,
+                        char got[STRATA_DIGEST_HEX_SIZE], strata_diag *d)
+{
+    strata_downlink_digest(strata_model_params(m), got);
+    if (strcmp(got, hex) != 0)
+        return strata_diag_set(d, STRATA_EPROTO,
+                               "the model rebuilt for version %llu has digest %.16s..., the "
+                               "coordinator's is %.16s...",
+                               (unsigned long long)v, got, hex);
+    return STRATA_OK;
+}
+
 /* Brings the cached model of version `from` to t's version with the chain
  * of deltas (GET /v1/models/{v}/delta?from=u), checking every step's digest
  * (for a chain that ends with a base, the digest after the base) and the
@@ -164,14 +178,8 @@ static int fetch_deltas(const strata_client_round_ctx *c, const strata_task *t, 
         if (rc == 0)
             rc = strata_downlink_apply(strata_model_params(*m), p, &d);
         strata_payload_free(p);
-        if (rc == 0 && base == NULL) {
-            strata_downlink_digest(strata_model_params(*m), got);
-            if (strcmp(got, hex) != 0)
-                rc = strata_diag_set(&d, STRATA_EPROTO,
-                                     "the model rebuilt for version %llu has digest %.16s..., "
-                                     "the coordinator's is %.16s...",
-                                     (unsigned long long)pt, got, hex);
-        }
+        if (rc == 0 && base == NULL)
+            rc = check_digest(*m, pt, hex, got, &d);
         at = pt;
     }
     strata_payload_free(last);
@@ -188,14 +196,8 @@ static int fetch_deltas(const strata_client_round_ctx *c, const strata_task *t, 
                                  (unsigned long long)from, (unsigned long long)at);
         if (rc == 0)
             rc = strata_downlink_apply_base(strata_model_params(*m), base, &d);
-        if (rc == 0) {
-            strata_downlink_digest(strata_model_params(*m), got);
-            if (strcmp(got, hex) != 0)
-                rc = strata_diag_set(&d, STRATA_EPROTO,
-                                     "the model rebuilt for version %llu has digest %.16s..., "
-                                     "the coordinator's is %.16s...",
-                                     (unsigned long long)bt, got, hex);
-        }
+        if (rc == 0)
+            rc = check_digest(*m, bt, hex, got, &d);
     }
     int base_used = base != NULL;
     strata_payload_free(base);

@@ -22,6 +22,25 @@ static void make(strata_tensor_list *l, uint64_t seed, float scale)
             l->items[i].data[k] = scale * (float)(strata_rng_uniform(&r) - 0.5);
 }
 
+/* What the coordinator publishes for version v: the delta payload of
+ * layers (freed here) with x̂'s digest hex, encoded at zstd level into
+ * *wire (free()). */
+static void publish(const strata_tensor_list *xs, strata_clayer *layers, uint32_t v, int level,
+                    char hex[STRATA_DIGEST_HEX_SIZE], uint8_t **wire, size_t *len)
+{
+    char *meta = NULL;
+    strata_downlink_digest(xs, hex);
+    CU_ASSERT_EQUAL_FATAL(strata_downlink_meta(v - 1, v, hex, &meta), STRATA_OK);
+    strata_payload p = {.round = v - 1,
+                        .model_version = v,
+                        .num_layers = 2,
+                        .layers = layers,
+                        .metadata_json = meta};
+    CU_ASSERT_EQUAL_FATAL(strata_payload_encode(&p, level, wire, len, NULL), STRATA_OK);
+    strata_clayers_free(layers, 2);
+    free(meta);
+}
+
 static void test_digest(void)
 {
     strata_tensor_list m;
@@ -85,19 +104,10 @@ static void test_step_apply_agree(void)
                 CU_ASSERT_EQUAL(layers[1].comp, STRATA_COMP_NONE);
                 CU_ASSERT_EQUAL(layers[1].values_format, STRATA_VALUES_BF16);
             }
-            char hex[STRATA_DIGEST_HEX_SIZE], *meta = NULL;
-            strata_downlink_digest(&xs, hex);
-            CU_ASSERT_EQUAL_FATAL(strata_downlink_meta(v - 1, v, hex, &meta), STRATA_OK);
-            strata_payload p = {.round = v - 1,
-                                .model_version = v,
-                                .num_layers = 2,
-                                .layers = layers,
-                                .metadata_json = meta};
+            char hex[STRATA_DIGEST_HEX_SIZE];
             uint8_t *wire = NULL;
             size_t len = 0;
-            CU_ASSERT_EQUAL_FATAL(strata_payload_encode(&p, 1, &wire, &len, NULL), STRATA_OK);
-            strata_clayers_free(layers, 2);
-            free(meta);
+            publish(&xs, layers, v, 1, hex, &wire, &len);
             strata_payload *q = NULL;
             CU_ASSERT_EQUAL_FATAL(strata_payload_decode(wire, len, NULL, &q, NULL), STRATA_OK);
             uint64_t from = 0, to = 0;
@@ -210,17 +220,8 @@ static void make_deltas(strata_tensor_list *x, strata_tensor_list *xs, uint32_t 
         strata_tensor_list_cleanup(&step);
         strata_clayer *layers = NULL;
         CU_ASSERT_EQUAL_FATAL(strata_downlink_step(xs, x, &b, v, &layers, NULL), STRATA_OK);
-        char hex[STRATA_DIGEST_HEX_SIZE], *meta = NULL;
-        strata_downlink_digest(xs, hex);
-        CU_ASSERT_EQUAL_FATAL(strata_downlink_meta(v - 1, v, hex, &meta), STRATA_OK);
-        strata_payload p = {.round = v - 1,
-                            .model_version = v,
-                            .num_layers = 2,
-                            .layers = layers,
-                            .metadata_json = meta};
-        CU_ASSERT_EQUAL_FATAL(strata_payload_encode(&p, 3, &wire[v], &lens[v], NULL), STRATA_OK);
-        strata_clayers_free(layers, 2);
-        free(meta);
+        char hex[STRATA_DIGEST_HEX_SIZE];
+        publish(xs, layers, v, 3, hex, &wire[v], &lens[v]);
     }
 }
 
