@@ -182,6 +182,13 @@ struct srv_engine {
     strata_zctx *zctx;      /* the cache's encoder: start-up and the round thread */
     strata_zctx *old_zctx;  /* older versions' encoder, under old_mu */
     pthread_mutex_t old_mu; /* guards old_zctx only */
+    /* x̂ of the version chain bases were last made for, and its digest,
+     * read from its checkpoint by the first chain request for that
+     * version; under chain_mu, which also makes one compaction at a time. */
+    pthread_mutex_t chain_mu;
+    strata_tensor_list chain_xhat;
+    uint64_t chain_version;
+    char chain_digest[STRATA_DIGEST_HEX_SIZE];
 
     /* ---- downlink.c: with --downlink other than none, model is the
      * server's model x and xhat the model the clients hold (x̂), published

@@ -26,6 +26,9 @@
 int srv__models_init(srv_engine *e)
 {
     pthread_mutex_init(&e->old_mu, NULL);
+    pthread_mutex_init(&e->chain_mu, NULL);
+    strata_tensor_list_init(&e->chain_xhat);
+    e->chain_digest[0] = '\0';
     int rc = strata_zctx_new(&e->zctx);
     return rc < 0 ? rc : strata_zctx_new(&e->old_zctx);
 }
@@ -69,6 +72,8 @@ void srv__models_cleanup(srv_engine *e)
     strata_zctx_free(e->old_zctx);
     e->zctx = e->old_zctx = NULL;
     pthread_mutex_destroy(&e->old_mu);
+    strata_tensor_list_cleanup(&e->chain_xhat);
+    pthread_mutex_destroy(&e->chain_mu);
 }
 
 /* An older version: its checkpoint file, compressed when asked. No lock. */
@@ -188,24 +193,34 @@ void srv_engine_model_init(srv_engine *e, srv_result *r)
 
 /* The chain of n deltas (parts, lens) that ends at version `to`, compacted
  * with a base where that is smaller (strata_downlink_chain_compact), with
- * x̂ of `to` read from its checkpoint (written before the version is
- * published, never removed). NULL in *out when the plain chain is to be
- * served: compaction gains nothing or failed (logged: the plain chain is
- * still a correct answer, so no failure here fails the request). */
+ * x̂ of `to` from its checkpoint (written before the version is published,
+ * never removed), kept with its digest for the next request of the same
+ * version. NULL in *out when the plain chain is to be served: compaction
+ * gains nothing or failed (logged: the plain chain is still a correct
+ * answer, so no failure here fails the request). */
 static void chain_compact(srv_engine *e, uint64_t to, uint8_t *const *parts, const size_t *lens,
                           size_t n, uint8_t **out, size_t *len)
 {
-    strata_tensor_list x;
-    strata_tensor_list_init(&x);
     strata_diag d = {{0}};
-    char path[4096];
-    int rc = strata_store_checkpoint_path(e->store, to, path, sizeof(path), &d);
+    int rc = 0;
+    pthread_mutex_lock(&e->chain_mu);
+    if (e->chain_digest[0] == '\0' || e->chain_version != to) {
+        char path[4096];
+        strata_tensor_list_cleanup(&e->chain_xhat);
+        strata_tensor_list_init(&e->chain_xhat);
+        e->chain_digest[0] = '\0';
+        rc = strata_store_checkpoint_path(e->store, to, path, sizeof(path), &d);
+        if (rc == 0)
+            rc = strata_safetensors_read(path, OLD_MODEL_MAX, &e->chain_xhat, NULL, &d);
+        if (rc == 0) {
+            strata_downlink_digest(&e->chain_xhat, e->chain_digest);
+            e->chain_version = to;
+        }
+    }
     if (rc == 0)
-        rc = strata_safetensors_read(path, OLD_MODEL_MAX, &x, NULL, &d);
-    if (rc == 0)
-        rc = strata_downlink_chain_compact((const uint8_t *const *)parts, lens, n, &x, ZSTD_LEVEL,
-                                           out, len, &d);
-    strata_tensor_list_cleanup(&x);
+        rc = strata_downlink_chain_compact((const uint8_t *const *)parts, lens, n, &e->chain_xhat,
+                                           e->chain_digest, ZSTD_LEVEL, out, len, &d);
+    pthread_mutex_unlock(&e->chain_mu);
     if (rc < 0)
         strata_log_warn("model %llu: the chain of %zu deltas is served without a base: %s",
                         (unsigned long long)to, n, strata_diag_msg(&d, rc));

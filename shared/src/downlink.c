@@ -298,8 +298,8 @@ static int chain_part(const uint8_t *buf, size_t len, size_t i, const strata_ten
 }
 
 int strata_downlink_chain_compact(const uint8_t *const *parts, const size_t *lens, size_t n,
-                                  const strata_tensor_list *target, int zstd_level, uint8_t **out,
-                                  size_t *len, strata_diag *diag)
+                                  const strata_tensor_list *target, const char *target_digest,
+                                  int zstd_level, uint8_t **out, size_t *len, strata_diag *diag)
 {
     *out = NULL;
     *len = 0;
@@ -325,7 +325,10 @@ int strata_downlink_chain_compact(const uint8_t *const *parts, const size_t *len
         strata_payload_free(p);
     }
     if (rc == STRATA_OK) {
-        strata_downlink_digest(target, want);
+        if (target_digest != NULL)
+            snprintf(want, sizeof(want), "%s", target_digest);
+        else
+            strata_downlink_digest(target, want);
         if (strcmp(want, hex) != 0)
             rc = strata_diag_set(diag, STRATA_EINVAL,
                                  "chain: the last delta's digest is not the target model's");

@@ -277,10 +277,24 @@ static void test_chain_compact(void)
     CU_ASSERT_EQUAL_FATAL(strata_downlink_chain_encode(parts, &lens[1], N, &plain, &plain_len),
                           STRATA_OK);
     CU_ASSERT_EQUAL_FATAL(
-        strata_downlink_chain_compact(parts, &lens[1], N, &xs, 3, &comp, &comp_len, NULL),
+        strata_downlink_chain_compact(parts, &lens[1], N, &xs, NULL, 3, &comp, &comp_len, NULL),
         STRATA_OK);
     CU_ASSERT_PTR_NOT_NULL_FATAL(comp);
     CU_ASSERT(comp_len < plain_len);
+    /* The same with x̂'s digest given; a digest that is not x̂'s refused. */
+    uint8_t *again = NULL;
+    size_t again_len = 0;
+    CU_ASSERT_EQUAL(
+        strata_downlink_chain_compact(parts, &lens[1], N, &xs, want, 3, &again, &again_len, NULL),
+        STRATA_OK);
+    CU_ASSERT(again != NULL && again_len == comp_len && memcmp(again, comp, comp_len) == 0);
+    free(again);
+    char other[STRATA_DIGEST_HEX_SIZE];
+    memset(other, '0', STRATA_DIGEST_HEX_SIZE - 1);
+    other[STRATA_DIGEST_HEX_SIZE - 1] = '\0';
+    CU_ASSERT_EQUAL(
+        strata_downlink_chain_compact(parts, &lens[1], N, &xs, other, 3, &again, &again_len, NULL),
+        STRATA_EINVAL);
 
     /* The client reaches x̂ of version N from version 0 either way. */
     int based = 0;
@@ -358,31 +372,34 @@ static void test_chain_compact(void)
      * (what it would save does not pay for a base). */
     uint8_t *one = NULL;
     size_t one_len = 7;
-    CU_ASSERT_EQUAL(
-        strata_downlink_chain_compact(parts + N - 1, &lens[N], 1, &xs, 3, &one, &one_len, NULL),
-        STRATA_OK);
+    CU_ASSERT_EQUAL(strata_downlink_chain_compact(parts + N - 1, &lens[N], 1, &xs, NULL, 3, &one,
+                                                  &one_len, NULL),
+                    STRATA_OK);
     CU_ASSERT_PTR_NULL(one);
     CU_ASSERT_EQUAL(one_len, 0);
-    CU_ASSERT_EQUAL(
-        strata_downlink_chain_compact(parts + N - 2, &lens[N - 1], 2, &xs, 3, &one, &one_len, NULL),
-        STRATA_OK);
+    CU_ASSERT_EQUAL(strata_downlink_chain_compact(parts + N - 2, &lens[N - 1], 2, &xs, NULL, 3,
+                                                  &one, &one_len, NULL),
+                    STRATA_OK);
     CU_ASSERT_PTR_NULL(one);
 
     /* Refused: a target that is not the last delta's model, deltas that do
      * not follow each other, a part that is not a payload. */
     xs.items[1].data[0] += 1.0f;
-    CU_ASSERT_EQUAL(strata_downlink_chain_compact(parts, &lens[1], N, &xs, 3, &one, &one_len, &d),
-                    STRATA_EINVAL);
+    CU_ASSERT_EQUAL(
+        strata_downlink_chain_compact(parts, &lens[1], N, &xs, NULL, 3, &one, &one_len, &d),
+        STRATA_EINVAL);
     xs.items[1].data[0] -= 1.0f;
     const uint8_t *gap[] = {wire[1], wire[3]};
     size_t gap_lens[] = {lens[1], lens[3]};
-    CU_ASSERT_EQUAL(strata_downlink_chain_compact(gap, gap_lens, 2, &xs, 3, &one, &one_len, &d),
-                    STRATA_EPROTO);
+    CU_ASSERT_EQUAL(
+        strata_downlink_chain_compact(gap, gap_lens, 2, &xs, NULL, 3, &one, &one_len, &d),
+        STRATA_EPROTO);
     const uint8_t junk[] = {1, 2, 3, 4};
     const uint8_t *bad[] = {wire[1], junk};
     size_t bad_lens[] = {lens[1], sizeof(junk)};
-    CU_ASSERT_EQUAL(strata_downlink_chain_compact(bad, bad_lens, 2, &xs, 3, &one, &one_len, &d),
-                    STRATA_EPROTO);
+    CU_ASSERT_EQUAL(
+        strata_downlink_chain_compact(bad, bad_lens, 2, &xs, NULL, 3, &one, &one_len, &d),
+        STRATA_EPROTO);
 
     for (size_t v = 1; v <= N; v++)
         free(wire[v]);

@@ -111,7 +111,8 @@ int strata_downlink_apply_base(strata_tensor_list *m, const strata_payload *p, s
 
 /* Compacts the chain of n delta payloads (parts[i], lens[i] bytes;
  * borrowed, oldest first) that ends at x̂ = target (borrowed; the model of
- * the last delta's version, whose digest it must have): every tensor
+ * the last delta's version, whose digest it must have; target_digest, when
+ * not NULL, is taken as target's digest instead of computing it): every tensor
  * whose layers in the n deltas are estimated (strata_clayer_cost_bytes) to
  * cost more than its float32 values is emptied in each delta and set by a
  * base at the end (see the file comment). On success *out (free()) holds
@@ -123,8 +124,8 @@ int strata_downlink_apply_base(strata_tensor_list *m, const strata_payload *p, s
  * or above STRATA_DOWNLINK_MAX_CHAIN - 1), STRATA_ENOMEM. zstd_level as
  * for strata_payload_encode. */
 int strata_downlink_chain_compact(const uint8_t *const *parts, const size_t *lens, size_t n,
-                                  const strata_tensor_list *target, int zstd_level, uint8_t **out,
-                                  size_t *len, strata_diag *diag);
+                                  const strata_tensor_list *target, const char *target_digest,
+                                  int zstd_level, uint8_t **out, size_t *len, strata_diag *diag);
 
 /* Encodes n delta payloads (parts[i], lens[i] bytes; borrowed) as a chain
  * into a new buffer *out (free()) of *len bytes. Errors: STRATA_EINVAL (n 0
