@@ -30,9 +30,9 @@
  * version, V its last) and whose layers are either NONE with the float32
  * values of x̂ at V (the layer is set to them) or TOPK with no element
  * (the layer is left as the deltas made it). In such a chain the layers
- * the base sets are empty in the deltas before it (strata_downlink_chain_
- * compact): a tensor whose deltas together cost more than its values
- * travels once, as values. The deltas of a based chain do not reproduce
+ * the base sets are empty in the deltas before it (see
+ * strata_downlink_chain_compact): a tensor whose deltas together cost more
+ * than its values travels once, as values. The deltas of a based chain do not reproduce
  * the digests their metadata name; only the result after the base does.
  *
  * Functions keep no state; thread-safe for distinct arguments. */
