@@ -195,11 +195,13 @@ void srv_engine_model_init(srv_engine *e, srv_result *r)
  * with a base where that is smaller (strata_downlink_chain_compact), with
  * x̂ of `to` from its checkpoint (written before the version is published,
  * never removed), kept with its digest for the next request of the same
- * version. NULL in *out when the plain chain is to be served: compaction
- * gains nothing or failed (logged: the plain chain is still a correct
- * answer, so no failure here fails the request). */
-static void chain_compact(srv_engine *e, uint64_t to, uint8_t *const *parts, const size_t *lens,
-                          size_t n, uint8_t **out, size_t *len)
+ * version. to_digest is x̂'s digest when the caller knows it (`to` is the
+ * served version), else NULL and it is computed. NULL in *out when the
+ * plain chain is to be served: compaction gains nothing or failed (logged:
+ * the plain chain is still a correct answer, so no failure here fails the
+ * request). */
+static void chain_compact(srv_engine *e, uint64_t to, const char *to_digest, uint8_t *const *parts,
+                          const size_t *lens, size_t n, uint8_t **out, size_t *len)
 {
     strata_diag d = {{0}};
     int rc = 0;
@@ -213,7 +215,10 @@ static void chain_compact(srv_engine *e, uint64_t to, uint8_t *const *parts, con
         if (rc == 0)
             rc = strata_safetensors_read(path, OLD_MODEL_MAX, &e->chain_xhat, NULL, &d);
         if (rc == 0) {
-            strata_downlink_digest(&e->chain_xhat, e->chain_digest);
+            if (to_digest != NULL)
+                memcpy(e->chain_digest, to_digest, sizeof(e->chain_digest));
+            else
+                strata_downlink_digest(&e->chain_xhat, e->chain_digest);
             e->chain_version = to;
         }
     }
@@ -236,6 +241,8 @@ void srv_engine_model_delta(srv_engine *e, uint64_t to, uint64_t from, const cha
     uint64_t cur = e->version;
     size_t snapshot = e->cache.zst_len;
     int on = e->xhat != NULL;
+    char cur_digest[STRATA_DIGEST_HEX_SIZE];
+    memcpy(cur_digest, e->digest, sizeof(cur_digest));
     pthread_mutex_unlock(&e->mu);
     if (!on) {
         srv_result_error(r, SRV_E_NOT_FOUND,
@@ -284,7 +291,7 @@ void srv_engine_model_delta(srv_engine *e, uint64_t to, uint64_t from, const cha
     size_t len = 0;
     int plain = rc == 0 && !missing && total < snapshot;
     if (plain && n >= 2 && n < STRATA_DOWNLINK_MAX_CHAIN)
-        chain_compact(e, to, parts, lens, n, &chain, &len);
+        chain_compact(e, to, to == cur ? cur_digest : NULL, parts, lens, n, &chain, &len);
     if (rc == 0 && plain && chain == NULL)
         rc = strata_downlink_chain_encode((const uint8_t *const *)parts, lens, n, &chain, &len);
     for (size_t i = 0; parts != NULL && i < n; i++)
