@@ -407,9 +407,10 @@ char *srv_config_json(const srv_config *cfg, int full)
         else if (od->kind == STRATA_OPT_STRING)
             v = *(char *const *)p ? json_string(*(char *const *)p) : json_null();
         else if (od->kind == STRATA_OPT_INTEGER)
-            v = json_integer(*(const long *)p);
+            v = *(const long *)p == 0 && od->min > 0 ? json_null() : json_integer(*(const long *)p);
         else
-            v = json_real(*(const double *)p);
+            v = *(const double *)p == 0 && od->min > 0 ? json_null()
+                                                       : json_real(*(const double *)p);
         json_object_set_new(o, od->key, v);
     }
     char *s = json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER);

@@ -46,7 +46,10 @@ void srv_config_cleanup(srv_config *cfg);
 int srv_config_parse(srv_config *cfg, int argc, char **argv, strata_diag *diag);
 
 /* The configuration as a new JSON object text (free()); NULL when out of
- * memory. The enrolment secret is never shown (true: one is set). full = 0
+ * memory. The enrolment secret is never shown (true: one is set); a
+ * number left unset (0 where the option's minimum is above 0: fraction,
+ * clients_per_round, max_body_bytes) is null, which a config file reads
+ * back as unset. full = 0
  * also leaves out file paths and TLS settings (the public /v1/status view);
  * full = 1 is the admin view. */
 char *srv_config_json(const srv_config *cfg, int full);

@@ -77,7 +77,8 @@ static int get(sim_follow *f, const char *path, size_t max_body, strata_http_res
 }
 
 /* Decodes a /v1/status body: its state and total_rounds, and its config
- * object into *config (new compact JSON text; NULL when absent). */
+ * object into *config (new indented JSON text; NULL when absent), less the
+ * enrolment_secret flag, so that strata-server --config reads it back. */
 static int decode_status(const strata_http_response *resp, sim_run_state *state, uint32_t *total,
                          char **config, strata_diag *diag)
 {
@@ -108,6 +109,8 @@ static int decode_status(const strata_http_response *resp, sim_run_state *state,
     *state = (sim_run_state)k;
     *total = (uint32_t)t;
     json_t *cfg = json_object_get(j, "config");
+    if (json_is_object(cfg))
+        json_object_del(cfg, "enrolment_secret"); /* true or false, never the secret */
     if (json_is_object(cfg) &&
         (*config = json_dumps(cfg, JSON_INDENT(2) | JSON_PRESERVE_ORDER)) == NULL)
         rc = strata_diag_set(diag, STRATA_ENOMEM, "GET /v1/status: out of memory");

@@ -149,9 +149,10 @@ int sim_follow_poll(sim_follow *f, sim_round_fn fn, void *ud, strata_diag *diag)
 /* The progress as of the last poll (borrowed from f). */
 const sim_progress *sim_follow_progress(const sim_follow *f);
 
-/* The coordinator's settings (the "config" object of GET /v1/status) as of
- * the last poll that had them, as indented JSON text borrowed from f; NULL
- * before. */
+/* The coordinator's settings (the "config" object of GET /v1/status, less
+ * its enrolment_secret flag: a config file for strata-server --config) as
+ * of the last poll that had them, as indented JSON text borrowed from f;
+ * NULL before. */
 const char *sim_follow_config(const sim_follow *f);
 
 /* The name of a state as GET /v1/status spells it. */

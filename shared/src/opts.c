@@ -161,6 +161,8 @@ int strata_opts_parse_argv(const strata_opt *table, size_t n, int argc, char *co
 static int set_json(void *dst, const strata_opt *o, const json_t *v, strata_diag *d)
 {
     char text[64];
+    if (json_is_null(v)) /* not set: the value before stays */
+        return STRATA_OK;
     switch (o->kind) {
     case STRATA_OPT_STRING:
         if (!json_is_string(v))

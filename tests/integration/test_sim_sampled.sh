@@ -111,6 +111,28 @@ grep -q '"clients_per_round": 5' "$cfg" || fail "clients_per_round not passed: $
 grep -q '"momentum": 0.5' "$cfg" || fail "momentum not passed"
 grep -q '"clip_norm": 50' "$cfg" || fail "clip_norm not passed"
 grep -q '"server_opt": "fedavgm"' "$cfg" || fail "server_opt not passed"
+# coordinator.json is a config file strata-server reads back: a
+# coordinator started from it (with the secret, a state directory and the
+# data, which it leaves out) reports the same settings.
+grep -q '"fraction": null' "$cfg" || fail "an unset fraction is not null: $(cat "$cfg")"
+! grep -q enrolment_secret "$cfg" || fail "coordinator.json names the enrolment secret"
+"$BUILD/strata-server" --config "$cfg" --enrolment-secret-file "$OUT/enrolment.secret" \
+    --state-dir "$WORK/reload" --data "$DATA" >"$WORK/reload.out" 2>"$WORK/reload.err" &
+PIDS+=($!)
+wait_listening "$!" "$WORK/reload.out" "$WORK/reload.err"
+C=(curl -sS --max-time 10)
+get /v1/status >"$WORK/reload.json"
+python3 - "$cfg" "$WORK/reload.json" <<'PY' || fail "the reloaded coordinator's settings differ"
+import json, sys
+want = json.load(open(sys.argv[1]))
+got = json.load(open(sys.argv[2]))["config"]
+got.pop("enrolment_secret")
+diff = sorted(k for k in set(want) | set(got) if want.get(k, "-") != got.get(k, "-"))
+if diff or len(want) < 40:
+    sys.exit("keys %s: file %s, coordinator %s" % (diff, [want.get(k) for k in diff], [got.get(k) for k in diff]))
+PY
+stop_all
+PIDS=()
 # The client options reached every client sampled.
 n=0
 for f in "$WORK"/cmdline.*; do

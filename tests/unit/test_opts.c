@@ -138,6 +138,8 @@ static const json_case JSON_CASES[] = {
     {"{}", 0, NULL, 30, 0.05, 0, "default"},
     {"{\"rounds\": 4, \"lr\": 1, \"json\": true, \"name\": \"n\"}", 0, NULL, 4, 1, 1, "n"},
     {"{\"lr\": 0.25, \"json\": false}", 0, NULL, 30, 0.25, 0, "default"},
+    {"{\"rounds\": null, \"lr\": null, \"json\": null, \"name\": null}", 0, NULL, 30, 0.05, 0,
+     "default"},
     {.json = "{\"bogus_key\": 3}", .rc = STRATA_EINVAL, .msg = "config: unknown key \"bogus_key\""},
     {.json = "{\"min-clients\": 3}", .rc = STRATA_EINVAL, .msg = "unknown key \"min-clients\""},
     {.json = "{\"rounds\": \"5\"}",
