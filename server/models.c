@@ -196,7 +196,10 @@ void srv_engine_model_init(srv_engine *e, srv_result *r)
  * x̂ of `to` from its checkpoint (written before the version is published,
  * never removed), kept with its digest for the next request of the same
  * version. to_digest is x̂'s digest when the caller knows it (`to` is the
- * served version), else NULL and it is computed. NULL in *out when the
+ * served version), else NULL and it is computed; a given digest is not
+ * checked against the checkpoint, so a checkpoint damaged on disk gives
+ * clients a base whose digest check fails and sends them to the snapshot,
+ * which comes from memory. NULL in *out when the
  * plain chain is to be served: compaction gains nothing or failed (logged:
  * the plain chain is still a correct answer, so no failure here fails the
  * request). */

@@ -65,11 +65,12 @@ int strata_opts_parse_argv(const strata_opt *table, size_t n, int argc, char *co
 /* Applies one JSON object of len bytes at json (borrowed) to dst: every
  * key must be in the table with a value of its kind (a string, an integer,
  * a number, a boolean) in range, or null, which leaves the option as it
- * was (its default, unless an earlier document set it). Strict: unknown keys, wrong types, values
- * out of range, duplicate keys, invalid JSON and documents above
- * STRATA_OPTS_JSON_MAX bytes are errors (STRATA_EINVAL; STRATA_ETOOBIG for
- * the size; STRATA_ENOMEM) whose message starts "config: " and names the
- * key. On error dst holds the keys applied before the failing one. */
+ * was (its default, unless an earlier document set it). Strict: unknown
+ * keys, wrong types, values out of range, duplicate keys, invalid JSON and
+ * documents above STRATA_OPTS_JSON_MAX bytes are errors (STRATA_EINVAL;
+ * STRATA_ETOOBIG for the size; STRATA_ENOMEM) whose message starts
+ * "config: " and names the key. On error dst holds the keys applied before
+ * the failing one. */
 int strata_opts_apply_json(const strata_opt *table, size_t n, const char *json, size_t len,
                            void *dst, strata_diag *diag);
 
