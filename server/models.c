@@ -199,10 +199,9 @@ void srv_engine_model_init(srv_engine *e, srv_result *r)
  * served version), else NULL and it is computed; a given digest is not
  * checked against the checkpoint, so a checkpoint damaged on disk gives
  * clients a base whose digest check fails and sends them to the snapshot,
- * which comes from memory. NULL in *out when the
- * plain chain is to be served: compaction gains nothing or failed (logged:
- * the plain chain is still a correct answer, so no failure here fails the
- * request). */
+ * which comes from memory. NULL in *out when the plain chain is to be
+ * served: compaction gains nothing or failed (logged: the plain chain is
+ * still a correct answer, so no failure here fails the request). */
 static void chain_compact(srv_engine *e, uint64_t to, const char *to_digest, uint8_t *const *parts,
                           const size_t *lens, size_t n, uint8_t **out, size_t *len)
 {

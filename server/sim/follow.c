@@ -109,11 +109,11 @@ static int decode_status(const strata_http_response *resp, sim_run_state *state,
     *state = (sim_run_state)k;
     *total = (uint32_t)t;
     json_t *cfg = json_object_get(j, "config");
-    if (json_is_object(cfg))
+    if (json_is_object(cfg)) {
         json_object_del(cfg, "enrolment_secret"); /* true or false, never the secret */
-    if (json_is_object(cfg) &&
-        (*config = json_dumps(cfg, JSON_INDENT(2) | JSON_PRESERVE_ORDER)) == NULL)
-        rc = strata_diag_set(diag, STRATA_ENOMEM, "GET /v1/status: out of memory");
+        if ((*config = json_dumps(cfg, JSON_INDENT(2) | JSON_PRESERVE_ORDER)) == NULL)
+            rc = strata_diag_set(diag, STRATA_ENOMEM, "GET /v1/status: out of memory");
+    }
 out:
     json_decref(j);
     return rc;

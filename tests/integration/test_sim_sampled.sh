@@ -118,8 +118,9 @@ grep -q '"fraction": null' "$cfg" || fail "an unset fraction is not null: $(cat 
 ! grep -q enrolment_secret "$cfg" || fail "coordinator.json names the enrolment secret"
 "$BUILD/strata-server" --config "$cfg" --enrolment-secret-file "$OUT/enrolment.secret" \
     --state-dir "$WORK/reload" --data "$DATA" >"$WORK/reload.out" 2>"$WORK/reload.err" &
-PIDS+=($!)
-wait_listening "$!" "$WORK/reload.out" "$WORK/reload.err"
+reload=$!
+PIDS+=("$reload")
+wait_listening "$reload" "$WORK/reload.out" "$WORK/reload.err"
 C=(curl -sS --max-time 10)
 get /v1/status >"$WORK/reload.json"
 python3 - "$cfg" "$WORK/reload.json" <<'PY' || fail "the reloaded coordinator's settings differ"
@@ -131,8 +132,8 @@ diff = sorted(k for k in set(want) | set(got) if want.get(k, "-") != got.get(k, 
 if diff or len(want) < 40:
     sys.exit("keys %s: file %s, coordinator %s" % (diff, [want.get(k) for k in diff], [got.get(k) for k in diff]))
 PY
-stop_all
-PIDS=()
+kill "$reload"
+reap "$reload"
 # The client options reached every client sampled.
 n=0
 for f in "$WORK"/cmdline.*; do

@@ -32,8 +32,9 @@
  * (the layer is left as the deltas made it). In such a chain the layers
  * the base sets are empty in the deltas before it (see
  * strata_downlink_chain_compact): a tensor whose deltas together cost more
- * than its values travels once, as values. The deltas of a based chain do not reproduce
- * the digests their metadata name; only the result after the base does.
+ * than its values travels once, as values. The deltas of a based chain do
+ * not reproduce the digests their metadata name; only the result after the
+ * base does.
  *
  * Functions keep no state; thread-safe for distinct arguments. */
 #ifndef STRATA_DOWNLINK_H
@@ -112,9 +113,10 @@ int strata_downlink_apply_base(strata_tensor_list *m, const strata_payload *p, s
 /* Compacts the chain of n delta payloads (parts[i], lens[i] bytes;
  * borrowed, oldest first) that ends at x̂ = target (borrowed; the model of
  * the last delta's version, whose digest it must have; target_digest, when
- * not NULL, is taken as target's digest instead of computing it): every tensor
- * whose layers in the n deltas are estimated (strata_clayer_cost_bytes) to
- * cost more than its float32 values is emptied in each delta and set by a
+ * not NULL, is taken as target's digest instead of computing it): every
+ * tensor whose layers in the n deltas are estimated
+ * (strata_clayer_cost_bytes) to cost more than its float32 values is
+ * emptied in each delta and set by a
  * base at the end (see the file comment). On success *out (free()) holds
  * the compacted chain, or is NULL (and *len 0) when no tensor gains or the
  * result would not be smaller than the plain chain; a client applying it
