@@ -3,6 +3,7 @@
 #include "config.h"
 #include "test_util.h"
 
+#include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -107,12 +108,66 @@ static void test_file_then_command_line(void)
     unlink(path);
 }
 
+/* The public view shows an option left unset (0 where its minimum is above
+ * 0) as null, keeps files and credentials out, and loads back as a --config
+ * file to the same view. */
+static void test_view_round_trip(void)
+{
+    const char *argv[] = {BASE, "--rounds", "9", "--server-lr", "5", "--downlink", "topk:0.01"};
+    srv_config cfg;
+    srv_config_init(&cfg);
+    strata_diag d = {{0}};
+    CU_ASSERT_EQUAL_FATAL(srv_config_parse(&cfg, sizeof(argv) / sizeof(argv[0]), (char **)argv, &d),
+                          0);
+    char *view = srv_config_json(&cfg, 0);
+    char *full = srv_config_json(&cfg, 1);
+    srv_config_cleanup(&cfg);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(view);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(full);
+    json_t *o = json_loads(view, 0, NULL);
+    json_t *f = json_loads(full, 0, NULL);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(o);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(f);
+    CU_ASSERT_TRUE(json_is_null(json_object_get(o, "fraction")));
+    CU_ASSERT_TRUE(json_is_null(json_object_get(o, "clients_per_round")));
+    CU_ASSERT_TRUE(json_is_null(json_object_get(o, "max_body_bytes")));
+    CU_ASSERT_EQUAL(json_integer_value(json_object_get(o, "rounds")), 9);
+    CU_ASSERT_TRUE(json_is_true(json_object_get(o, "enrolment_secret")));
+    CU_ASSERT_PTR_NULL(json_object_get(o, "state_dir"));
+    CU_ASSERT_PTR_NULL(json_object_get(o, "enrolment_secret_file"));
+    CU_ASSERT_STRING_EQUAL(json_string_value(json_object_get(f, "state_dir")), "s");
+
+    /* The view as a config file: the secret flag is not a value to load. */
+    json_object_del(o, "enrolment_secret");
+    char path[] = "/tmp/strata-config-XXXXXX";
+    int fd = mkstemp(path);
+    CU_ASSERT_FATAL(fd >= 0);
+    close(fd);
+    CU_ASSERT_EQUAL_FATAL(json_dump_file(o, path, 0), 0);
+    const char *again[] = {BASE, "--config", path};
+    srv_config_init(&cfg);
+    CU_ASSERT_EQUAL(srv_config_parse(&cfg, sizeof(again) / sizeof(again[0]), (char **)again, &d),
+                    0);
+    char *view2 = srv_config_json(&cfg, 0);
+    CU_ASSERT_PTR_NOT_NULL(view2);
+    if (view2 != NULL)
+        CU_ASSERT_STRING_EQUAL(view2, view);
+    srv_config_cleanup(&cfg);
+    unlink(path);
+    free(view2);
+    json_decref(o);
+    json_decref(f);
+    free(view);
+    free(full);
+}
+
 int main(void)
 {
     CU_TestInfo tests[] = {
         {"usage names every key", test_usage_names_every_key},
         {"command lines", test_parse_table},
         {"file then command line", test_file_then_command_line},
+        {"public view round trip", test_view_round_trip},
         CU_TEST_INFO_NULL,
     };
     CU_SuiteInfo suites[] = {
