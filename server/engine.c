@@ -23,12 +23,19 @@ void srv__opt_path(const srv_engine *e, uint64_t v, char *buf, size_t cap)
         buf[0] = '\0';
 }
 
+/* Images per evaluation batch. A model keeps its activation buffers for the
+ * largest batch it has run (no gradient buffers: the coordinator's models
+ * never run backward), and the coordinator holds the model and, with a
+ * downlink, x̂: for resnet about 125 MB each at 64 against 430 MB at 256,
+ * evaluated as fast (docs/benchmarks.md, "Simulator at scale"). */
+#define EVAL_BATCH 64
+
 int srv__evaluate(const srv_engine *e, strata_model *m, uint32_t r, strata_train_stats *st)
 {
     int last = (long)r + 1 >= e->cfg->rounds;
     if (e->eval_n > 0 && !last)
-        return strata_evaluate(m, &e->test, e->eval_idx, e->eval_n, 256, st);
-    return strata_evaluate(m, &e->test, NULL, 0, 256, st);
+        return strata_evaluate(m, &e->test, e->eval_idx, e->eval_n, EVAL_BATCH, st);
+    return strata_evaluate(m, &e->test, NULL, 0, EVAL_BATCH, st);
 }
 
 /* --eval-samples N below the test set's size: N images at even steps over

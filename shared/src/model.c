@@ -646,7 +646,7 @@ static void free_buffers(strata_model *m)
     strata_free_floats(m->probs);
     strata_free_floats(m->dinput);
     m->probs = m->dinput = NULL;
-    m->cap_batch = 0;
+    m->cap_batch = m->cap_grad = 0;
 }
 
 void strata_model_free(strata_model *m)
@@ -775,8 +775,7 @@ static int ensure_batch(strata_model *m, size_t batch)
     for (int i = 0; i < m->nlayers && ok; i++) {
         layer *L = &m->layers[i];
         m->act[i + 1] = strata_alloc_floats(batch * L->out_dim);
-        m->gact[i + 1] = strata_alloc_floats(batch * L->out_dim);
-        ok &= m->act[i + 1] != NULL && m->gact[i + 1] != NULL;
+        ok &= m->act[i + 1] != NULL;
         if (L->kind == L_DROPOUT) {
             L->mask = strata_alloc_floats(batch * L->out_dim);
             ok &= L->mask != NULL;
@@ -787,19 +786,46 @@ static int ensure_batch(strata_model *m, size_t batch)
         }
     }
     if (ok) {
-        m->gtmp = strata_alloc_floats(batch * m->max_dim);
-        ok = m->gtmp != NULL;
-    }
-    if (ok) {
         m->probs = strata_alloc_floats(batch * strata_model_output_dim(m));
-        m->dinput = strata_alloc_floats(batch * m->layers[0].in_dim);
-        ok = m->probs != NULL && m->dinput != NULL;
+        ok = m->probs != NULL;
     }
     if (!ok) {
         free_buffers(m);
         return STRATA_ENOMEM;
     }
     m->cap_batch = batch;
+    return STRATA_OK;
+}
+
+/* The gradient buffers, for cap_batch samples, made by the first backward
+ * pass: a model that only evaluates (the coordinator's) never holds them,
+ * about half of its per-batch memory. */
+static int ensure_grads(strata_model *m)
+{
+    if (m->cap_grad == m->cap_batch)
+        return STRATA_OK;
+    const size_t batch = m->cap_batch;
+    int ok = 1;
+    for (int i = 0; i < m->nlayers && ok; i++) {
+        m->gact[i + 1] = strata_alloc_floats(batch * m->layers[i].out_dim);
+        ok = m->gact[i + 1] != NULL;
+    }
+    if (ok) {
+        m->gtmp = strata_alloc_floats(batch * m->max_dim);
+        m->dinput = strata_alloc_floats(batch * m->layers[0].in_dim);
+        ok = m->gtmp != NULL && m->dinput != NULL;
+    }
+    if (!ok) {
+        for (int i = 1; i <= m->nlayers; i++) {
+            strata_free_floats(m->gact[i]);
+            m->gact[i] = NULL;
+        }
+        strata_free_floats(m->gtmp);
+        strata_free_floats(m->dinput);
+        m->gtmp = m->dinput = NULL;
+        return STRATA_ENOMEM;
+    }
+    m->cap_grad = batch;
     return STRATA_OK;
 }
 
@@ -973,8 +999,10 @@ int strata_model_backward_from(strata_model *m, const float *dlogits)
     if (m->batch == 0)
         return STRATA_ESTATE;
     const size_t B = m->batch;
+    int rc = ensure_grads(m);
+    if (rc < 0)
+        return rc;
     memcpy(m->gact[m->nlayers], dlogits, B * strata_model_output_dim(m) * sizeof(float));
-    int rc = STRATA_OK;
     const int dn = m->dnnl_active;
     for (int li = m->nlayers - 1; li >= 0; li--) {
         layer *L = &m->layers[li];

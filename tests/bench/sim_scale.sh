@@ -1,15 +1,19 @@
 #!/usr/bin/env bash
-# strata-sim at scale: 100 clients, 10 per round, mlp, Dirichlet 0.5,
-# uniform 1% (ROUNDS rounds, default 20), REPEATS times (default 3). Per run:
+# strata-sim at scale: 100 clients, 10 per round, MODEL (default mlp),
+# Dirichlet 0.5, uniform 1% (ROUNDS rounds, default 20), REPEATS times
+# (default 3), with any further strata-sim options after MODEL. Per run:
 # wall time and strata-sim's own peak RSS (GNU time, or /proc when it is
 # missing), and the peak RSS (VmHWM of /proc/PID/status, sampled every 0.2 s)
 # of the coordinator, of the largest client that trained, and of the largest
 # client that was never selected (idle); then the medians.
-# Usage: tests/bench/sim_scale.sh BUILD_DIR [ROUNDS] [REPEATS]
+# Usage: tests/bench/sim_scale.sh BUILD_DIR [ROUNDS] [REPEATS] [MODEL [OPTION...]]
 set -euo pipefail
-BUILD=${1:?usage: sim_scale.sh BUILD_DIR [ROUNDS] [REPEATS]}
+BUILD=${1:?usage: sim_scale.sh BUILD_DIR [ROUNDS] [REPEATS] [MODEL [OPTION...]]}
 ROUNDS=${2:-20}
 REPEATS=${3:-3}
+MODEL=${4:-mlp}
+shift $(($# < 4 ? $# : 4))
+EXTRA=("$@")
 DATA=${STRATA_DATA_DIR:-/usr/share/datasets/fashion-mnist}
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
@@ -43,13 +47,13 @@ for k in $(seq 1 "$REPEATS"); do
     start=$(date +%s.%N)
     if [ -x /usr/bin/time ]; then
         /usr/bin/time -f "%M" -o "$WORK/time$k" "$BUILD/strata-sim" --clients 100 \
-            --clients-per-round 10 --rounds "$ROUNDS" --model mlp --partition dirichlet:0.5 \
-            --policy uniform --density 0.01 --data "$DATA" --out "$out" --json \
+            --clients-per-round 10 --rounds "$ROUNDS" --model "$MODEL" --partition dirichlet:0.5 \
+            --policy uniform --density 0.01 --data "$DATA" --out "$out" --json "${EXTRA[@]}" \
             >"$WORK/out$k" 2>"$WORK/err$k" &
     else
-        "$BUILD/strata-sim" --clients 100 --clients-per-round 10 --rounds "$ROUNDS" --model mlp \
-            --partition dirichlet:0.5 --policy uniform --density 0.01 --data "$DATA" \
-            --out "$out" --json >"$WORK/out$k" 2>"$WORK/err$k" &
+        "$BUILD/strata-sim" --clients 100 --clients-per-round 10 --rounds "$ROUNDS" \
+            --model "$MODEL" --partition dirichlet:0.5 --policy uniform --density 0.01 \
+            --data "$DATA" --out "$out" --json "${EXTRA[@]}" >"$WORK/out$k" 2>"$WORK/err$k" &
     fi
     sim=$!
     sample "$out" "$sim" >"$WORK/rss$k"

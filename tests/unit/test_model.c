@@ -726,6 +726,49 @@ static void test_forward_deterministic(void)
     strata_model_free(m);
 }
 
+/* A model that only runs forward makes no gradient buffers; the first
+ * backward makes them, and they follow the activations when a larger batch
+ * regrows those: the gradients then match a fresh model's. */
+static void test_grad_buffers_on_backward(void)
+{
+    strata_model *m = NULL, *fresh = NULL;
+    CU_ASSERT_EQUAL_FATAL(strata_model_new("cnn", &m, NULL), STRATA_OK);
+    CU_ASSERT_EQUAL_FATAL(strata_model_new("cnn", &fresh, NULL), STRATA_OK);
+    strata_model_init_params(m, 5);
+    strata_model_init_params(fresh, 5);
+    strata_model_set_input_grad(m, 1);
+    strata_model_set_input_grad(fresh, 1);
+    float *x = calloc(7 * 784, sizeof(float));
+    CU_ASSERT_PTR_NOT_NULL_FATAL(x);
+    for (int i = 0; i < 7 * 784; i++)
+        x[i] = (float)((i * 53) % 251) / 251.0f;
+    uint8_t labels[7] = {2, 7, 1, 0, 9, 4, 4};
+    const float *y;
+    CU_ASSERT_EQUAL(strata_model_forward(m, x, 3, 0, NULL, &y), STRATA_OK);
+    CU_ASSERT_PTR_NULL(strata_model_input_grad(m));
+    CU_ASSERT_EQUAL(strata_model_backward(m, labels, NULL, NULL), STRATA_OK);
+    CU_ASSERT_PTR_NOT_NULL(strata_model_input_grad(m));
+    /* A larger batch regrows every buffer, then batch 3 again. */
+    CU_ASSERT_EQUAL(strata_model_forward(m, x, 7, 0, NULL, &y), STRATA_OK);
+    CU_ASSERT_EQUAL(strata_model_backward(m, labels, NULL, NULL), STRATA_OK);
+    CU_ASSERT_EQUAL(strata_model_forward(m, x, 3, 0, NULL, &y), STRATA_OK);
+    CU_ASSERT_EQUAL(strata_model_backward(m, labels, NULL, NULL), STRATA_OK);
+    CU_ASSERT_EQUAL(strata_model_forward(fresh, x, 3, 0, NULL, &y), STRATA_OK);
+    CU_ASSERT_EQUAL(strata_model_backward(fresh, labels, NULL, NULL), STRATA_OK);
+    strata_tensor_list *g = strata_model_grads(m), *h = strata_model_grads(fresh);
+    for (size_t t = 0; t < g->count; t++)
+        for (size_t i = 0; i < g->items[t].numel; i++)
+            CU_ASSERT_DOUBLE_EQUAL(g->items[t].data[i], h->items[t].data[i],
+                                   1e-6 + 1e-4 * fabs(h->items[t].data[i]));
+    const float *dm = strata_model_input_grad(m), *dh = strata_model_input_grad(fresh);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(dm);
+    for (size_t i = 0; i < 3 * 784; i++)
+        CU_ASSERT_DOUBLE_EQUAL(dm[i], dh[i], 1e-6 + 1e-4 * fabs(dh[i]));
+    free(x);
+    strata_model_free(m);
+    strata_model_free(fresh);
+}
+
 int main(void)
 {
     strata_set_threads(0);
@@ -756,6 +799,7 @@ int main(void)
     CU_TestInfo fwd_tests[] = {
         {"conv2d matches direct convolution", test_conv_forward_direct},
         {"forward/backward deterministic", test_forward_deterministic},
+        {"gradient buffers made by the first backward", test_grad_buffers_on_backward},
         {"oneDNN matches the reference kernels", test_onednn_matches_reference},
         CU_TEST_INFO_NULL,
     };

@@ -73,7 +73,9 @@ size_t strata_model_output_dim(const strata_model *m);
  * not yet normalised). training enables dropout, whose masks come from rng
  * (may be NULL when the model has no dropout or training is 0). *logits
  * receives a borrowed pointer to batch * output_dim values, valid until the
- * next call. */
+ * next call. The model keeps its activation buffers for the largest batch it
+ * has run, and its gradient buffers from its first backward pass on, so a
+ * model that only runs forward holds about half as much. */
 int strata_model_forward(strata_model *m, const float *x, size_t batch, int training,
                          strata_rng *rng, const float **logits);
 
@@ -84,14 +86,16 @@ int strata_model_forward(strata_model *m, const float *x, size_t batch, int trai
 int strata_model_backward(strata_model *m, const uint8_t *labels, double *loss, size_t *correct);
 
 /* Backward pass from an arbitrary gradient of the outputs (batch *
- * output_dim floats, borrowed) of the last forward pass. */
+ * output_dim floats, borrowed) of the last forward pass. Either backward
+ * returns STRATA_ENOMEM when the gradient buffers cannot be made. */
 int strata_model_backward_from(strata_model *m, const float *dlogits);
 
 /* Loss and correct count of the last forward pass without a backward. */
 int strata_model_loss(strata_model *m, const uint8_t *labels, double *loss, size_t *correct);
 
 /* When on, backward also computes the gradient with respect to the
- * (normalised) input, readable with strata_model_input_grad(). Off by default. */
+ * (normalised) input, readable with strata_model_input_grad() (NULL before
+ * the first backward pass). Off by default. */
 void strata_model_set_input_grad(strata_model *m, int on);
 const float *strata_model_input_grad(const strata_model *m);
 
