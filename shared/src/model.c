@@ -797,14 +797,28 @@ static int ensure_batch(strata_model *m, size_t batch)
     return STRATA_OK;
 }
 
-/* The gradient buffers, for cap_batch samples, made by the first backward
- * pass: a model that only evaluates (the coordinator's) never holds them,
- * about half of its per-batch memory. */
-static int ensure_grads(strata_model *m)
+static void free_grads(strata_model *m)
 {
-    if (m->cap_grad == m->cap_batch)
+    for (int i = 1; i <= m->nlayers; i++) {
+        strata_free_floats(m->gact[i]);
+        m->gact[i] = NULL;
+    }
+    strata_free_floats(m->gtmp);
+    strata_free_floats(m->dinput);
+    m->gtmp = m->dinput = NULL;
+    m->cap_grad = 0;
+}
+
+/* The gradient buffers, for the batch of the last forward pass, made by a
+ * backward pass that needs more than they hold: a model that only
+ * evaluates (the coordinator's) never holds them, about half of its
+ * per-batch memory on oneDNN, and a larger evaluation batch between
+ * training steps (strata-tool train) does not size them. */
+static int ensure_grads(strata_model *m, size_t batch)
+{
+    if (m->cap_grad >= batch)
         return STRATA_OK;
-    const size_t batch = m->cap_batch;
+    free_grads(m);
     int ok = 1;
     for (int i = 0; i < m->nlayers && ok; i++) {
         m->gact[i + 1] = strata_alloc_floats(batch * m->layers[i].out_dim);
@@ -816,13 +830,7 @@ static int ensure_grads(strata_model *m)
         ok = m->gtmp != NULL && m->dinput != NULL;
     }
     if (!ok) {
-        for (int i = 1; i <= m->nlayers; i++) {
-            strata_free_floats(m->gact[i]);
-            m->gact[i] = NULL;
-        }
-        strata_free_floats(m->gtmp);
-        strata_free_floats(m->dinput);
-        m->gtmp = m->dinput = NULL;
+        free_grads(m);
         return STRATA_ENOMEM;
     }
     m->cap_grad = batch;
@@ -999,7 +1007,7 @@ int strata_model_backward_from(strata_model *m, const float *dlogits)
     if (m->batch == 0)
         return STRATA_ESTATE;
     const size_t B = m->batch;
-    int rc = ensure_grads(m);
+    int rc = ensure_grads(m, B);
     if (rc < 0)
         return rc;
     memcpy(m->gact[m->nlayers], dlogits, B * strata_model_output_dim(m) * sizeof(float));

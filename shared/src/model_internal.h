@@ -92,7 +92,7 @@ struct strata_model {
     strata_tensor_list params, grads;
     float mean, std;
     size_t cap_batch;  /* buffers sized for this many samples */
-    size_t cap_grad;   /* gact, gtmp and dinput: cap_batch once made, else 0 */
+    size_t cap_grad;   /* gact, gtmp, dinput sized for this many; 0: not made */
     size_t batch;      /* samples in the last forward */
     float **act;       /* act[0]: input; act[i + 1]: output of layer i */
     float **gact;      /* gact[k]: gradient of act[k] (k >= 1) */

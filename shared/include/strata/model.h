@@ -74,8 +74,9 @@ size_t strata_model_output_dim(const strata_model *m);
  * (may be NULL when the model has no dropout or training is 0). *logits
  * receives a borrowed pointer to batch * output_dim values, valid until the
  * next call. The model keeps its activation buffers for the largest batch it
- * has run, and its gradient buffers from its first backward pass on, so a
- * model that only runs forward holds about half as much. */
+ * has run; its gradient buffers are made by a backward pass that needs them
+ * (and dropped when the activation buffers grow), so a model that only runs
+ * forward holds about half as much on oneDNN. */
 int strata_model_forward(strata_model *m, const float *x, size_t batch, int training,
                          strata_rng *rng, const float **logits);
 
@@ -94,8 +95,9 @@ int strata_model_backward_from(strata_model *m, const float *dlogits);
 int strata_model_loss(strata_model *m, const uint8_t *labels, double *loss, size_t *correct);
 
 /* When on, backward also computes the gradient with respect to the
- * (normalised) input, readable with strata_model_input_grad() (NULL before
- * the first backward pass). Off by default. */
+ * (normalised) input, readable with strata_model_input_grad() after a
+ * backward pass (NULL before one, and after a forward pass on a larger batch
+ * than any before it). Off by default. */
 void strata_model_set_input_grad(strata_model *m, int on);
 const float *strata_model_input_grad(const strata_model *m);
 
