@@ -726,15 +726,25 @@ static void test_forward_deterministic(void)
     strata_model_free(m);
 }
 
-/* Gradients of a batch of n samples of x from a fresh resnet (seed 5). */
+/* A resnet (seed 5) on the given kernels, with the input gradient on. */
+static strata_model *seeded_resnet(int reference)
+{
+    strata_model *m = NULL;
+    CU_ASSERT_EQUAL(strata_model_new("resnet", &m, NULL), STRATA_OK);
+    if (m == NULL)
+        return NULL;
+    strata__model_set_reference(m, reference);
+    strata_model_init_params(m, 5);
+    strata_model_set_input_grad(m, 1);
+    return m;
+}
+
+/* Gradients of a batch of n samples of x from a fresh seeded_resnet. */
 static void fresh_grads(int reference, const float *x, const uint8_t *labels, size_t n,
                         strata_tensor_list *g, float *dx)
 {
-    strata_model *f = NULL;
-    CU_ASSERT_EQUAL_FATAL(strata_model_new("resnet", &f, NULL), STRATA_OK);
-    strata__model_set_reference(f, reference);
-    strata_model_init_params(f, 5);
-    strata_model_set_input_grad(f, 1);
+    strata_model *f = seeded_resnet(reference);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(f);
     const float *y;
     CU_ASSERT_EQUAL(strata_model_forward(f, x, n, 0, NULL, &y), STRATA_OK);
     CU_ASSERT_EQUAL(strata_model_backward(f, labels, NULL, NULL), STRATA_OK);
@@ -774,11 +784,8 @@ static void test_grad_buffers_on_backward(void)
         strata_tensor_list g;
         strata_tensor_list_init(&g);
         fresh_grads(reference, x, labels, 5, &g, dx);
-        strata_model *m = NULL;
-        CU_ASSERT_EQUAL_FATAL(strata_model_new("resnet", &m, NULL), STRATA_OK);
-        strata__model_set_reference(m, reference);
-        strata_model_init_params(m, 5);
-        strata_model_set_input_grad(m, 1);
+        strata_model *m = seeded_resnet(reference);
+        CU_ASSERT_PTR_NOT_NULL_FATAL(m);
         const float *y;
         CU_ASSERT_EQUAL(strata_model_forward(m, x, 7, 0, NULL, &y), STRATA_OK);
         CU_ASSERT_PTR_NULL(strata_model_input_grad(m));
