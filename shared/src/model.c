@@ -621,6 +621,18 @@ int strata_model_new(const char *spec, strata_model **out, strata_diag *diag)
     return rc;
 }
 
+static void free_grads(strata_model *m)
+{
+    for (int i = 1; i <= m->nlayers; i++) {
+        strata_free_floats(m->gact[i]);
+        m->gact[i] = NULL;
+    }
+    strata_free_floats(m->gtmp);
+    strata_free_floats(m->dinput);
+    m->gtmp = m->dinput = NULL;
+    m->cap_grad = 0;
+}
+
 static void free_buffers(strata_model *m)
 {
     if (m->act != NULL)
@@ -629,12 +641,9 @@ static void free_buffers(strata_model *m)
     free(m->act);
     m->act = NULL;
     if (m->gact != NULL)
-        for (int i = 0; i <= m->nlayers; i++)
-            strata_free_floats(m->gact[i]);
+        free_grads(m);
     free(m->gact);
     m->gact = NULL;
-    strata_free_floats(m->gtmp);
-    m->gtmp = NULL;
     for (int i = 0; i < m->nlayers; i++) {
         strata_free_floats(m->layers[i].mask);
         strata_free_floats(m->layers[i].stats);
@@ -644,9 +653,8 @@ static void free_buffers(strata_model *m)
     }
     strata__ref_free(m);
     strata_free_floats(m->probs);
-    strata_free_floats(m->dinput);
-    m->probs = m->dinput = NULL;
-    m->cap_batch = m->cap_grad = 0;
+    m->probs = NULL;
+    m->cap_batch = 0;
 }
 
 void strata_model_free(strata_model *m)
@@ -795,18 +803,6 @@ static int ensure_batch(strata_model *m, size_t batch)
     }
     m->cap_batch = batch;
     return STRATA_OK;
-}
-
-static void free_grads(strata_model *m)
-{
-    for (int i = 1; i <= m->nlayers; i++) {
-        strata_free_floats(m->gact[i]);
-        m->gact[i] = NULL;
-    }
-    strata_free_floats(m->gtmp);
-    strata_free_floats(m->dinput);
-    m->gtmp = m->dinput = NULL;
-    m->cap_grad = 0;
 }
 
 /* The gradient buffers, for the batch of the last forward pass, made by a

@@ -2,8 +2,9 @@
 # strata-sim at scale: 100 clients, 10 per round, MODEL (default mlp),
 # Dirichlet 0.5, uniform 1% (ROUNDS rounds, default 20), REPEATS times
 # (default 3), with any further strata-sim options after MODEL. Per run:
-# wall time and strata-sim's own peak RSS (GNU time, or /proc when it is
-# missing), and the peak RSS (VmHWM of /proc/PID/status, sampled every 0.2 s)
+# wall time and strata-sim's peak RSS (GNU time, which takes the largest of
+# strata-sim and the processes it waited for; or /proc when it is missing),
+# and the peak RSS (VmHWM of /proc/PID/status, sampled every 0.2 s)
 # of the coordinator, of the largest client that trained, and of the largest
 # client that was never selected (idle); then the medians.
 # Usage: tests/bench/sim_scale.sh BUILD_DIR [ROUNDS] [REPEATS] [MODEL [OPTION...]]
