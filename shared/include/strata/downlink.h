@@ -110,18 +110,20 @@ int strata_downlink_meta_is_base(const strata_payload *p);
  * values) before m changes. Errors: STRATA_EPROTO (diag says why). */
 int strata_downlink_apply_base(strata_tensor_list *m, const strata_payload *p, strata_diag *diag);
 
-/* Compacts the chain of n delta payloads (parts[i], lens[i] bytes;
- * borrowed, oldest first) that ends at x̂ = target (borrowed; the model of
- * the last delta's version, whose digest it must have; target_digest, when
- * not NULL, is taken as target's digest instead of computing it): every
- * tensor whose layers in the n deltas are estimated
- * (strata_clayer_cost_bytes) to cost more than its float32 values is
- * emptied in each delta and set by a base at the end (see the file comment). On success *out
- * (free()) holds the compacted chain, or is NULL (and *len 0) when no tensor gains or the result
- * would not be smaller than the plain chain; a client applying it reaches target bit for bit.
- * Errors: STRATA_EPROTO (a part that does not decode, is not a delta of target's layout, or
- * versions that do not follow each other), STRATA_EINVAL (a digest that is not target's, n 0 or
- * above STRATA_DOWNLINK_MAX_CHAIN - 1), STRATA_ENOMEM. zstd_level as for strata_payload_encode. */
+/* Compacts the chain of n delta payloads (parts[i], lens[i] bytes; borrowed,
+ * oldest first) that ends at x̂ = target (borrowed; the model of the last
+ * delta's version, whose digest it must have; target_digest, when not NULL,
+ * is taken as target's digest instead of computing it): every tensor whose
+ * layers in the n deltas are estimated (strata_clayer_cost_bytes) to cost
+ * more than its float32 values is emptied in each delta and set by a base at
+ * the end (see the file comment). On success *out (free()) holds the
+ * compacted chain, or is NULL (and *len 0) when no tensor gains or the
+ * result would not be smaller than the plain chain; a client applying it
+ * reaches target bit for bit. Errors: STRATA_EPROTO (a part that does not
+ * decode, is not a delta of target's layout, or versions that do not follow
+ * each other), STRATA_EINVAL (a digest that is not target's, n 0 or above
+ * STRATA_DOWNLINK_MAX_CHAIN - 1), STRATA_ENOMEM. zstd_level as for
+ * strata_payload_encode. */
 int strata_downlink_chain_compact(const uint8_t *const *parts, const size_t *lens, size_t n,
                                   const strata_tensor_list *target, const char *target_digest,
                                   int zstd_level, uint8_t **out, size_t *len, strata_diag *diag);
