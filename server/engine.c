@@ -25,17 +25,27 @@ void srv__opt_path(const srv_engine *e, uint64_t v, char *buf, size_t cap)
 
 /* Images per evaluation batch. A model keeps its activation buffers for the
  * largest batch it has run (no gradient buffers: the coordinator's models
- * never run backward), and the coordinator holds the model and, with a
- * downlink, x̂: for resnet about 125 MB each at 64 against 430 MB at 256,
- * evaluated as fast (docs/benchmarks.md, "Simulator at scale"). */
+ * never run backward), and every evaluation runs on eval_model, whichever
+ * model it measures (x, or with a downlink x̂ too): for resnet about 125 MB
+ * at 64 against 430 MB at 256, evaluated as fast (docs/benchmarks.md,
+ * "Simulator at scale"). */
 #define EVAL_BATCH 64
 
 int srv__evaluate(const srv_engine *e, strata_model *m, uint32_t r, strata_train_stats *st)
 {
+    strata_tensor_list *dst = strata_model_params(e->eval_model);
+    const strata_tensor_list *src = strata_model_params(m);
+    for (size_t i = 0; i < dst->count; i++)
+        memcpy(dst->items[i].data, src->items[i].data, dst->items[i].numel * sizeof(float));
+    float mean = 0, sd = 1;
+    strata_model_get_normalization(m, &mean, &sd);
+    int rc = strata_model_set_normalization(e->eval_model, mean, sd);
+    if (rc < 0)
+        return rc;
     int last = (long)r + 1 >= e->cfg->rounds;
     if (e->eval_n > 0 && !last)
-        return strata_evaluate(m, &e->test, e->eval_idx, e->eval_n, EVAL_BATCH, st);
-    return strata_evaluate(m, &e->test, NULL, 0, EVAL_BATCH, st);
+        return strata_evaluate(e->eval_model, &e->test, e->eval_idx, e->eval_n, EVAL_BATCH, st);
+    return strata_evaluate(e->eval_model, &e->test, NULL, 0, EVAL_BATCH, st);
 }
 
 /* --eval-samples N below the test set's size: N images at even steps over
@@ -110,6 +120,14 @@ static int load_model(srv_engine *e, strata_diag *d)
                                "model: input size %zu does not match the data (%zu)",
                                strata_model_input_dim(e->model), e->test.dim);
     return 0;
+}
+
+/* eval_model: the model's architecture, its values copied in by each
+ * srv__evaluate. */
+static int new_eval_model(srv_engine *e, strata_diag *d)
+{
+    const char *arch = strata_model_arch(e->model);
+    return strata_model_from_json(arch, strlen(arch), &e->eval_model, d);
 }
 
 /* The model's layout and the payload limits derived from it. */
@@ -199,8 +217,9 @@ int srv_engine_open(const srv_config *cfg, srv_engine **out, strata_diag *d)
     if ((rc = strata_data_load_dir(cfg->data, "test", 0, &e->test, d)) < 0 ||
         (rc = eval_subset(e, d)) < 0)
         goto fail;
-    if ((rc = load_model(e, d)) < 0 || (rc = derive_limits(e)) < 0 ||
-        (rc = srv__downlink_load(e, d)) < 0 || (rc = srv__downlink_recipe(e, d)) < 0)
+    if ((rc = load_model(e, d)) < 0 || (rc = new_eval_model(e, d)) < 0 ||
+        (rc = derive_limits(e)) < 0 || (rc = srv__downlink_load(e, d)) < 0 ||
+        (rc = srv__downlink_recipe(e, d)) < 0)
         goto fail;
     if ((rc = strata_agg_new(strata_model_params(e->model), &e->agg)) < 0)
         goto fail;
@@ -271,6 +290,7 @@ void srv_engine_free(srv_engine *e)
     strata_dataset_cleanup(&e->test);
     free(e->eval_idx);
     strata_model_free(e->model);
+    strata_model_free(e->eval_model);
     strata_model_free(e->xhat);
     free(e->recipe);
     strata_tensor_list_cleanup(&e->xhat_rollback);

@@ -117,6 +117,9 @@ struct srv_engine {
     strata_model *model;   /* touched only by the round thread (and start-up) */
     strata_policy *policy; /* NULL for --policy none */
     strata_agg *agg;       /* FedAvg's streaming aggregate (unused by robust rules) */
+    /* The one model that runs forward: srv__evaluate copies x (or x̂) into
+     * it, so that only it keeps activation buffers. Round thread only. */
+    strata_model *eval_model;
     strata_server_opt *opt;
     strata_server_opt *opt_next; /* stepped by a close; becomes opt when it commits */
     strata_tensor_list rollback; /* the parameters before a close's step */
@@ -241,8 +244,10 @@ int srv__seeded_model(const srv_engine *e, strata_model **out, strata_diag *d);
 
 /* Evaluates m for round r into *st: on the test images of eval_idx for
  * every round but the last (--eval-samples), on the whole test set for the
- * last round and without --eval-samples; st->samples says how many.
- * Errors: strata_evaluate's. */
+ * last round and without --eval-samples; st->samples says how many. m's
+ * parameters and normalisation are copied into eval_model, which runs the
+ * batches, so m itself never makes activation buffers. Errors:
+ * strata_evaluate's. */
 int srv__evaluate(const srv_engine *e, strata_model *m, uint32_t r, strata_train_stats *st);
 
 /* ---- downlink.c ---- */

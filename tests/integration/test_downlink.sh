@@ -236,6 +236,25 @@ m1=$(metric strata_downlink_bytes_total)
 
 "${C[@]}" -o "$WORK/model.bin" -H "Authorization: Bearer $TOK" "$URL/v1/models/$V"
 
+# The coordinator evaluates x and x̂ on one evaluation model into which it
+# copies them: the accuracies it logged for the last two versions are those
+# of their checkpoints (x̂; x of the latest) evaluated on their own.
+acc_of() { # the test accuracy of a checkpoint
+    "$TOOL" eval --model "$1" --data "$DATA" --json | sed -n 's/.*"test_accuracy":\([0-9.e-]*\).*/\1/p'
+}
+near() { # near A B: |A - B| below 0.0002, two of the 10,000 test images
+    awk -v a="$1" -v b="$2" 'BEGIN { d = a - b; exit !(a != "" && b != "" && d < 0.0002 && d > -0.0002) }'
+}
+for v in $((V - 1)) "$V"; do
+    line=$(grep "model $v digest [0-9a-f]*; served model" "$WORK/server.err" | tail -n 1)
+    logged=$(echo "$line" | sed -n 's/.*served model x̂ accuracy \([0-9.]*\).*/\1/p')
+    got=$(acc_of "$STATE/checkpoints/model-$v.safetensors")
+    near "$logged" "$got" || die "version $v: x̂'s logged accuracy '$logged', its checkpoint's $got"
+done
+logged=$(echo "$line" | sed -n 's/.*server model x accuracy \([0-9.]*\).*/\1/p')
+got=$(acc_of "$STATE/checkpoints/server-model-$V.safetensors")
+near "$logged" "$got" || die "version $V: x's logged accuracy '$logged', its checkpoint's $got"
+
 # A restarted coordinator serves the same bytes (x̂, its deltas).
 kill -TERM "$SPID"
 wait_until 20 "the server to stop" exited "$SPID"
