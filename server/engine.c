@@ -31,7 +31,7 @@ void srv__opt_path(const srv_engine *e, uint64_t v, char *buf, size_t cap)
  * "Simulator at scale"). */
 #define EVAL_BATCH 64
 
-int srv__evaluate(const srv_engine *e, strata_model *m, uint32_t r, strata_train_stats *st)
+int srv__evaluate(srv_engine *e, strata_model *m, uint32_t r, strata_train_stats *st)
 {
     strata_tensor_list *dst = strata_model_params(e->eval_model);
     const strata_tensor_list *src = strata_model_params(m);

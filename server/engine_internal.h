@@ -247,8 +247,8 @@ int srv__seeded_model(const srv_engine *e, strata_model **out, strata_diag *d);
  * last round and without --eval-samples; st->samples says how many. m's
  * parameters and normalisation are copied into eval_model, which runs the
  * batches, so m itself never makes activation buffers. Errors:
- * strata_evaluate's. */
-int srv__evaluate(const srv_engine *e, strata_model *m, uint32_t r, strata_train_stats *st);
+ * strata_model_set_normalization's and strata_evaluate's. */
+int srv__evaluate(srv_engine *e, strata_model *m, uint32_t r, strata_train_stats *st);
 
 /* ---- downlink.c ---- */
 
