@@ -292,12 +292,6 @@ static int all_finite(const strata_tensor_list *l, const char *what, char *msg, 
 }
 
 /* Copies the element values of src into dst (the same layout). */
-static void params_copy(strata_tensor_list *dst, const strata_tensor_list *src)
-{
-    for (size_t i = 0; i < dst->count; i++)
-        memcpy(dst->items[i].data, src->items[i].data, dst->items[i].numel * sizeof(float));
-}
-
 /* Leaves out one more batch of the kept updates with the largest norms
  * (quarantined as non_finite): 1 in all, then 2, 4, ... in all, at most all
  * but one of those the screening kept (kept0). Returns 0 when none is left
@@ -337,7 +331,7 @@ static int find_model(srv_engine *e, close_job *j, strata_diag *d)
     int rc = strata_tensor_list_zeros_like(&delta, params);
     if (rc < 0)
         return strata_diag_set(d, rc, "out of memory (the aggregate)");
-    params_copy(&e->rollback, params);
+    strata_tensor_list_copy_values(&e->rollback, params);
     size_t kept0 = count_kept(j), removed = 0;
     for (;;) {
         strata_round_failure f = STRATA_ROUND_FAILED_NONE;
@@ -370,7 +364,7 @@ static int find_model(srv_engine *e, close_job *j, strata_diag *d)
                          loss_bad ? "loss" : "accuracy", isnan(x) ? "NaN" : "infinite");
             }
             if (f != STRATA_ROUND_FAILED_NONE)
-                params_copy(params, &e->rollback);
+                strata_tensor_list_copy_values(params, &e->rollback);
         }
         if (f == STRATA_ROUND_FAILED_NONE)
             break;
@@ -388,7 +382,7 @@ static int find_model(srv_engine *e, close_job *j, strata_diag *d)
         }
     }
     if (rc < 0)
-        params_copy(params, &e->rollback);
+        strata_tensor_list_copy_values(params, &e->rollback);
     strata_tensor_list_cleanup(&delta);
     return rc;
 }
@@ -639,7 +633,7 @@ void srv__round_close(srv_engine *e)
     }
     if (rc < 0) {
         if (stepped)
-            params_copy(params, &e->rollback);
+            strata_tensor_list_copy_values(params, &e->rollback);
         if (dl_moved)
             srv__downlink_rollback(e);
         srv__model_blob_cleanup(&blob);

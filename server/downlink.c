@@ -38,12 +38,6 @@ strata_model *srv__served_model(const srv_engine *e)
     return e->xhat != NULL ? e->xhat : e->model;
 }
 
-static void copy_values(strata_tensor_list *dst, const strata_tensor_list *src)
-{
-    for (size_t i = 0; i < dst->count; i++)
-        memcpy(dst->items[i].data, src->items[i].data, dst->items[i].numel * sizeof(float));
-}
-
 int srv__downlink_load(srv_engine *e, strata_diag *d)
 {
     int rc = 0;
@@ -62,7 +56,7 @@ int srv__downlink_load(srv_engine *e, strata_diag *d)
             if (rc == 0 && !strata_tensor_list_same_layout(&x, strata_model_params(e->model)))
                 rc = strata_diag_set(d, STRATA_EINVAL, "%s: not this model's layout", path);
             if (rc == 0)
-                copy_values(strata_model_params(e->model), &x);
+                strata_tensor_list_copy_values(strata_model_params(e->model), &x);
             strata_tensor_list_cleanup(&x);
         }
         if (rc == 0)
@@ -94,7 +88,7 @@ int srv__downlink_close(srv_engine *e, uint32_t r, uint64_t v, strata_train_stat
     }
     strata_tensor_list *xh = strata_model_params(e->xhat);
     const strata_tensor_list *x = strata_model_params(e->model);
-    copy_values(&e->xhat_rollback, xh);
+    strata_tensor_list_copy_values(&e->xhat_rollback, xh);
     strata_clayer *layers = NULL;
     uint8_t *wire = NULL;
     size_t wire_len = 0;
@@ -132,7 +126,7 @@ int srv__downlink_close(srv_engine *e, uint32_t r, uint64_t v, strata_train_stat
     free(meta);
     free(wire);
     if (rc < 0) {
-        copy_values(xh, &e->xhat_rollback);
+        strata_tensor_list_copy_values(xh, &e->xhat_rollback);
         *st = sx;
     }
     return rc;
@@ -141,7 +135,7 @@ int srv__downlink_close(srv_engine *e, uint32_t r, uint64_t v, strata_train_stat
 void srv__downlink_rollback(srv_engine *e)
 {
     if (e->xhat != NULL)
-        copy_values(strata_model_params(e->xhat), &e->xhat_rollback);
+        strata_tensor_list_copy_values(strata_model_params(e->xhat), &e->xhat_rollback);
 }
 
 void srv__downlink_prune(srv_engine *e, uint64_t v)

@@ -33,10 +33,7 @@ void srv__opt_path(const srv_engine *e, uint64_t v, char *buf, size_t cap)
 
 int srv__evaluate(srv_engine *e, strata_model *m, uint32_t r, strata_train_stats *st)
 {
-    strata_tensor_list *dst = strata_model_params(e->eval_model);
-    const strata_tensor_list *src = strata_model_params(m);
-    for (size_t i = 0; i < dst->count; i++)
-        memcpy(dst->items[i].data, src->items[i].data, dst->items[i].numel * sizeof(float));
+    strata_tensor_list_copy_values(strata_model_params(e->eval_model), strata_model_params(m));
     float mean = 0, sd = 1;
     strata_model_get_normalization(m, &mean, &sd);
     int rc = strata_model_set_normalization(e->eval_model, mean, sd);

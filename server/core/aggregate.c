@@ -558,9 +558,7 @@ int strata_server_opt_copy_state(strata_server_opt *dst, const strata_server_opt
                                    "server optimiser copy: tensor %zu is %s, not %s", i, b->name,
                                    a->name);
     }
-    for (size_t i = 0; i < dst->state.count; i++)
-        memcpy(dst->state.items[i].data, src->state.items[i].data,
-               src->state.items[i].numel * sizeof(float));
+    strata_tensor_list_copy_values(&dst->state, &src->state);
     dst->steps = src->steps;
     return STRATA_OK;
 }
@@ -771,8 +769,7 @@ int strata_server_opt_load(const char *path, const strata_tensor_list *layout_in
                 goto out;
             }
     }
-    for (size_t i = 0; i < file.count; i++)
-        memcpy(opt->state.items[i].data, file.items[i].data, file.items[i].numel * sizeof(float));
+    strata_tensor_list_copy_values(&opt->state, &file);
     opt->steps = steps;
     *out = opt;
     opt = NULL;

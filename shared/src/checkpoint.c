@@ -75,8 +75,7 @@ static int build_from(strata_tensor_list *tensors, const strata_metadata *meta, 
                                "checkpoint tensors do not match its architecture (names, "
                                "shapes or order differ)");
     }
-    for (size_t i = 0; i < p->count; i++)
-        memcpy(p->items[i].data, tensors->items[i].data, p->items[i].numel * sizeof(float));
+    strata_tensor_list_copy_values(p, tensors);
     const char *norm = strata_metadata_get(meta, STRATA_META_NORM);
     float mean = 0.0f, std = 1.0f;
     if (norm != NULL && strata_parse_normalization(norm, &mean, &std) < 0) {

@@ -508,8 +508,7 @@ int strata_ef_load(const char *path, const strata_tensor_list *layout, strata_ef
         strata_diag_set(diag, rc, "ef load: %s", strata_strerror(rc));
         goto out;
     }
-    for (size_t i = 0; i < file.count; i++)
-        memcpy(ef->res.items[i].data, file.items[i].data, file.items[i].numel * sizeof(float));
+    strata_tensor_list_copy_values(&ef->res, &file);
     ef->has_round = has_round;
     ef->last_round = round;
     *out = ef;

@@ -135,6 +135,12 @@ int strata_tensor_list_copy(strata_tensor_list *dst, const strata_tensor_list *s
     return copy_list(dst, src, 1);
 }
 
+void strata_tensor_list_copy_values(strata_tensor_list *dst, const strata_tensor_list *src)
+{
+    for (size_t i = 0; i < dst->count; i++)
+        memcpy(dst->items[i].data, src->items[i].data, dst->items[i].numel * sizeof(float));
+}
+
 int strata_tensor_list_zeros_like(strata_tensor_list *dst, const strata_tensor_list *src)
 {
     return copy_list(dst, src, 0);

@@ -44,6 +44,18 @@ static void test_list_add_find(void)
     char buf[64];
     strata_tensor_shape_str(&c.items[0], buf, sizeof(buf));
     CU_ASSERT_STRING_EQUAL(buf, "[3, 4]");
+
+    /* Values into a list of the same layout, every tensor, in place. */
+    strata_tensor_list z;
+    strata_tensor_list_init(&z);
+    CU_ASSERT_EQUAL_FATAL(strata_tensor_list_zeros_like(&z, &l), STRATA_OK);
+    l.items[0].data[11] = -2.5f;
+    float *keep = z.items[1].data;
+    strata_tensor_list_copy_values(&z, &l);
+    CU_ASSERT_PTR_EQUAL(z.items[1].data, keep);
+    CU_ASSERT_EQUAL(z.items[0].data[11], -2.5f);
+    CU_ASSERT_EQUAL(memcmp(z.items[1].data, v, sizeof(v)), 0);
+    strata_tensor_list_cleanup(&z);
     strata_tensor_list_cleanup(&c);
     strata_tensor_list_cleanup(&l);
 }

@@ -59,6 +59,10 @@ size_t strata_tensor_list_numel(const strata_tensor_list *l);
 /* Makes dst (initialised, emptied first) a deep copy of src. */
 int strata_tensor_list_copy(strata_tensor_list *dst, const strata_tensor_list *src);
 
+/* Copies src's values into dst, which has src's layout
+ * (strata_tensor_list_same_layout); no allocation. */
+void strata_tensor_list_copy_values(strata_tensor_list *dst, const strata_tensor_list *src);
+
 /* Makes dst a list with the same names and shapes as src, all zeros. */
 int strata_tensor_list_zeros_like(strata_tensor_list *dst, const strata_tensor_list *src);
 
