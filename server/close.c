@@ -291,7 +291,6 @@ static int all_finite(const strata_tensor_list *l, const char *what, char *msg, 
     return 1;
 }
 
-/* Copies the element values of src into dst (the same layout). */
 /* Leaves out one more batch of the kept updates with the largest norms
  * (quarantined as non_finite): 1 in all, then 2, 4, ... in all, at most all
  * but one of those the screening kept (kept0). Returns 0 when none is left
