@@ -417,8 +417,11 @@ int sim_study_run(const char *spec_path, const char *out, const char *self,
         strata_log_error("cannot write the study's report in %s", out);
         code = 1;
     }
-    strata_log_info("%zu runs (%zu finished before), %zu failed; report in %s/report.md", s.nruns,
-                    skipped, nfailed, out);
+    size_t nfinished = 0;
+    for (size_t i = 0; i < s.nruns; i++)
+        nfinished += s.runs[i].done != 0;
+    strata_log_info("%zu of %zu run%s finished (%zu before), %zu failed; report in %s/report.md",
+                    nfinished, s.nruns, s.nruns == 1 ? "" : "s", skipped, nfailed, out);
     if (*stop) {
         strata_log_warn("interrupted; run the same command again to continue the study");
         code = 130;

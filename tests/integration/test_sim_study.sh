@@ -52,7 +52,8 @@ grep -q "| legacy | 1 |" "$OUT/report.md" || fail "report.md lacks legacy's row"
 
 # Again: both runs are skipped.
 "$SIM" --study "$WORK/spec.json" --out "$OUT" 2>"$WORK/err2.txt" || fail "the second study failed"
-grep -q "2 runs (2 finished before)" "$WORK/err2.txt" || fail "finished runs were not skipped"
+grep -q "2 of 2 runs finished (2 before), 0 failed" "$WORK/err2.txt" ||
+    fail "finished runs were not skipped: $(cat "$WORK/err2.txt")"
 [ "$(wc -l <"$OUT/study.csv")" -eq 5 ] || fail "study.csv changed on the second run"
 
 # A round that was not evaluated (accuracy and loss empty in its report.csv,
@@ -85,6 +86,9 @@ reap "$study"
 [ "$REAPED_RC" = 130 ] || fail "a stopped study exited $REAPED_RC, expected 130"
 if pgrep -f -- "$WORK/stopped/" >/dev/null; then fail "the stopped study left processes"; fi
 [ ! -e "$WORK/stopped/runs/uniform_7/study.done" ] || fail "the stopped run counts as finished"
+# Its summary counts the runs that finished, not the runs planned.
+grep -q "0 of 1 run finished (0 before), 0 failed" "$WORK/err5.txt" ||
+    fail "the stopped study's summary: $(grep 'report in' "$WORK/err5.txt")"
 stopped_rows=$(($(wc -l <"$WORK/stopped/runs/uniform_7/report.csv") - 1))
 [ "$stopped_rows" -ge 2 ] || fail "the stopped run's report holds $stopped_rows rounds"
 sed "s/\"rounds\": 300/\"rounds\": $((stopped_rows + 1))/" "$WORK/long.json" >"$WORK/short.json"
