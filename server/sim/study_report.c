@@ -172,13 +172,17 @@ static int same_panel(const study *s, const run *p, const run *r)
     return 1;
 }
 
-/* The panel's name: its axis values but policy and seed. */
+/* The panel's name: its axis values but policy and seed (and, for a panel
+ * of dense runs only, but density and values, which they ignore). */
 static void panel_name(const study *s, const run *p, char *out, size_t cap, int pretty)
 {
     size_t n = 0;
+    const int dense = sim__study_is_dense(s, p);
     out[0] = '\0';
     for (size_t k = 0; k < s->nkeys; k++) {
         if (!s->keys[k].axis || (int)k == s->k_policy || (int)k == s->k_seed)
+            continue;
+        if (dense && ((int)k == s->k_density || (int)k == s->k_values))
             continue;
         const char *v = s->keys[k].vals[p->pick[k]];
         char frag[128];
@@ -426,15 +430,21 @@ int sim__study_write_outputs(study *s, size_t nfailed)
             "every run and round in <a href=\"study.csv\">study.csv</a>. Lines are the mean "
             "over seeds, bands one standard deviation.</p>\n",
             done, s->nruns);
-    /* One panel per distinct combination, in grid order. */
+    /* One panel per distinct combination, in grid order. A dense run joins
+     * the panel of the compressed runs that share its other axes; where
+     * none does (a grid of dense runs only), the dense runs make their own. */
     for (size_t i = 0; i < s->nruns && rc == 0; i++) {
-        if (sim__study_is_dense(s, &s->runs[i]) && s->nruns > 1)
-            continue; /* dense runs join the other panels */
+        const run *r = &s->runs[i];
+        const int dense = sim__study_is_dense(s, r);
         int seen = 0;
-        for (size_t j = 0; j < i && !seen; j++)
-            seen = !sim__study_is_dense(s, &s->runs[j]) && same_panel(s, &s->runs[j], &s->runs[i]);
+        for (size_t j = 0; j < s->nruns && !seen; j++) {
+            const run *q = &s->runs[j];
+            const int qdense = sim__study_is_dense(s, q);
+            if (j != i && (j < i || (dense && !qdense)) && (!qdense || dense))
+                seen = same_panel(s, q, r);
+        }
         if (!seen)
-            rc = write_panel(s, &s->runs[i], md, html);
+            rc = write_panel(s, r, md, html);
     }
     fputs("</body></html>\n", html);
     if (fclose(md) != 0 || fclose(html) != 0)

@@ -98,6 +98,20 @@ timeout 300 "$SIM" --study "$WORK/short.json" --out "$WORK/stopped" 2>"$WORK/err
 [ "$(wc -l <"$WORK/stopped/study.csv")" -eq $((stopped_rows + 2)) ] ||
     fail "study.csv does not hold the resumed run's $((stopped_rows + 1)) rounds"
 
+# A grid of dense runs only, over the clients' rate: each rate gets its own
+# panel, table row and plots (dense runs otherwise join the compressed runs'
+# panels).
+sed 's/"policy": \["uniform", "legacy"\]/"policy": "none", "lr": [0.05, 0.1]/' "$WORK/spec.json" >"$WORK/dense.json"
+timeout 300 "$SIM" --study "$WORK/dense.json" --out "$WORK/dense" 2>"$WORK/err8.txt" ||
+    fail "the dense study failed: $(tail -n 5 "$WORK/err8.txt")"
+for lr in 0.05 0.1; do
+    grep -q "^## lr $lr\$" "$WORK/dense/report.md" || fail "report.md has no panel for lr $lr"
+    [ -s "$WORK/dense/plots/$lr-uplink.svg" ] || fail "no uplink plot for lr $lr"
+done
+[ "$(grep -c '^| none | 1 | 0\.[0-9]* ± 0\.0000 | [0-9]* | [0-9]* | reference |$' "$WORK/dense/report.md")" = 2 ] ||
+    fail "report.md should hold one dense row per rate: $(cat "$WORK/dense/report.md")"
+! grep -q "density" "$WORK/dense/report.md" || fail "a dense panel is named after a density"
+
 # A spec with an option strata-sim does not know runs nothing.
 sed 's/"rounds": 2/"roundz": 2/' "$WORK/spec.json" >"$WORK/bad.json"
 rc=0
