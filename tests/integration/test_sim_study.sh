@@ -100,8 +100,9 @@ timeout 300 "$SIM" --study "$WORK/short.json" --out "$WORK/stopped" 2>"$WORK/err
 
 # A grid of dense runs only, over the clients' rate: each rate gets its own
 # panel, table row and plots (dense runs otherwise join the compressed runs'
-# panels).
-sed 's/"policy": \["uniform", "legacy"\]/"policy": "none", "lr": [0.05, 0.1]/' "$WORK/spec.json" >"$WORK/dense.json"
+# panels), named without the density they ignore (one run per rate).
+sed 's/"policy": \["uniform", "legacy"\]/"policy": "none", "lr": [0.05, 0.1]/; s/"density": 0.05/"density": [0.05, 0.1]/' \
+    "$WORK/spec.json" >"$WORK/dense.json"
 timeout 300 "$SIM" --study "$WORK/dense.json" --out "$WORK/dense" 2>"$WORK/err8.txt" ||
     fail "the dense study failed: $(tail -n 5 "$WORK/err8.txt")"
 for lr in 0.05 0.1; do
