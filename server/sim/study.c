@@ -151,6 +151,14 @@ int sim__study_is_dense(const study *s, const run *r)
            strcmp(s->keys[s->k_policy].vals[r->pick[s->k_policy]], "none") == 0;
 }
 
+size_t sim__study_done_count(const study *s)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < s->nruns; i++)
+        n += s->runs[i].done != 0;
+    return n;
+}
+
 /* Names a run after its axis values, joined by '_'. */
 static void run_name(const study *s, const run *r, char *out, size_t cap)
 {
@@ -417,11 +425,9 @@ int sim_study_run(const char *spec_path, const char *out, const char *self,
         strata_log_error("cannot write the study's report in %s", out);
         code = 1;
     }
-    size_t nfinished = 0;
-    for (size_t i = 0; i < s.nruns; i++)
-        nfinished += s.runs[i].done != 0;
     strata_log_info("%zu of %zu run%s finished (%zu before), %zu failed; report in %s/report.md",
-                    nfinished, s.nruns, s.nruns == 1 ? "" : "s", skipped, nfailed, out);
+                    sim__study_done_count(&s), s.nruns, s.nruns == 1 ? "" : "s", skipped, nfailed,
+                    out);
     if (*stop) {
         strata_log_warn("interrupted; run the same command again to continue the study");
         code = 130;

@@ -57,6 +57,9 @@ typedef struct study {
  * pinned to their first value so that it runs once. */
 int sim__study_is_dense(const study *s, const run *r);
 
+/* How many of the study's runs have finished (r->done). */
+size_t sim__study_done_count(const study *s);
+
 /* Copies value into out (cap bytes) as a file-name fragment:
  * [A-Za-z0-9.+-] kept, anything else '-'; NULL (a flag) reads "on". */
 void sim__study_fragment(char *out, size_t cap, const char *value);

@@ -398,6 +398,24 @@ out:
     return rc;
 }
 
+/* Whether run i belongs to a panel that another run opens: an earlier run of
+ * the same kind (dense or compressed) with the same axes, or, for a dense
+ * run, any compressed run that shares its other axes. So dense runs join the
+ * compressed runs' panels, and make their own where none shares them (a grid
+ * of dense runs only). */
+static int in_other_panel(const study *s, size_t i)
+{
+    const run *r = &s->runs[i];
+    const int dense = sim__study_is_dense(s, r);
+    for (size_t j = 0; j < s->nruns; j++) {
+        const int qdense = sim__study_is_dense(s, &s->runs[j]);
+        int opens = qdense == dense ? j < i : dense && !qdense;
+        if (opens && same_panel(s, &s->runs[j], r))
+            return 1;
+    }
+    return 0;
+}
+
 int sim__study_write_outputs(study *s, size_t nfailed)
 {
     char path[PATH_MAX];
@@ -416,9 +434,7 @@ int sim__study_write_outputs(study *s, size_t nfailed)
             fclose(html);
         return STRATA_EIO;
     }
-    size_t done = 0;
-    for (size_t i = 0; i < s->nruns; i++)
-        done += s->runs[i].done;
+    size_t done = sim__study_done_count(s);
     fprintf(md,
             "# strata-sim study\n\n%zu of %zu runs finished%s; every run and round in "
             "[study.csv](study.csv). Lines are the mean over seeds, bands one standard "
@@ -430,22 +446,10 @@ int sim__study_write_outputs(study *s, size_t nfailed)
             "every run and round in <a href=\"study.csv\">study.csv</a>. Lines are the mean "
             "over seeds, bands one standard deviation.</p>\n",
             done, s->nruns);
-    /* One panel per distinct combination, in grid order. A dense run joins
-     * the panel of the compressed runs that share its other axes; where
-     * none does (a grid of dense runs only), the dense runs make their own. */
-    for (size_t i = 0; i < s->nruns && rc == 0; i++) {
-        const run *r = &s->runs[i];
-        const int dense = sim__study_is_dense(s, r);
-        int seen = 0;
-        for (size_t j = 0; j < s->nruns && !seen; j++) {
-            const run *q = &s->runs[j];
-            const int qdense = sim__study_is_dense(s, q);
-            if (j != i && (j < i || (dense && !qdense)) && (!qdense || dense))
-                seen = same_panel(s, q, r);
-        }
-        if (!seen)
-            rc = write_panel(s, r, md, html);
-    }
+    /* One panel per distinct combination, in grid order. */
+    for (size_t i = 0; i < s->nruns && rc == 0; i++)
+        if (!in_other_panel(s, i))
+            rc = write_panel(s, &s->runs[i], md, html);
     fputs("</body></html>\n", html);
     if (fclose(md) != 0 || fclose(html) != 0)
         rc = rc ? rc : STRATA_EIO;

@@ -112,6 +112,18 @@ done
 [ "$(grep -c '^| none | 1 | 0\.[0-9]* ± 0\.0000 | [0-9]* | [0-9]* | reference |$' "$WORK/dense/report.md")" = 2 ] ||
     fail "report.md should hold one dense row per rate: $(cat "$WORK/dense/report.md")"
 ! grep -q "density" "$WORK/dense/report.md" || fail "a dense panel is named after a density"
+# Beside compressed runs, the one dense run joins every panel that shares
+# its other axes (here each density's), as the reference of its ratios.
+sed 's/"uniform", "legacy"/"none", "uniform"/; s/"density": 0.05/"density": [0.05, 0.1]/' \
+    "$WORK/spec.json" >"$WORK/mixed.json"
+timeout 300 "$SIM" --study "$WORK/mixed.json" --out "$WORK/mixed" 2>"$WORK/err9.txt" ||
+    fail "the mixed study failed: $(tail -n 5 "$WORK/err9.txt")"
+grep -q "3 of 3 runs finished" "$WORK/err9.txt" || fail "the mixed study should run 3 runs"
+[ "$(grep -c '^## ' "$WORK/mixed/report.md")" = 2 ] || fail "the mixed study should have 2 panels"
+[ "$(grep -c '^| none | 1 | .* | reference |$' "$WORK/mixed/report.md")" = 2 ] ||
+    fail "the dense run should be the reference of both panels: $(cat "$WORK/mixed/report.md")"
+[ "$(grep -c '^| uniform | 1 | .* | [0-9.]*x fewer |$' "$WORK/mixed/report.md")" = 2 ] ||
+    fail "each panel's uniform row should give its ratio to dense: $(cat "$WORK/mixed/report.md")"
 
 # A spec with an option strata-sim does not know runs nothing.
 sed 's/"rounds": 2/"roundz": 2/' "$WORK/spec.json" >"$WORK/bad.json"
