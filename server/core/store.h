@@ -1,8 +1,17 @@
-/* The coordinator's durable state: one state directory holding
+/* The coordinator's durable state, behind one interface: registered
+ * clients, rounds, updates (their payload bodies included) with receipts,
+ * checkpoint records and counters. Every caller (the engine, the HTTP
+ * layer's handlers, the round close, strata-sim's report) reaches durable
+ * state only through the functions below; each dispatches to the handle's
+ * backend (an operations table, store_backend.h). The backend today is
+ * SQLite in a state directory (strata_store_open); the interface is what a
+ * second backend implements, and tests/unit/test_store_conformance.c runs
+ * the same cases against every backend.
  *
- *   state.db        SQLite database (WAL): clients, rounds, updates
- *                   (metadata and SHA-256 only), checkpoints, counters
- *   updates/<R>/<C>.bin   the payload of client C's update for round R
+ * A state directory holds
+ *
+ *   state.db        the SQLite database (WAL): clients, rounds, updates and
+ *                   their payloads, checkpoints, counters
  *   checkpoints/model-<V>.safetensors   the global model of version V
  *   checkpoints/server-opt-<V>.safetensors   the server optimiser's state
  *                   after version V (fedavgm, fedadam, fedyogi)
@@ -10,20 +19,23 @@
  *   admin.token     the admin bearer token, unless --admin-token-file names
  *                   another file
  *
- * Every one of these paths is composed by strata_store_path alone.
+ * Every one of these paths is composed by strata_store_path alone. (A
+ * directory written by schema 2 also had updates/<R>/<C>.bin, one file per
+ * payload: the first open migrates them into the database and removes
+ * them.)
  *
  * Durability contract. strata_store_update_put (and the commit of a prepared
  * update, strata_store_update_commit and _commit_many) returns STRATA_OK only
- * after the payload file is written, fsync'ed and renamed into place (and its
- * directory fsync'ed) AND the row describing it is committed with
- * synchronous=FULL. A caller may acknowledge the update (HTTP 200) exactly
- * then: after a crash of the process or of the machine the update is listed by
- * strata_store_update_list and its bytes are intact. A payload file whose row
- * was never committed (crash between the two steps) is removed when the
- * directory is next opened by strata_store_open; it is never listed.
+ * after the update's row and its payload are committed durably (SQLite:
+ * one transaction with synchronous=FULL, so one fsync of the write-ahead
+ * log for a whole group commit). A caller may acknowledge the update (HTTP
+ * 200) exactly then: after a crash of the process or of the machine the
+ * update is listed by strata_store_update_list and its bytes are intact. A
+ * commit that did not return is all or nothing: after a crash, either every
+ * accepted item of its batch is stored or none is, never part of one.
  *
- * Threads and processes. A strata_store is one SQLite connection and may be
- * used by one thread at a time. Exactly one process owns a state directory:
+ * Threads and processes. A strata_store is one connection and may be used
+ * by one thread at a time. Exactly one process owns a state directory:
  * strata_store_open takes an exclusive lock and fails with STRATA_ESTATE when
  * another open store (in this or another process) holds it. A thread that
  * needs its own connection gets one from strata_store_open_secondary; all
@@ -33,12 +45,12 @@
  * Errors. Every function returns STRATA_OK or a negative strata_err and, when
  * diag is not NULL, explains the failure in it: STRATA_EINVAL for bad
  * arguments, STRATA_ESTATE when the call contradicts the stored state
- * (existing round, closed round, ...), STRATA_EIO for file-system and SQLite
- * failures (with sqlite3_errmsg), STRATA_ENOMEM, STRATA_ETOOBIG for a too
- * small caller buffer. Every write is all-or-nothing: on error the
- * transaction is rolled back and no file is left behind. Out-parameters are
- * zeroed on entry. Unsigned 64-bit values (ids, versions, sample counts) must
- * fit in int64_t (SQLite integers); larger values are STRATA_EINVAL. */
+ * (existing round, closed round, ...), STRATA_EIO for file-system and
+ * database failures (with the database's message), STRATA_ENOMEM,
+ * STRATA_ETOOBIG for a too small caller buffer. Every write is
+ * all-or-nothing: on error the transaction is rolled back. Out-parameters
+ * are zeroed on entry. Unsigned 64-bit values (ids, versions, sample
+ * counts) must fit in int64_t; larger values are STRATA_EINVAL. */
 #ifndef STRATA_SERVER_STORE_H
 #define STRATA_SERVER_STORE_H
 
@@ -50,23 +62,26 @@
 
 /* The schema this build creates and reads. An older database is migrated on
  * open; a newer one is refused. */
-#define STRATA_STORE_SCHEMA_VERSION 2
+#define STRATA_STORE_SCHEMA_VERSION 3
 
-#define STRATA_STORE_HASH_LEN STRATA_SHA256_LEN /* SHA-256 (strata/hash.h) */
-#define STRATA_STORE_RECEIPT_LEN 32             /* hex characters of a receipt id */
-#define STRATA_STORE_REGISTRATION_MAX 64        /* bytes of a registration id */
-#define STRATA_STORE_NAME_MAX 128               /* bytes of a client name */
-#define STRATA_STORE_COUNTER_NAME_MAX 127       /* bytes of a counter name */
+#define STRATA_STORE_HASH_LEN STRATA_SHA256_LEN    /* SHA-256 (strata/hash.h) */
+#define STRATA_STORE_RECEIPT_LEN 32                /* hex characters of a receipt id */
+#define STRATA_STORE_REGISTRATION_MAX 64           /* bytes of a registration id */
+#define STRATA_STORE_NAME_MAX 128                  /* bytes of a client name */
+#define STRATA_STORE_COUNTER_NAME_MAX 127          /* bytes of a counter name */
+#define STRATA_STORE_PAYLOAD_MAX ((size_t)1 << 29) /* bytes of one update's payload */
 
 typedef struct strata_store strata_store;
 
 /* ---- Opening and closing ---------------------------------------------- */
 
-/* Opens (creating when missing) the state directory state_dir: creates the
- * layout, takes the directory lock, opens state.db in WAL mode with
- * busy_timeout, synchronous=FULL and foreign keys on, creates or migrates the
- * schema, and recovers: removes payload files that have no committed row and
- * temporary files left by an interrupted write (see
+/* Opens (creating when missing) the state directory state_dir with the
+ * SQLite backend: creates the layout, takes the directory lock, opens
+ * state.db in WAL mode with busy_timeout, synchronous=FULL and foreign keys
+ * on, creates or migrates the schema (schema 2's payload files move into
+ * the database; a file that is missing or differs from its row fails the
+ * open with STRATA_EIO and changes nothing), and recovers: removes the
+ * temporary files left by an interrupted checkpoint write (see
  * strata_store_recovered_files). Errors: STRATA_ESTATE when the directory is
  * locked by another store or the database has a newer schema version,
  * STRATA_EIO for file-system or SQLite failures. *out is owned by the caller
@@ -85,13 +100,16 @@ void strata_store_close(strata_store *s);
 /* The state directory (borrowed; lives as long as s). */
 const char *strata_store_dir(const strata_store *s);
 
+/* The name of s's backend ("sqlite"; borrowed, static). */
+const char *strata_store_backend(const strata_store *s);
+
 /* The files and folders of a state directory. */
 typedef enum {
     STRATA_STORE_FILE_DB,            /* state.db */
     STRATA_STORE_FILE_LOCK,          /* lock */
-    STRATA_STORE_FILE_UPDATES,       /* updates */
-    STRATA_STORE_FILE_ROUND_UPDATES, /* updates/<a: round> */
-    STRATA_STORE_FILE_UPDATE,        /* updates/<a: round>/<b: client>.bin */
+    STRATA_STORE_FILE_UPDATES,       /* updates (schema 2; read by its migration) */
+    STRATA_STORE_FILE_ROUND_UPDATES, /* updates/<a: round> (schema 2) */
+    STRATA_STORE_FILE_UPDATE,        /* updates/<a: round>/<b: client>.bin (schema 2) */
     STRATA_STORE_FILE_CHECKPOINTS,   /* checkpoints */
     STRATA_STORE_FILE_CHECKPOINT,    /* checkpoints/model-<a: version>.safetensors */
     STRATA_STORE_FILE_SERVER_OPT,    /* checkpoints/server-opt-<a: version>.safetensors */
@@ -108,8 +126,8 @@ typedef enum {
 int strata_store_path(const char *state_dir, strata_store_file file, uint64_t a, uint64_t b,
                       char *buf, size_t len, strata_diag *diag);
 
-/* Number of orphan payload files and temporary files the recovery of
- * strata_store_open removed (0 for a secondary). */
+/* Number of temporary files the recovery of strata_store_open removed (0
+ * for a secondary). */
 size_t strata_store_recovered_files(const strata_store *s);
 
 /* ---- Clients ---------------------------------------------------------- */
@@ -236,9 +254,8 @@ typedef enum {
 } strata_store_verdict;
 
 /* Stores client_id's update for round `round` durably (see the contract at
- * the top): payload (borrowed, len > 0 bytes) goes to
- * updates/<round>/<client_id>.bin, its metadata to the database, and
- * *receipt describes it. samples > 0 is the FedAvg weight.
+ * the top): payload (borrowed, 1 to STRATA_STORE_PAYLOAD_MAX bytes) and
+ * its metadata go to the database, and *receipt describes it. samples > 0 is the FedAvg weight.
  *
  * Idempotent by (client, round): when the client already has an update for
  * the round with the same bytes (SHA-256), nothing changes (even when the
@@ -260,49 +277,44 @@ int strata_store_update_put(strata_store *s, uint32_t round, uint64_t client_id,
  *
  * strata_store_update_put is strata_store_update_prepare followed by
  * strata_store_update_commit. A caller that serialises its store calls under
- * a lock can run the slow half (writing and fsync'ing the payload file)
- * before taking the lock, and commit several prepared updates in one
- * transaction (one directory fsync and one synchronous commit for all). The
+ * a lock can run the part that needs no connection (hashing and copying
+ * the payload) before taking the lock, and commit several prepared updates
+ * in one transaction (one synchronous commit for all). The
  * durability contract is the same: an update may be acknowledged only once
  * its commit says so. */
 
-/* An update whose payload is written and fsync'ed to a temporary file in
- * updates/<round>/ but not yet published or recorded. Opaque. */
+/* An update ready to commit: a copy of its payload, its SHA-256 and its
+ * receipt id; nothing stored yet. Opaque. */
 typedef struct strata_store_pending strata_store_pending;
 
-/* Writes client_id's payload for `round` (borrowed, len > 0 bytes) to a new
- * temporary file in the round's directory (created when missing) and fsyncs
- * it, computes its SHA-256 and draws a receipt id. Touches no database
- * connection: it reads only s's directory name, which never changes, so it
- * may run in any thread at the same time as any other call on s or its
- * secondaries (typically before the caller takes the lock that serialises
- * its use of s). Nothing becomes visible to readers; the round, the
- * selection and duplicates are checked by the commit. *out (pass it to a
- * commit, or discard it with strata_store_pending_free) is NULL on error.
- * Errors: STRATA_EINVAL for the argument checks of strata_store_update_put
- * (len > 0, samples > 0, ids and sizes that fit int64_t), STRATA_EIO,
- * STRATA_ENOMEM, STRATA_ETOOBIG (path too long). */
+/* Copies client_id's payload for `round` (borrowed, len > 0 bytes),
+ * computes its SHA-256 and draws a receipt id. Touches no connection (s is
+ * only checked for NULL), so it may run in any thread at the same time as any other call on s or
+ * its secondaries (typically before the caller takes the lock that serialises its use of s).
+ * Nothing becomes visible to readers; the round, the selection and duplicates are checked by the
+ * commit. *out (pass it to a commit, or discard it with strata_store_pending_free) is NULL on
+ * error. Errors: STRATA_EINVAL for the argument checks of strata_store_update_put (len > 0, samples
+ * > 0, ids and sizes that fit), STRATA_EIO (no random bytes for the receipt), STRATA_ENOMEM. */
 int strata_store_update_prepare(const strata_store *s, uint32_t round, uint64_t client_id,
                                 const uint8_t *payload, size_t len, uint64_t samples,
                                 strata_store_pending **out, strata_diag *diag);
 
-/* Discards a prepared update: removes its temporary file and frees it.
+/* Discards a prepared update (frees it).
  * Accepts NULL. Thread-safe for distinct pendings. */
 void strata_store_pending_free(strata_store_pending *p);
 
 /* Commits a prepared update with exactly the outcomes, refusals and
  * durability of strata_store_update_put (receipt, verdict, STRATA_ESTATE for
  * a refusal, other errors must not be acknowledged). Takes ownership of p,
- * which is freed in every case (its temporary file is published or
- * removed). Like every call that uses s's connection: one thread at a time
+ * which is freed in every case. Like every call that uses s's connection: one thread at a time
  * per s. STRATA_EINVAL when p or receipt is NULL. */
 int strata_store_update_commit(strata_store *s, strata_store_pending *p,
                                strata_store_receipt *receipt, strata_store_verdict *verdict,
                                strata_diag *diag);
 
 /* Group commit: commits the n (distinct) prepared updates p[0..n-1] in one
- * write transaction, with one directory fsync per distinct round directory
- * and one synchronous (synchronous=FULL) commit for all of them. Item i gets
+ * write transaction, with one synchronous (synchronous=FULL) commit for all
+ * of them. Item i gets
  * results[i] = STRATA_OK (accepted, or a duplicate with the original
  * receipt) or STRATA_ESTATE (refused: verdicts[i] says why), and receipts[i]
  * and verdicts[i] as strata_store_update_put would set them. Items of one
@@ -313,8 +325,8 @@ int strata_store_update_commit(strata_store *s, strata_store_pending *p,
  * results[i] is STRATA_OK is then durable and may be acknowledged. Any other
  * return (STRATA_EIO, STRATA_ENOMEM; STRATA_EINVAL for a NULL array or item)
  * fails the whole batch: results[i] hold that error for every i, no item may
- * be acknowledged, the transaction is rolled back and published files
- * without a committed row are removed (a retry is then stored anew, or
+ * be acknowledged and the transaction is rolled back (a retry is then
+ * stored anew, or
  * answered as a duplicate should a failed COMMIT have reached the disk after
  * all, as with strata_store_update_put). Takes ownership of every p[i]
  * (freed in every case). receipts, verdicts and results have n entries each;
@@ -327,7 +339,6 @@ typedef struct strata_store_update {
     uint32_t round;
     uint64_t client_id;
     strata_store_receipt receipt; /* duplicate = 0 */
-    char *path;                   /* owned by the list: the payload file */
 } strata_store_update;
 
 /* Lists the acknowledged updates of a round in the order they were accepted
@@ -341,8 +352,8 @@ void strata_store_update_list_free(strata_store_update *updates, size_t n);
 
 /* Reads client_id's payload for a round into a new buffer *buf (free()) and
  * checks its length and SHA-256 against the row. Errors: STRATA_ESTATE when
- * there is no such update, STRATA_EIO when the file is missing or its
- * content does not match. */
+ * there is no such update, STRATA_EIO when the stored bytes do not match
+ * (corruption). */
 int strata_store_update_read(strata_store *s, uint32_t round, uint64_t client_id, uint8_t **buf,
                              size_t *len, strata_diag *diag);
 

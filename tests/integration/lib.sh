@@ -87,3 +87,20 @@ get() { "${C[@]}" "$URL$1" 2>/dev/null | tr -d '\000'; }
 metric() { get /metrics | sed -n "s/^$1 //p"; }
 alive() { kill -0 "$1" 2>/dev/null; }
 exited() { ! alive "$1"; }
+
+# stored_payload STATE ROUND CLIENT OUT: writes the payload the coordinator
+# stored for CLIENT's update of ROUND (its row in STATE/state.db, the
+# payloads table) to OUT; fails when there is none. Read-only on the
+# database, so it may run while the coordinator does.
+stored_payload() {
+    rm -f "$4"
+    sqlite3 -readonly -batch "$1/state.db" \
+        "SELECT writefile('$4', p.body) FROM updates u JOIN payloads p ON p.seq = u.seq
+         WHERE u.round = $2 AND u.client_id = $3" >/dev/null && [ -s "$4" ]
+}
+
+# stored_count STATE [ROUND]: the number of stored payloads (of ROUND).
+stored_count() {
+    sqlite3 -readonly -batch "$1/state.db" \
+        "SELECT count(*) FROM updates u JOIN payloads p ON p.seq = u.seq${2:+ WHERE u.round = $2}"
+}

@@ -6,8 +6,8 @@
 # count exactly one strata_requests_rejected_total{reason=<code>} (and, for
 # uploads, one strata_updates_rejected_total{reason=...}) and leave the
 # coordinator's state as it was: /v1/status, round 0's summary, the accepted
-# and completed counters, the rows of the SQLite tables and the files under
-# updates/ are compared before and after each case. Finally both selected
+# and completed counters, the rows of the SQLite tables (the stored payloads'
+# count and bytes among them) and the files under checkpoints/ are compared before and after each case. Finally both selected
 # clients upload correct updates and round 0 closes normally.
 . "$(dirname "$0")/lib.sh"
 SERVER="$BUILD/strata-server"
@@ -184,7 +184,9 @@ snapshot() {
         SELECT 'checkpoints', COUNT(*) FROM checkpoints;" >>"$1" 2>&1 ||
         fail "snapshot: sqlite3 failed: $(cat "$1")"
     local f
-    for f in "$STATE"/updates/** "$STATE"/checkpoints/**; do
+    sqlite3 -readonly "$DB" "SELECT 'payloads', COUNT(*), total(length(body)) FROM payloads;" \
+        >>"$1" 2>&1 || fail "snapshot: sqlite3 failed: $(cat "$1")"
+    for f in "$STATE"/checkpoints/**; do
         if [ -d "$f" ]; then echo "dir ${f#"$STATE"/}"; else echo "file ${f#"$STATE"/}"; fi
     done >>"$1"
 }
@@ -448,7 +450,7 @@ up_bytes=$(($(stat -c %s "$WORK/good-a.bin") + $(stat -c %s "$WORK/good-b.bin"))
 [ "$(json_field "$BODY" uplink_bytes)" = "$up_bytes" ] || fail "round 0 uplink: $BODY"
 grep -q '^round 0/2: 2 updates, accuracy' "$WORK/server.out" || fail "no round log line"
 [ "$(sqlite3 -readonly "$DB" 'SELECT COUNT(*) FROM updates')" = 2 ] || fail "updates rows"
-[ "$(find "$STATE/updates" -type f | wc -l)" = 2 ] || fail "update files: $(find "$STATE/updates")"
+[ "$(stored_count "$STATE")" = 2 ] || fail "stored payloads: $(stored_count "$STATE")"
 [ "$(sqlite3 -readonly "$DB" 'SELECT COUNT(*) FROM clients')" = 3 ] || fail "clients rows"
 
 # /metrics: the per-reason counts are exactly those of the cases above.

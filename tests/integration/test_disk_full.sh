@@ -28,8 +28,8 @@
 # lands at its moment however loaded the machine is. At the end every client
 # exits 0 having seen the end of the run once, the coordinator reports all 6
 # rounds completed, and every receipt the clients hold is a row of the
-# updates table in state.db whose payload file exists with the recorded size
-# and SHA-256, as many rows as receipts. No request was answered 500.
+# updates table in state.db whose stored payload has the recorded size and
+# SHA-256, as many rows as receipts. No request was answered 500.
 #
 # STRATA_DISK_KEEP=DIR keeps the logs (and a copy of the state directory)
 # there. Needs root to mount the tmpfs; exits 77 (skipped) when it cannot.
@@ -421,12 +421,12 @@ sqlite3 -readonly -batch -noheader -separator ' ' "$STATE/state.db" \
 cut -d' ' -f1-3 "$WORK/accepted.txt" | diff - "$WORK/receipts.txt" >"$WORK/diff.txt" ||
     die "accepted updates and receipts differ (< coordinator, > clients): $(cat "$WORK/diff.txt")"
 while read -r r id receipt bytes sha; do
-    f="$STATE/updates/$r/$id.bin"
-    [ -f "$f" ] || die "round $r, client $id (receipt $receipt): no payload file $f"
+    f="$WORK/stored.bin"
+    stored_payload "$STATE" "$r" "$id" "$f" || die "round $r, client $id (receipt $receipt): no stored payload"
     [ "$(stat -c %s "$f")" = "$bytes" ] || die "$f: $(stat -c %s "$f") bytes, the store says $bytes"
     [ "$(sha256sum <"$f" | cut -d' ' -f1)" = "$sha" ] || die "$f: SHA-256 differs from the store's"
 done <"$WORK/accepted.txt"
-[ "$(find "$STATE/updates" -name '*.bin' | wc -l)" = $TOTAL ] || die "stray payload files in $STATE/updates"
+[ "$(stored_count "$STATE")" = $TOTAL ] || die "stray stored payloads in $STATE/state.db"
 
 # Each refusal and failed attempt is logged once (the counters of a killed
 # coordinator are not all saved).

@@ -142,11 +142,12 @@ finish_run() {
         die "rounds completed: $(metric strata_rounds_completed_total)"
     [ "$(metric strata_registered_clients)" = 5 ] ||
         die "registered clients: $(metric strata_registered_clients) (a ghost?)"
-    # The clients' state folders (one volume) and the coordinator's updates.
+    # The clients' state folders (one volume) and the coordinator's state
+    # directory (idle now: every client has exited).
     timeout 120 docker cp "$(ids_of client | head -n 1):/client-state" "$out/cs" ||
         die "cannot copy the client states"
-    timeout 120 docker cp "$(coordinator):/state/updates" "$out/updates" ||
-        die "cannot copy the coordinator's updates"
+    timeout 120 docker cp "$(coordinator):/state" "$out/state" ||
+        die "cannot copy the coordinator's state directory"
     local accepted total=0 r s n
     accepted=$(metric strata_updates_accepted_total)
     for ((r = 0; r < rounds; r++)); do
@@ -154,7 +155,7 @@ finish_run() {
         [ "$(json_field "$s" state)" = closed ] || die "round $r: $s"
         n=$(cat "$out"/cs/replica-*/receipts.log 2>/dev/null | grep -c "^$r " || true)
         [ "$n" = "$(json_field "$s" participants)" ] || die "round $r: $n receipts, $s"
-        [ "$(find "$out/updates/$r" -name '*.bin' | wc -l)" = "$n" ] || die "round $r: stored updates"
+        [ "$(stored_count "$out/state" "$r")" = "$n" ] || die "round $r: stored updates"
         total=$((total + n))
     done
     [ "$total" = "$accepted" ] || die "$total receipts, $accepted accepted updates"
@@ -166,9 +167,11 @@ finish_run() {
         tok=$(json_field "$(cat "$dir/identity.json")" token)
         shares+="$(json_field "$(cat "$dir/identity.json")" data_share) "
         while read -r r receipt; do
+            stored_payload "$out/state" "$r" "$id" "$out/resend.bin" ||
+                die "client $id round $r: no stored payload"
             body=$("${C[@]}" -H "Authorization: Bearer $tok" \
                 -H "Content-Type: application/octet-stream" \
-                --data-binary @"$out/updates/$r/$id.bin" "$URL/v1/rounds/$r/updates")
+                --data-binary @"$out/resend.bin" "$URL/v1/rounds/$r/updates")
             [ "$(json_field "$body" receipt)" = "$receipt" ] || die "client $id round $r: $body vs $receipt"
             [ "$(json_field "$body" duplicate)" = true ] || die "client $id round $r: $body"
             RECEIPTS=$((RECEIPTS + 1))

@@ -563,10 +563,11 @@ get "/v1/rounds?from=0&limit=1000" | sed 's/{"round":/\n&/g' |
 cut -d' ' -f1 "$WORK/receipts.txt" | uniq -c | awk '{ print $2, "closed", $1 }' >"$WORK/rounds.want"
 diff "$WORK/rounds.txt" "$WORK/rounds.want" >"$WORK/diff.txt" ||
     die "round summaries (round state participants) differ from the receipts: $(cat "$WORK/diff.txt")"
-find "$STATE/updates" -name '*.bin' | sed -E 's|.*/updates/([0-9]+)/([0-9]+)\.bin$|\1 \2|' |
-    sort -k1,1n -k2,2n >"$WORK/stored.txt"
+sqlite3 -readonly -batch -noheader -separator ' ' "$STATE/state.db" \
+    "SELECT u.round, u.client_id FROM updates u JOIN payloads p ON p.seq = u.seq
+     ORDER BY u.round, u.client_id" >"$WORK/stored.txt" || die "cannot read $STATE/state.db"
 cut -d' ' -f1,2 "$WORK/receipts.txt" | diff "$WORK/stored.txt" - >"$WORK/diff.txt" ||
-    die "stored update files differ from the receipts: $(cat "$WORK/diff.txt")"
+    die "stored payloads differ from the receipts: $(cat "$WORK/diff.txt")"
 ACCEPTED=$(metric strata_updates_accepted_total)
 COMPLETED=$(metric strata_rounds_completed_total)
 # (Both counters are counted from the store's rounds and updates at start-up,
@@ -584,8 +585,9 @@ for ((i = 0; i < NC; i++)); do
     tok=$(json_field "$(cat "$WORK/c$i/identity.json")" token)
     r=$((RANDOM % ROUNDS))
     receipt=$(awk -v r="$r" '$1 == r { print $2 }' "$WORK/c$i/receipts.log")
+    stored_payload "$STATE" "$r" "$id" "$WORK/resend.bin" || die "client $i round $r: no stored payload"
     body=$("${C[@]}" -H "Authorization: Bearer $tok" -H "Content-Type: application/octet-stream" \
-        --data-binary @"$STATE/updates/$r/$id.bin" "$URL/v1/rounds/$r/updates" || true)
+        --data-binary @"$WORK/resend.bin" "$URL/v1/rounds/$r/updates" || true)
     [[ $body =~ \"receipt\":\"([0-9a-f]+)\" ]] && [ "${BASH_REMATCH[1]}" = "$receipt" ] ||
         die "client $i round $r: re-upload answered $body, the client holds $receipt"
     [[ $body =~ \"duplicate\":true ]] || die "client $i round $r: $body"

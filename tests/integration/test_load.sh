@@ -64,8 +64,8 @@ done
 metrics=$("${C[@]}" -f "$URL/metrics") || fail "GET /metrics"
 accepted=$(printf '%s\n' "$metrics" | sed -n 's/^strata_updates_accepted_total //p')
 [ "$accepted" = $((CLIENTS * ROUNDS)) ] || fail "strata_updates_accepted_total '$accepted'"
-files=$(find "$WORK/state/updates" -name '*.bin' | wc -l)
-[ "$files" -eq $((CLIENTS * ROUNDS)) ] || fail "$files update files on disk"
+stored=$(stored_count "$WORK/state")
+[ "$stored" -eq $((CLIENTS * ROUNDS)) ] || fail "$stored payloads stored"
 
 kill -TERM "$SPID"
 wait "$SPID" || fail "server exit status $?"

@@ -158,7 +158,7 @@ for ((r = 0; r < ROUNDS; r++)); do
     [ "$(json_field "$s" participants)" = $NC ] || die "round $r counted more or fewer: $s"
     n=$(cat "$WORK"/c*/receipts.log | grep -c "^$r " || true)
     [ "$n" = "$(json_field "$s" participants)" ] || die "round $r: $n receipts, participants $s"
-    [ "$(find "$STATE/updates/$r" -name '*.bin' | wc -l)" = $NC ] || die "round $r: stored updates"
+    [ "$(stored_count "$STATE" "$r")" = $NC ] || die "round $r: stored updates"
 done
 
 # Every receipt is the coordinator's: re-uploading the stored payload returns
@@ -169,8 +169,9 @@ for i in 0 1 2; do
     rounds=$(cut -d' ' -f1 "$WORK/c$i/receipts.log" | tr '\n' ' ')
     [ "$rounds" = "0 1 2 3 " ] || die "client $i receipts for rounds '$rounds'"
     while read -r r receipt; do
+        stored_payload "$STATE" "$r" "$id" "$WORK/resend.bin" || die "client $i round $r: no payload"
         body=$("${C[@]}" -H "Authorization: Bearer $tok" -H "Content-Type: application/octet-stream" \
-            --data-binary @"$STATE/updates/$r/$id.bin" "$URL/v1/rounds/$r/updates")
+            --data-binary @"$WORK/resend.bin" "$URL/v1/rounds/$r/updates")
         [ "$(json_field "$body" receipt)" = "$receipt" ] || die "client $i round $r: $body vs $receipt"
         [ "$(json_field "$body" duplicate)" = true ] || die "client $i round $r: $body"
     done <"$WORK/c$i/receipts.log"

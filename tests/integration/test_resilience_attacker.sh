@@ -185,7 +185,8 @@ run_case() {
         grep -q '1 quarantined$' "$CDIR/server.out" || die "no progress line counts the quarantined update"
         # The attacker's stored updates are kept.
         for ((r = 0; r < ROUNDS; r++)); do
-            [ -s "$CDIR/state/updates/$r/$aid.bin" ] || die "round $r: the attacker's update is not stored"
+            stored_payload "$CDIR/state" "$r" "$aid" "$CDIR/attacker.bin" ||
+                die "round $r: the attacker's update is not stored"
         done
     fi
     kill -TERM "$spid"

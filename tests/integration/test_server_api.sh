@@ -369,6 +369,6 @@ wait "$POLL" || true
 bad=$(find "$WORK/state" -mindepth 1 \( -type f ! -perm 0600 \) -o \( -type d ! -perm 0700 \) |
     while read -r p; do echo "$p $(stat -c %a "$p")"; done)
 [ -z "$bad" ] || fail "state files readable by others: $bad"
-[ -n "$(find "$WORK/state/updates" -name '*.bin')" ] || fail "no update files to check"
+[ "$(stored_count "$WORK/state")" -gt 0 ] || fail "no stored updates"
 [ -n "$(find "$WORK/state/checkpoints" -name '*.safetensors')" ] || fail "no checkpoints to check"
 echo "PASS test_server_api"

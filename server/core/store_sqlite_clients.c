@@ -1,6 +1,6 @@
 /* The store's clients table: registration by token hash, look-ups, the
  * count, and last-seen times. */
-#include "store_internal.h"
+#include "store_sqlite.h"
 
 #include <ctype.h>
 #include <dirent.h>
@@ -32,8 +32,8 @@ static void read_client(sqlite3_stmt *st, strata_store_client *c)
 }
 
 /* Runs S_CLIENT_BY_TOKEN or S_CLIENT_BY_ID, already bound. */
-int strata__store_fetch_client(strata_store *s, sqlite3_stmt *st, strata_store_client *out,
-                               int *found, strata_diag *diag)
+int strata__store_fetch_client(sq_store *s, sqlite3_stmt *st, strata_store_client *out, int *found,
+                               strata_diag *diag)
 {
     int step = sqlite3_step(st), rc = STRATA_OK;
     if (step == SQLITE_ROW) {
@@ -48,7 +48,7 @@ int strata__store_fetch_client(strata_store *s, sqlite3_stmt *st, strata_store_c
 }
 
 /* The client registered with registration id reg: *found and *id. */
-static int registration_get(strata_store *s, const char *reg, uint64_t *id, int *found,
+static int registration_get(sq_store *s, const char *reg, uint64_t *id, int *found,
                             strata_diag *diag)
 {
     int64_t v = 0;
@@ -69,7 +69,7 @@ static int registration_get(strata_store *s, const char *reg, uint64_t *id, int 
 }
 
 /* Stores a new client (and its registration id when reg is not NULL). */
-static int insert_client(strata_store *s, const uint8_t *token_hash, const char *name, size_t nlen,
+static int insert_client(sq_store *s, const uint8_t *token_hash, const char *name, size_t nlen,
                          const char *reg, uint64_t *id, strata_diag *diag)
 {
     sqlite3_stmt *st = strata__store_stmt(s, S_CLIENT_INSERT);
@@ -88,10 +88,11 @@ static int insert_client(strata_store *s, const uint8_t *token_hash, const char 
     return strata__store_exec_stmt(s, S_REGISTRATION_INSERT, diag, "insert registration");
 }
 
-int strata_store_client_add(strata_store *s, const uint8_t token_hash[STRATA_STORE_HASH_LEN],
-                            const char *name, const char *registration_id, uint64_t *client_id,
-                            int *existed, strata_diag *diag)
+int strata__sqlite_client_add(strata_store *base, const uint8_t token_hash[STRATA_STORE_HASH_LEN],
+                              const char *name, const char *registration_id, uint64_t *client_id,
+                              int *existed, strata_diag *diag)
 {
+    sq_store *s = (sq_store *)base;
     strata__store_diag_clear(diag);
     if (client_id != NULL)
         *client_id = 0;
@@ -153,9 +154,10 @@ out:
     return rc;
 }
 
-int strata_store_registration_find(strata_store *s, const char *registration_id,
-                                   uint64_t *client_id, int *found, strata_diag *diag)
+int strata__sqlite_registration_find(strata_store *base, const char *registration_id,
+                                     uint64_t *client_id, int *found, strata_diag *diag)
 {
+    sq_store *s = (sq_store *)base;
     strata__store_diag_clear(diag);
     if (client_id != NULL)
         *client_id = 0;
@@ -166,9 +168,10 @@ int strata_store_registration_find(strata_store *s, const char *registration_id,
     return registration_get(s, registration_id, client_id, found, diag);
 }
 
-int strata_store_client_get(strata_store *s, uint64_t client_id, strata_store_client *out,
-                            int *found, strata_diag *diag)
+int strata__sqlite_client_get(strata_store *base, uint64_t client_id, strata_store_client *out,
+                              int *found, strata_diag *diag)
 {
+    sq_store *s = (sq_store *)base;
     strata__store_diag_clear(diag);
     if (out != NULL)
         memset(out, 0, sizeof(*out));
@@ -183,8 +186,9 @@ int strata_store_client_get(strata_store *s, uint64_t client_id, strata_store_cl
     return strata__store_fetch_client(s, st, out, found, diag);
 }
 
-int strata_store_client_count(strata_store *s, uint64_t *count, strata_diag *diag)
+int strata__sqlite_client_count(strata_store *base, uint64_t *count, strata_diag *diag)
 {
+    sq_store *s = (sq_store *)base;
     strata__store_diag_clear(diag);
     if (count != NULL)
         *count = 0;
@@ -197,9 +201,10 @@ int strata_store_client_count(strata_store *s, uint64_t *count, strata_diag *dia
     return rc;
 }
 
-int strata_store_clients_seen(strata_store *s, const uint64_t *ids, const int64_t *seen_ms,
-                              size_t n, strata_diag *diag)
+int strata__sqlite_clients_seen(strata_store *base, const uint64_t *ids, const int64_t *seen_ms,
+                                size_t n, strata_diag *diag)
 {
+    sq_store *s = (sq_store *)base;
     strata__store_diag_clear(diag);
     if (s == NULL || (n > 0 && (ids == NULL || seen_ms == NULL)))
         return strata_diag_set(diag, STRATA_EINVAL, "clients seen: NULL argument");

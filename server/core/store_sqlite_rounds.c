@@ -1,6 +1,6 @@
 /* The store's rounds (open, read, close, list, with their selected
  * clients), checkpoint records, and persistent counters. */
-#include "store_internal.h"
+#include "store_sqlite.h"
 
 #include "strata/buf.h"
 
@@ -23,7 +23,7 @@
 
 /* ---- Rounds ------------------------------------------------------------- */
 
-static int json_ok(strata_store *s, const char *json, const char *what, strata_diag *diag)
+static int json_ok(sq_store *s, const char *json, const char *what, strata_diag *diag)
 {
     if (json == NULL)
         return STRATA_OK;
@@ -42,10 +42,11 @@ static int cmp_u64(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
-int strata_store_round_open(strata_store *s, uint32_t round, uint64_t model_version,
-                            const uint64_t *selected, size_t n, int64_t deadline_unix_ms,
-                            const char *task_json, strata_diag *diag)
+int strata__sqlite_round_open(strata_store *base, uint32_t round, uint64_t model_version,
+                              const uint64_t *selected, size_t n, int64_t deadline_unix_ms,
+                              const char *task_json, strata_diag *diag)
 {
+    sq_store *s = (sq_store *)base;
     strata__store_diag_clear(diag);
     if (s == NULL || (selected == NULL && n > 0))
         return strata_diag_set(diag, STRATA_EINVAL, "round open: NULL argument");
@@ -74,8 +75,6 @@ int strata_store_round_open(strata_store *s, uint32_t round, uint64_t model_vers
         }
     }
 
-    char dir[4096];
-    int created;
     rc = strata__store_tx_begin(s, diag);
     if (rc < 0)
         goto out;
@@ -130,18 +129,6 @@ int strata_store_round_open(strata_store *s, uint32_t round, uint64_t model_vers
     }
     if (rc < 0)
         goto out;
-    /* The payload directory exists before any upload can be accepted. */
-    rc = strata_store_path(s->dir, STRATA_STORE_FILE_ROUND_UPDATES, round, 0, dir, sizeof(dir),
-                           diag);
-    if (rc == STRATA_OK)
-        rc = strata__store_make_dir(dir, &created, diag);
-    if (rc == STRATA_OK && created) {
-        char parent[4096];
-        rc = strata_store_path(s->dir, STRATA_STORE_FILE_UPDATES, 0, 0, parent, sizeof(parent),
-                               diag);
-        if (rc == STRATA_OK)
-            rc = strata_file_fsync_dir(parent, diag);
-    }
     if (rc == STRATA_OK)
         rc = strata__store_tx_commit(s, diag);
 out:
@@ -149,16 +136,6 @@ out:
         strata__store_tx_rollback(s);
     free(sorted);
     return rc;
-}
-
-void strata_store_round_cleanup(strata_store_round *r)
-{
-    if (r == NULL)
-        return;
-    free(r->selected);
-    free(r->task_json);
-    free(r->summary_json);
-    memset(r, 0, sizeof(*r));
 }
 
 /* Reads the ROUND_COLUMNS of the current row. */
@@ -183,7 +160,7 @@ static int read_round(sqlite3_stmt *st, strata_store_round *r, strata_diag *diag
     return STRATA_OK;
 }
 
-static int read_selected(strata_store *s, strata_store_round *r, strata_diag *diag)
+static int read_selected(sq_store *s, strata_store_round *r, strata_diag *diag)
 {
     size_t cap = r->n_selected > 0 ? r->n_selected : 1, n = 0;
     r->selected = malloc(cap * sizeof(uint64_t));
@@ -208,9 +185,10 @@ static int read_selected(strata_store *s, strata_store_round *r, strata_diag *di
     return rc;
 }
 
-int strata_store_round_get(strata_store *s, uint32_t round, strata_store_round *out, int *found,
-                           strata_diag *diag)
+int strata__sqlite_round_get(strata_store *base, uint32_t round, strata_store_round *out,
+                             int *found, strata_diag *diag)
 {
+    sq_store *s = (sq_store *)base;
     strata__store_diag_clear(diag);
     if (out != NULL)
         memset(out, 0, sizeof(*out));
@@ -236,9 +214,10 @@ int strata_store_round_get(strata_store *s, uint32_t round, strata_store_round *
     return rc;
 }
 
-int strata_store_round_close(strata_store *s, uint32_t round, const char *summary_json,
-                             strata_diag *diag)
+int strata__sqlite_round_close(strata_store *base, uint32_t round, const char *summary_json,
+                               strata_diag *diag)
 {
+    sq_store *s = (sq_store *)base;
     strata__store_diag_clear(diag);
     if (s == NULL)
         return strata_diag_set(diag, STRATA_EINVAL, "round close: NULL argument");
@@ -270,8 +249,9 @@ int strata_store_round_close(strata_store *s, uint32_t round, const char *summar
     return rc;
 }
 
-int strata_store_last_round(strata_store *s, uint32_t *round, int *found, strata_diag *diag)
+int strata__sqlite_last_round(strata_store *base, uint32_t *round, int *found, strata_diag *diag)
 {
+    sq_store *s = (sq_store *)base;
     strata__store_diag_clear(diag);
     if (round != NULL)
         *round = 0;
@@ -289,18 +269,10 @@ int strata_store_last_round(strata_store *s, uint32_t *round, int *found, strata
     return rc;
 }
 
-void strata_store_round_list_free(strata_store_round *rounds, size_t n)
+int strata__sqlite_round_list(strata_store *base, uint32_t from, size_t limit,
+                              strata_store_round **out, size_t *n, strata_diag *diag)
 {
-    if (rounds == NULL)
-        return;
-    for (size_t i = 0; i < n; i++)
-        strata_store_round_cleanup(&rounds[i]);
-    free(rounds);
-}
-
-int strata_store_round_list(strata_store *s, uint32_t from, size_t limit, strata_store_round **out,
-                            size_t *n, strata_diag *diag)
-{
+    sq_store *s = (sq_store *)base;
     strata__store_diag_clear(diag);
     if (out != NULL)
         *out = NULL;
@@ -338,18 +310,9 @@ int strata_store_round_list(strata_store *s, uint32_t from, size_t limit, strata
 
 /* ---- Checkpoints -------------------------------------------------------- */
 
-int strata_store_checkpoint_path(const strata_store *s, uint64_t model_version, char *buf,
-                                 size_t len, strata_diag *diag)
+int strata__sqlite_checkpoint_record(strata_store *base, uint64_t model_version, strata_diag *diag)
 {
-    strata__store_diag_clear(diag);
-    if (s == NULL || buf == NULL || len == 0)
-        return strata_diag_set(diag, STRATA_EINVAL, "checkpoint path: NULL argument");
-    return strata_store_path(s->dir, STRATA_STORE_FILE_CHECKPOINT, model_version, 0, buf, len,
-                             diag);
-}
-
-int strata_store_checkpoint_record(strata_store *s, uint64_t model_version, strata_diag *diag)
-{
+    sq_store *s = (sq_store *)base;
     strata__store_diag_clear(diag);
     if (s == NULL)
         return strata_diag_set(diag, STRATA_EINVAL, "checkpoint record: NULL argument");
@@ -357,7 +320,7 @@ int strata_store_checkpoint_record(strata_store *s, uint64_t model_version, stra
         return strata_diag_set(diag, STRATA_EINVAL, "model version %" PRIu64 " is too large",
                                model_version);
     char path[4096];
-    int rc = strata_store_checkpoint_path(s, model_version, path, sizeof(path), diag);
+    int rc = strata_store_checkpoint_path(base, model_version, path, sizeof(path), diag);
     if (rc < 0)
         return rc;
     struct stat st;
@@ -378,9 +341,10 @@ int strata_store_checkpoint_record(strata_store *s, uint64_t model_version, stra
     return rc;
 }
 
-int strata_store_latest_model_version(strata_store *s, uint64_t *model_version, int *found,
-                                      strata_diag *diag)
+int strata__sqlite_latest_model_version(strata_store *base, uint64_t *model_version, int *found,
+                                        strata_diag *diag)
 {
+    sq_store *s = (sq_store *)base;
     strata__store_diag_clear(diag);
     if (model_version != NULL)
         *model_version = 0;
@@ -417,9 +381,10 @@ static int counter_name_ok(const char *name, strata_diag *diag)
     return STRATA_OK;
 }
 
-int strata_store_counter_add_many(strata_store *s, const strata_store_counter *deltas, size_t n,
-                                  strata_diag *diag)
+int strata__sqlite_counter_add_many(strata_store *base, const strata_store_counter *deltas,
+                                    size_t n, strata_diag *diag)
 {
+    sq_store *s = (sq_store *)base;
     strata__store_diag_clear(diag);
     if (s == NULL || (deltas == NULL && n > 0))
         return strata_diag_set(diag, STRATA_EINVAL, "counter add: NULL argument");
@@ -457,20 +422,10 @@ int strata_store_counter_add_many(strata_store *s, const strata_store_counter *d
     return rc;
 }
 
-int strata_store_counter_add(strata_store *s, const char *name, int64_t delta, strata_diag *diag)
+int strata__sqlite_counter_get(strata_store *base, const char *name, int64_t *value,
+                               strata_diag *diag)
 {
-    strata__store_diag_clear(diag);
-    int rc = counter_name_ok(name, diag);
-    if (rc < 0)
-        return rc;
-    strata_store_counter c;
-    snprintf(c.name, sizeof(c.name), "%s", name);
-    c.value = delta;
-    return strata_store_counter_add_many(s, &c, 1, diag);
-}
-
-int strata_store_counter_get(strata_store *s, const char *name, int64_t *value, strata_diag *diag)
-{
+    sq_store *s = (sq_store *)base;
     strata__store_diag_clear(diag);
     if (value != NULL)
         *value = 0;

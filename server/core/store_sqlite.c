@@ -1,9 +1,12 @@
-/* The store's plumbing: the schema and its migration, the prepared
+/* The SQLite backend of the store (the embedded default: one state
+ * directory on one machine): the schema and its migrations, the prepared
  * statements, opening (layout, directory lock, SQLite connection) and
- * closing, transactions, and the small helpers the table families share
- * (store_internal.h). The tables live in store_clients.c, store_rounds.c and
- * store_updates.c. */
-#include "store_internal.h"
+ * closing, transactions, the small helpers the table families share
+ * (store_sqlite.h) and the backend's operations table. The tables live in
+ * store_sqlite_clients.c, store_sqlite_rounds.c and
+ * store_sqlite_updates.c; the migration of payload files in
+ * store_sqlite_migrate.c. */
+#include "store_sqlite.h"
 
 #include "strata/fileio.h"
 
@@ -70,6 +73,15 @@ static const char migrate_v2[] =
     " client_id INTEGER NOT NULL UNIQUE REFERENCES clients(id)) WITHOUT ROWID;"
     "UPDATE schema_version SET version = 2;";
 
+/* Version 3: payload bodies in the database (one synchronous commit makes a
+ * whole batch of uploads durable) instead of one fsync'ed file each under
+ * updates/<round>/<client>.bin; migrate_payload_files moves existing files
+ * in. */
+static const char migrate_v3[] = "CREATE TABLE payloads("
+                                 " seq INTEGER PRIMARY KEY REFERENCES updates(seq),"
+                                 " body BLOB NOT NULL);"
+                                 "UPDATE schema_version SET version = 3;";
+
 #define ROUND_COLUMNS                                                                              \
     "round, model_version, state, opened_ms, deadline_ms, closed_ms, task, summary,"               \
     " (SELECT count(*) FROM round_clients c WHERE c.round = r.round),"                             \
@@ -112,6 +124,9 @@ static const char *const stmt_sql[N_STMT] = {
                         " received_ms) VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7)",
     [S_UPDATE_LIST] = "SELECT client_id, receipt, sha256, bytes, samples, received_ms FROM updates"
                       " WHERE round = ?1 ORDER BY seq",
+    [S_PAYLOAD_INSERT] = "INSERT INTO payloads(seq, body) VALUES(?1, ?2)",
+    [S_PAYLOAD_GET] = "SELECT u.bytes, u.sha256, p.body FROM updates u JOIN payloads p"
+                      " ON p.seq = u.seq WHERE u.round = ?1 AND u.client_id = ?2",
     [S_UPDATE_COUNT] = "SELECT count(*) FROM updates WHERE round = ?1",
     [S_CKPT_RECORD] = "INSERT OR REPLACE INTO checkpoints(model_version, bytes, recorded_ms)"
                       " VALUES(?1, ?2, ?3)",
@@ -124,20 +139,7 @@ static const char *const stmt_sql[N_STMT] = {
 
 /* ---- Small helpers ------------------------------------------------------ */
 
-void strata__store_diag_clear(strata_diag *diag)
-{
-    if (diag != NULL)
-        diag->msg[0] = '\0';
-}
-
-int64_t strata__store_now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-int strata__store_db_error(strata_store *s, strata_diag *diag, const char *what)
+int strata__store_db_error(sq_store *s, strata_diag *diag, const char *what)
 {
     return strata_diag_set(diag, STRATA_EIO, "%s: %s (SQLite error %d)", what,
                            sqlite3_errmsg(s->db), sqlite3_extended_errcode(s->db));
@@ -145,7 +147,7 @@ int strata__store_db_error(strata_store *s, strata_diag *diag, const char *what)
 
 /* The prepared statement id, ready to bind (statements are always reset
  * after use). */
-sqlite3_stmt *strata__store_stmt(strata_store *s, int id)
+sqlite3_stmt *strata__store_stmt(sq_store *s, int id)
 {
     return s->st[id];
 }
@@ -157,7 +159,7 @@ void strata__store_stmt_done(sqlite3_stmt *st)
 }
 
 /* Runs a statement that returns no row. */
-int strata__store_exec_stmt(strata_store *s, int id, strata_diag *diag, const char *what)
+int strata__store_exec_stmt(sq_store *s, int id, strata_diag *diag, const char *what)
 {
     sqlite3_stmt *st = strata__store_stmt(s, id);
     int rc = sqlite3_step(st);
@@ -166,19 +168,19 @@ int strata__store_exec_stmt(strata_store *s, int id, strata_diag *diag, const ch
     return ret;
 }
 
-int strata__store_tx_commit(strata_store *s, strata_diag *diag)
+int strata__store_tx_commit(sq_store *s, strata_diag *diag)
 {
     return strata__store_exec_stmt(s, S_COMMIT, diag, "COMMIT");
 }
 
 /* Rolls back the open transaction, if any; keeps the caller's diagnostic. */
-void strata__store_tx_rollback(strata_store *s)
+void strata__store_tx_rollback(sq_store *s)
 {
     if (!sqlite3_get_autocommit(s->db))
         strata__store_exec_stmt(s, S_ROLLBACK, NULL, "ROLLBACK");
 }
 
-int strata__store_set_sync(strata_store *s, int full, strata_diag *diag)
+int strata__store_set_sync(sq_store *s, int full, strata_diag *diag)
 {
     if (s->sync_full == full)
         return STRATA_OK;
@@ -198,7 +200,7 @@ int strata__store_set_sync(strata_store *s, int full, strata_diag *diag)
 /* Starts a write transaction whose COMMIT is fsync'ed (full) or not. Every
  * write transaction says which, so a failed switch back cannot leave a later
  * acknowledgement without its fsync. */
-int strata__store_tx_begin_sync(strata_store *s, int full, strata_diag *diag)
+int strata__store_tx_begin_sync(sq_store *s, int full, strata_diag *diag)
 {
     int rc = strata__store_set_sync(s, full, diag);
     if (rc < 0)
@@ -206,23 +208,9 @@ int strata__store_tx_begin_sync(strata_store *s, int full, strata_diag *diag)
     return strata__store_exec_stmt(s, S_BEGIN, diag, "BEGIN IMMEDIATE");
 }
 
-int strata__store_tx_begin(strata_store *s, strata_diag *diag)
+int strata__store_tx_begin(sq_store *s, strata_diag *diag)
 {
     return strata__store_tx_begin_sync(s, 1, diag);
-}
-
-/* mkdir that accepts an existing directory; *created says whether it made one. */
-int strata__store_make_dir(const char *path, int *created, strata_diag *diag)
-{
-    *created = 0;
-    if (mkdir(path, 0700) == 0) {
-        *created = 1;
-        return STRATA_OK;
-    }
-    struct stat st;
-    if (errno == EEXIST && stat(path, &st) == 0 && S_ISDIR(st.st_mode))
-        return STRATA_OK;
-    return strata_diag_set(diag, STRATA_EIO, "mkdir %s: %s", path, strerror(errno));
 }
 
 int strata__store_join(char *buf, size_t len, strata_diag *diag, const char *fmt, ...)
@@ -247,8 +235,8 @@ char *strata__store_dup_column_text(sqlite3_stmt *st, int col, int *oom)
     return d;
 }
 
-int strata__store_query_int(strata_store *s, int id, int nkeys, int64_t k1, int64_t k2,
-                            int64_t *value, int *is_null, const char *what, strata_diag *diag)
+int strata__store_query_int(sq_store *s, int id, int nkeys, int64_t k1, int64_t k2, int64_t *value,
+                            int *is_null, const char *what, strata_diag *diag)
 {
     sqlite3_stmt *st = strata__store_stmt(s, id);
     if (nkeys >= 1)
@@ -272,7 +260,7 @@ int strata__store_query_int(strata_store *s, int id, int nkeys, int64_t k1, int6
 
 /* ---- Opening ------------------------------------------------------------ */
 
-static int prepare_all(strata_store *s, strata_diag *diag)
+static int prepare_all(sq_store *s, strata_diag *diag)
 {
     for (int i = 0; i < N_STMT; i++) {
         if (sqlite3_prepare_v3(s->db, stmt_sql[i], -1, SQLITE_PREPARE_PERSISTENT, &s->st[i],
@@ -282,7 +270,7 @@ static int prepare_all(strata_store *s, strata_diag *diag)
     return STRATA_OK;
 }
 
-static int exec_sql(strata_store *s, const char *sql, strata_diag *diag)
+static int exec_sql(sq_store *s, const char *sql, strata_diag *diag)
 {
     char *err = NULL;
     if (sqlite3_exec(s->db, sql, NULL, NULL, &err) != SQLITE_OK) {
@@ -294,7 +282,7 @@ static int exec_sql(strata_store *s, const char *sql, strata_diag *diag)
 }
 
 /* Runs a one-value query; *value is -1 when the result is NULL or no row. */
-static int query_int(strata_store *s, const char *sql, int64_t *value, strata_diag *diag)
+static int query_int(sq_store *s, const char *sql, int64_t *value, strata_diag *diag)
 {
     sqlite3_stmt *st = NULL;
     *value = -1;
@@ -312,7 +300,7 @@ static int query_int(strata_store *s, const char *sql, int64_t *value, strata_di
 
 /* Creates the schema in an empty database, checks the version of an existing
  * one (migrating older versions would happen here) and refuses a newer one. */
-static int check_schema(strata_store *s, int may_create, strata_diag *diag)
+static int check_schema(sq_store *s, int may_create, strata_diag *diag)
 {
     int64_t have, tables, version;
     int rc = exec_sql(s, "BEGIN IMMEDIATE", diag);
@@ -331,7 +319,7 @@ static int check_schema(strata_store *s, int may_create, strata_diag *diag)
         if (tables != 0 || !may_create) {
             rc = strata_diag_set(diag, STRATA_ESTATE,
                                  "%s/state.db is not a Strata state database (no schema_version)",
-                                 s->dir);
+                                 s->base.dir);
             goto out;
         }
         rc = exec_sql(s, schema_v1, diag);
@@ -345,18 +333,23 @@ static int check_schema(strata_store *s, int may_create, strata_diag *diag)
         rc = strata_diag_set(diag, STRATA_ESTATE,
                              "%s/state.db has schema version %" PRId64
                              ", newer than the version %d this build supports; refusing to open it",
-                             s->dir, version, STRATA_STORE_SCHEMA_VERSION);
+                             s->base.dir, version, STRATA_STORE_SCHEMA_VERSION);
         goto out;
     }
     if (version < 1) {
-        rc =
-            strata_diag_set(diag, STRATA_ESTATE, "%s/state.db has no valid schema version", s->dir);
+        rc = strata_diag_set(diag, STRATA_ESTATE, "%s/state.db has no valid schema version",
+                             s->base.dir);
         goto out;
     }
     /* Migrations, oldest first, in the same transaction. */
     if (version < 2 && (rc = exec_sql(s, migrate_v2, diag)) < 0)
         goto out;
+    if (version < 3 && ((rc = exec_sql(s, migrate_v3, diag)) < 0 ||
+                        (rc = strata__store_migrate_payload_files(s, diag)) < 0))
+        goto out;
     rc = exec_sql(s, "COMMIT", diag);
+    if (rc == STRATA_OK && version < 3)
+        strata__store_remove_payload_files(s);
 out:
     /* The prepared statements do not exist yet. */
     if (rc < 0 && !sqlite3_get_autocommit(s->db))
@@ -364,10 +357,10 @@ out:
     return rc;
 }
 
-static int connect_db(strata_store *s, int may_create, strata_diag *diag)
+static int connect_db(sq_store *s, int may_create, strata_diag *diag)
 {
     char path[4096];
-    int rc = strata_store_path(s->dir, STRATA_STORE_FILE_DB, 0, 0, path, sizeof(path), diag);
+    int rc = strata_store_path(s->base.dir, STRATA_STORE_FILE_DB, 0, 0, path, sizeof(path), diag);
     if (rc < 0)
         return rc;
     int flags = SQLITE_OPEN_READWRITE | SQLITE_OPEN_NOMUTEX | (may_create ? SQLITE_OPEN_CREATE : 0);
@@ -401,11 +394,11 @@ static int connect_db(strata_store *s, int may_create, strata_diag *diag)
 /* Makes the database and its WAL and shared-memory files 0600 (SQLite
  * creates them with the umask's permissions, and an older run may have left
  * them readable by others). Errors: STRATA_EIO when one cannot be changed. */
-static int private_db_files(const strata_store *s, strata_diag *diag)
+static int private_db_files(const sq_store *s, strata_diag *diag)
 {
     static const char *const suffixes[] = {"", "-wal", "-shm"};
     char db[4096], path[4200];
-    int rc = strata_store_path(s->dir, STRATA_STORE_FILE_DB, 0, 0, db, sizeof(db), diag);
+    int rc = strata_store_path(s->base.dir, STRATA_STORE_FILE_DB, 0, 0, db, sizeof(db), diag);
     for (size_t i = 0; rc == STRATA_OK && i < sizeof(suffixes) / sizeof(suffixes[0]); i++) {
         snprintf(path, sizeof(path), "%s%s", db, suffixes[i]);
         if (chmod(path, 0600) < 0 && errno != ENOENT)
@@ -414,14 +407,15 @@ static int private_db_files(const strata_store *s, strata_diag *diag)
     return rc;
 }
 
-static strata_store *store_alloc(const char *dir)
+static sq_store *store_alloc(const char *dir)
 {
-    strata_store *s = calloc(1, sizeof(*s));
+    sq_store *s = calloc(1, sizeof(*s));
     if (s == NULL)
         return NULL;
+    s->base.ops = &strata__store_sqlite_ops;
     s->lock_fd = -1;
-    s->dir = strdup(dir);
-    if (s->dir == NULL) {
+    s->base.dir = strdup(dir);
+    if (s->base.dir == NULL) {
         free(s);
         return NULL;
     }
@@ -438,23 +432,20 @@ int strata_store_open(const char *state_dir, strata_store **out, strata_diag *di
     if (strlen(state_dir) > 3000)
         return strata_diag_set(diag, STRATA_EINVAL, "store open: state directory path too long");
 
-    strata_store *s = store_alloc(state_dir);
+    sq_store *s = store_alloc(state_dir);
     if (s == NULL)
         return strata_diag_set(diag, STRATA_ENOMEM, "out of memory");
     char path[4096];
     int created, any = 0, rc = strata__store_make_dir(state_dir, &created, diag);
     if (rc < 0)
         goto fail;
-    static const strata_store_file subdirs[] = {STRATA_STORE_FILE_UPDATES,
-                                                STRATA_STORE_FILE_CHECKPOINTS};
-    for (size_t i = 0; i < 2; i++) {
-        rc = strata_store_path(state_dir, subdirs[i], 0, 0, path, sizeof(path), diag);
-        if (rc == 0)
-            rc = strata__store_make_dir(path, &created, diag);
-        if (rc < 0)
-            goto fail;
-        any |= created;
-    }
+    rc =
+        strata_store_path(state_dir, STRATA_STORE_FILE_CHECKPOINTS, 0, 0, path, sizeof(path), diag);
+    if (rc == 0)
+        rc = strata__store_make_dir(path, &created, diag);
+    if (rc < 0)
+        goto fail;
+    any |= created;
     if (any && (rc = strata_file_fsync_dir(state_dir, diag)) < 0)
         goto fail;
 
@@ -479,37 +470,34 @@ int strata_store_open(const char *state_dir, strata_store **out, strata_diag *di
         rc = private_db_files(s, diag);
     if (rc < 0)
         goto fail;
-    rc = strata__store_recover(s, diag);
+    rc = strata__store_recover_files(&s->base, diag);
     if (rc < 0)
         goto fail;
-    *out = s;
+    *out = &s->base;
     return STRATA_OK;
 fail:
-    strata_store_close(s);
+    strata__sqlite_close(&s->base);
     return rc;
 }
 
-int strata_store_open_secondary(const strata_store *primary, strata_store **out, strata_diag *diag)
+int strata__sqlite_open_secondary(const strata_store *primary, strata_store **out,
+                                  strata_diag *diag)
 {
-    strata__store_diag_clear(diag);
-    if (out != NULL)
-        *out = NULL;
-    if (primary == NULL || out == NULL)
-        return strata_diag_set(diag, STRATA_EINVAL, "store open secondary: NULL argument");
-    strata_store *s = store_alloc(primary->dir);
+    sq_store *s = store_alloc(primary->dir);
     if (s == NULL)
         return strata_diag_set(diag, STRATA_ENOMEM, "out of memory");
     int rc = connect_db(s, 0, diag);
     if (rc < 0) {
-        strata_store_close(s);
+        strata__sqlite_close(&s->base);
         return rc;
     }
-    *out = s;
+    *out = &s->base;
     return STRATA_OK;
 }
 
-void strata_store_close(strata_store *s)
+void strata__sqlite_close(strata_store *base)
 {
+    sq_store *s = (sq_store *)base;
     if (s == NULL)
         return;
     for (int i = 0; i < N_STMT; i++)
@@ -517,16 +505,29 @@ void strata_store_close(strata_store *s)
     sqlite3_close(s->db);
     if (s->lock_fd >= 0)
         close(s->lock_fd); /* releases the flock */
-    free(s->dir);
+    free(s->base.dir);
     free(s);
 }
 
-const char *strata_store_dir(const strata_store *s)
-{
-    return s != NULL ? s->dir : NULL;
-}
-
-size_t strata_store_recovered_files(const strata_store *s)
-{
-    return s != NULL ? s->recovered : 0;
-}
+const strata_store_ops strata__store_sqlite_ops = {
+    .name = "sqlite",
+    .open_secondary = strata__sqlite_open_secondary,
+    .close = strata__sqlite_close,
+    .client_add = strata__sqlite_client_add,
+    .registration_find = strata__sqlite_registration_find,
+    .client_get = strata__sqlite_client_get,
+    .client_count = strata__sqlite_client_count,
+    .clients_seen = strata__sqlite_clients_seen,
+    .round_open = strata__sqlite_round_open,
+    .round_get = strata__sqlite_round_get,
+    .round_close = strata__sqlite_round_close,
+    .last_round = strata__sqlite_last_round,
+    .round_list = strata__sqlite_round_list,
+    .update_commit = strata__sqlite_update_commit,
+    .update_list = strata__sqlite_update_list,
+    .update_read = strata__sqlite_update_read,
+    .checkpoint_record = strata__sqlite_checkpoint_record,
+    .latest_model_version = strata__sqlite_latest_model_version,
+    .counter_add_many = strata__sqlite_counter_add_many,
+    .counter_get = strata__sqlite_counter_get,
+};

@@ -1,0 +1,533 @@
+/* The store's interface (store.h) over its backends (store_backend.h): each
+ * call checks what needs no stored state, zeroes its out-parameters and
+ * hands the rest to the handle's operations table. What every backend
+ * would do the same way lives here once: prepared updates (hash, receipt
+ * id, a copy of the payload), put and single commit as group commits of
+ * one, the checkpoint paths, the recovery of temporary files, and freeing
+ * rounds and lists. */
+#include "store_backend.h"
+
+#include "strata/hash.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#define FITS_I64(v) ((uint64_t)(v) <= (uint64_t)INT64_MAX)
+
+/* ---- Helpers for the backends ------------------------------------------- */
+
+void strata__store_diag_clear(strata_diag *diag)
+{
+    if (diag != NULL)
+        diag->msg[0] = '\0';
+}
+
+int64_t strata__store_now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+int strata__store_make_dir(const char *path, int *created, strata_diag *diag)
+{
+    *created = 0;
+    if (mkdir(path, 0700) == 0) {
+        *created = 1;
+        return STRATA_OK;
+    }
+    struct stat st;
+    if (errno == EEXIST && stat(path, &st) == 0 && S_ISDIR(st.st_mode))
+        return STRATA_OK;
+    return strata_diag_set(diag, STRATA_EIO, "mkdir %s: %s", path, strerror(errno));
+}
+
+int strata__store_recover_files(strata_store *s, strata_diag *diag)
+{
+    char path[4096];
+    int rc =
+        strata_store_path(s->dir, STRATA_STORE_FILE_CHECKPOINTS, 0, 0, path, sizeof(path), diag);
+    if (rc < 0)
+        return rc;
+    DIR *d = opendir(path);
+    if (d == NULL)
+        return strata_diag_set(diag, STRATA_EIO, "opendir %s: %s", path, strerror(errno));
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        if (strstr(e->d_name, ".tmp.") != NULL && unlinkat(dirfd(d), e->d_name, 0) == 0)
+            s->recovered++;
+    }
+    closedir(d);
+    return STRATA_OK;
+}
+
+/* Clears diag and checks s; the prologue of every dispatching call. */
+static int enter(const strata_store *s, const char *what, strata_diag *diag)
+{
+    strata__store_diag_clear(diag);
+    if (s == NULL || s->ops == NULL)
+        return strata_diag_set(diag, STRATA_EINVAL, "%s: NULL store", what);
+    return STRATA_OK;
+}
+
+/* ---- Opening and closing ------------------------------------------------ */
+
+int strata_store_open_secondary(const strata_store *primary, strata_store **out, strata_diag *diag)
+{
+    if (out != NULL)
+        *out = NULL;
+    int rc = enter(primary, "store open secondary", diag);
+    if (rc < 0)
+        return rc;
+    if (out == NULL)
+        return strata_diag_set(diag, STRATA_EINVAL, "store open secondary: NULL argument");
+    return primary->ops->open_secondary(primary, out, diag);
+}
+
+void strata_store_close(strata_store *s)
+{
+    if (s != NULL)
+        s->ops->close(s);
+}
+
+const char *strata_store_dir(const strata_store *s)
+{
+    return s != NULL ? s->dir : NULL;
+}
+
+const char *strata_store_backend(const strata_store *s)
+{
+    return s != NULL ? s->ops->name : NULL;
+}
+
+size_t strata_store_recovered_files(const strata_store *s)
+{
+    return s != NULL ? s->recovered : 0;
+}
+
+/* ---- Clients ------------------------------------------------------------ */
+
+int strata_store_client_add(strata_store *s, const uint8_t token_hash[STRATA_STORE_HASH_LEN],
+                            const char *name, const char *registration_id, uint64_t *client_id,
+                            int *existed, strata_diag *diag)
+{
+    if (client_id != NULL)
+        *client_id = 0;
+    if (existed != NULL)
+        *existed = 0;
+    int rc = enter(s, "client add", diag);
+    if (rc < 0)
+        return rc;
+    return s->ops->client_add(s, token_hash, name, registration_id, client_id, existed, diag);
+}
+
+int strata_store_registration_find(strata_store *s, const char *registration_id,
+                                   uint64_t *client_id, int *found, strata_diag *diag)
+{
+    if (client_id != NULL)
+        *client_id = 0;
+    if (found != NULL)
+        *found = 0;
+    int rc = enter(s, "registration find", diag);
+    if (rc < 0)
+        return rc;
+    if (registration_id == NULL || client_id == NULL || found == NULL)
+        return strata_diag_set(diag, STRATA_EINVAL, "registration find: NULL argument");
+    return s->ops->registration_find(s, registration_id, client_id, found, diag);
+}
+
+int strata_store_client_get(strata_store *s, uint64_t client_id, strata_store_client *out,
+                            int *found, strata_diag *diag)
+{
+    if (out != NULL)
+        memset(out, 0, sizeof(*out));
+    if (found != NULL)
+        *found = 0;
+    int rc = enter(s, "client get", diag);
+    if (rc < 0)
+        return rc;
+    return s->ops->client_get(s, client_id, out, found, diag);
+}
+
+int strata_store_client_count(strata_store *s, uint64_t *count, strata_diag *diag)
+{
+    if (count != NULL)
+        *count = 0;
+    int rc = enter(s, "client count", diag);
+    return rc < 0 ? rc : s->ops->client_count(s, count, diag);
+}
+
+int strata_store_clients_seen(strata_store *s, const uint64_t *ids, const int64_t *seen_ms,
+                              size_t n, strata_diag *diag)
+{
+    int rc = enter(s, "clients seen", diag);
+    return rc < 0 ? rc : s->ops->clients_seen(s, ids, seen_ms, n, diag);
+}
+
+/* ---- Rounds ------------------------------------------------------------- */
+
+void strata_store_round_cleanup(strata_store_round *r)
+{
+    if (r == NULL)
+        return;
+    free(r->selected);
+    free(r->task_json);
+    free(r->summary_json);
+    memset(r, 0, sizeof(*r));
+}
+
+void strata_store_round_list_free(strata_store_round *rounds, size_t n)
+{
+    if (rounds == NULL)
+        return;
+    for (size_t i = 0; i < n; i++)
+        strata_store_round_cleanup(&rounds[i]);
+    free(rounds);
+}
+
+int strata_store_round_open(strata_store *s, uint32_t round, uint64_t model_version,
+                            const uint64_t *selected, size_t n, int64_t deadline_unix_ms,
+                            const char *task_json, strata_diag *diag)
+{
+    int rc = enter(s, "round open", diag);
+    if (rc < 0)
+        return rc;
+    return s->ops->round_open(s, round, model_version, selected, n, deadline_unix_ms, task_json,
+                              diag);
+}
+
+int strata_store_round_get(strata_store *s, uint32_t round, strata_store_round *out, int *found,
+                           strata_diag *diag)
+{
+    if (out != NULL)
+        memset(out, 0, sizeof(*out));
+    if (found != NULL)
+        *found = 0;
+    int rc = enter(s, "round get", diag);
+    return rc < 0 ? rc : s->ops->round_get(s, round, out, found, diag);
+}
+
+int strata_store_round_close(strata_store *s, uint32_t round, const char *summary_json,
+                             strata_diag *diag)
+{
+    int rc = enter(s, "round close", diag);
+    return rc < 0 ? rc : s->ops->round_close(s, round, summary_json, diag);
+}
+
+int strata_store_last_round(strata_store *s, uint32_t *round, int *found, strata_diag *diag)
+{
+    if (round != NULL)
+        *round = 0;
+    if (found != NULL)
+        *found = 0;
+    int rc = enter(s, "last round", diag);
+    return rc < 0 ? rc : s->ops->last_round(s, round, found, diag);
+}
+
+int strata_store_round_list(strata_store *s, uint32_t from, size_t limit, strata_store_round **out,
+                            size_t *n, strata_diag *diag)
+{
+    if (out != NULL)
+        *out = NULL;
+    if (n != NULL)
+        *n = 0;
+    int rc = enter(s, "round list", diag);
+    return rc < 0 ? rc : s->ops->round_list(s, from, limit, out, n, diag);
+}
+
+/* ---- Updates ------------------------------------------------------------ */
+
+static int random_receipt(char out[STRATA_STORE_RECEIPT_LEN + 1], strata_diag *diag)
+{
+    uint8_t r[STRATA_STORE_RECEIPT_LEN / 2];
+    size_t got = 0;
+    while (got < sizeof(r)) {
+        ssize_t n = getrandom(r + got, sizeof(r) - got, 0);
+        if (n < 0) {
+            if (errno == EINTR)
+                continue;
+            return strata_diag_set(diag, STRATA_EIO, "getrandom: %s", strerror(errno));
+        }
+        got += (size_t)n;
+    }
+    static const char hex[] = "0123456789abcdef";
+    for (size_t i = 0; i < sizeof(r); i++) {
+        out[2 * i] = hex[r[i] >> 4];
+        out[2 * i + 1] = hex[r[i] & 15];
+    }
+    out[STRATA_STORE_RECEIPT_LEN] = '\0';
+    return STRATA_OK;
+}
+
+void strata_store_pending_free(strata_store_pending *p)
+{
+    if (p == NULL)
+        return;
+    free(p->body);
+    free(p);
+}
+
+/* The argument checks of put and prepare (client ids are checked by the
+ * callers, which answer differently). */
+static int check_update_args(const void *s, const uint8_t *payload, size_t len, uint64_t samples,
+                             const void *out, strata_diag *diag)
+{
+    if (s == NULL || payload == NULL || out == NULL)
+        return strata_diag_set(diag, STRATA_EINVAL, "update put: NULL argument");
+    if (len == 0)
+        return strata_diag_set(diag, STRATA_EINVAL, "update put: empty payload");
+    if (len > STRATA_STORE_PAYLOAD_MAX)
+        return strata_diag_set(diag, STRATA_EINVAL, "update put: %zu bytes, more than %zu", len,
+                               STRATA_STORE_PAYLOAD_MAX);
+    if (samples == 0 || !FITS_I64(samples))
+        return strata_diag_set(diag, STRATA_EINVAL,
+                               "update put: sample count %" PRIu64 " out of range", samples);
+    return STRATA_OK;
+}
+
+/* Hash, receipt id and a copy of the payload: no connection needed. */
+static int prepare_update(uint32_t round, uint64_t client_id, const uint8_t *payload, size_t len,
+                          uint64_t samples, strata_store_pending **out, strata_diag *diag)
+{
+    *out = NULL;
+    strata_store_pending *p = calloc(1, sizeof(*p));
+    if (p == NULL || (p->body = malloc(len)) == NULL) {
+        free(p);
+        return strata_diag_set(diag, STRATA_ENOMEM, "out of memory");
+    }
+    p->round = round;
+    p->client_id = client_id;
+    memcpy(p->body, payload, len);
+    strata_sha256(payload, len, p->r.sha256);
+    p->r.bytes = len;
+    p->r.samples = samples;
+    int rc = random_receipt(p->r.id, diag);
+    if (rc < 0) {
+        strata_store_pending_free(p);
+        return rc;
+    }
+    *out = p;
+    return STRATA_OK;
+}
+
+int strata_store_update_prepare(const strata_store *s, uint32_t round, uint64_t client_id,
+                                const uint8_t *payload, size_t len, uint64_t samples,
+                                strata_store_pending **out, strata_diag *diag)
+{
+    strata__store_diag_clear(diag);
+    if (out != NULL)
+        *out = NULL;
+    int rc = check_update_args(s, payload, len, samples, out, diag);
+    if (rc < 0)
+        return rc;
+    if (!FITS_I64(client_id))
+        return strata_diag_set(diag, STRATA_EINVAL, "client id %" PRIu64 " is too large",
+                               client_id);
+    return prepare_update(round, client_id, payload, len, samples, out, diag);
+}
+
+/* Runs the backend's commit of n non-NULL items, then frees them. */
+static int commit_items(strata_store *s, strata_store_pending *const *p, size_t n,
+                        strata_store_receipt *receipts, strata_store_verdict *verdicts,
+                        int *results, strata_diag *item_diag, strata_diag *diag)
+{
+    int rc = STRATA_OK;
+    for (size_t i = 0; i < n; i++) {
+        memset(&receipts[i], 0, sizeof(receipts[i]));
+        verdicts[i] = STRATA_STORE_ACCEPTED;
+        results[i] = STRATA_OK;
+        if (p[i] == NULL && rc == STRATA_OK)
+            rc = strata_diag_set(diag, STRATA_EINVAL, "update commit: NULL item %zu", i);
+    }
+    if (rc == STRATA_OK)
+        rc = s->ops->update_commit(s, p, n, receipts, verdicts, results, item_diag, diag);
+    else
+        for (size_t i = 0; i < n; i++)
+            results[i] = rc;
+    for (size_t i = 0; i < n; i++)
+        strata_store_pending_free(p[i]);
+    return rc;
+}
+
+/* Resets a single update's outputs (diag, *verdict ACCEPTED, *receipt
+ * zeroed when given) and returns where the verdict goes: verdict, or local
+ * when the caller passed none. */
+static strata_store_verdict *single_outputs(strata_store_verdict *verdict,
+                                            strata_store_verdict *local,
+                                            strata_store_receipt *receipt, strata_diag *diag)
+{
+    strata__store_diag_clear(diag);
+    if (verdict == NULL)
+        verdict = local;
+    *verdict = STRATA_STORE_ACCEPTED;
+    if (receipt != NULL)
+        memset(receipt, 0, sizeof(*receipt));
+    return verdict;
+}
+
+int strata_store_update_commit(strata_store *s, strata_store_pending *p,
+                               strata_store_receipt *receipt, strata_store_verdict *verdict,
+                               strata_diag *diag)
+{
+    strata_store_verdict v_local;
+    verdict = single_outputs(verdict, &v_local, receipt, diag);
+    if (s == NULL || p == NULL || receipt == NULL) {
+        strata_store_pending_free(p);
+        return strata_diag_set(diag, STRATA_EINVAL, "update commit: NULL argument");
+    }
+    int result;
+    int rc = commit_items(s, &p, 1, receipt, verdict, &result, diag, diag);
+    return rc < 0 ? rc : result;
+}
+
+int strata_store_update_commit_many(strata_store *s, strata_store_pending *const *p, size_t n,
+                                    strata_store_receipt *receipts, strata_store_verdict *verdicts,
+                                    int *results, strata_diag *diag)
+{
+    strata__store_diag_clear(diag);
+    if (n == 0)
+        return STRATA_OK;
+    if (s == NULL || p == NULL || receipts == NULL || verdicts == NULL || results == NULL) {
+        for (size_t i = 0; p != NULL && i < n; i++)
+            strata_store_pending_free(p[i]);
+        for (size_t i = 0; results != NULL && i < n; i++)
+            results[i] = STRATA_EINVAL;
+        return strata_diag_set(diag, STRATA_EINVAL, "update commit: NULL argument");
+    }
+    return commit_items(s, p, n, receipts, verdicts, results, NULL, diag);
+}
+
+int strata_store_update_put(strata_store *s, uint32_t round, uint64_t client_id,
+                            const uint8_t *payload, size_t len, uint64_t samples,
+                            strata_store_receipt *receipt, strata_store_verdict *verdict,
+                            strata_diag *diag)
+{
+    strata_store_verdict v_local;
+    verdict = single_outputs(verdict, &v_local, receipt, diag);
+    int rc = check_update_args(s, payload, len, samples, receipt, diag);
+    if (rc < 0)
+        return rc;
+    if (!FITS_I64(client_id)) {
+        *verdict = STRATA_STORE_REJECT_NOT_SELECTED;
+        return strata_diag_set(diag, STRATA_ESTATE,
+                               "client %" PRIu64 " is not selected for round %" PRIu32, client_id,
+                               round);
+    }
+    strata_store_pending *p = NULL;
+    rc = prepare_update(round, client_id, payload, len, samples, &p, diag);
+    if (rc < 0)
+        return rc;
+    int result;
+    rc = commit_items(s, &p, 1, receipt, verdict, &result, diag, diag);
+    return rc < 0 ? rc : result;
+}
+
+int strata_store_update_list(strata_store *s, uint32_t round, strata_store_update **out, size_t *n,
+                             strata_diag *diag)
+{
+    if (out != NULL)
+        *out = NULL;
+    if (n != NULL)
+        *n = 0;
+    int rc = enter(s, "update list", diag);
+    if (rc < 0)
+        return rc;
+    if (out == NULL || n == NULL)
+        return strata_diag_set(diag, STRATA_EINVAL, "update list: NULL argument");
+    return s->ops->update_list(s, round, out, n, diag);
+}
+
+void strata_store_update_list_free(strata_store_update *updates, size_t n)
+{
+    (void)n; /* the entries own nothing */
+    free(updates);
+}
+
+int strata_store_update_read(strata_store *s, uint32_t round, uint64_t client_id, uint8_t **buf,
+                             size_t *len, strata_diag *diag)
+{
+    if (buf != NULL)
+        *buf = NULL;
+    if (len != NULL)
+        *len = 0;
+    int rc = enter(s, "update read", diag);
+    if (rc < 0)
+        return rc;
+    if (buf == NULL || len == NULL)
+        return strata_diag_set(diag, STRATA_EINVAL, "update read: NULL argument");
+    if (!FITS_I64(client_id))
+        return strata_diag_set(diag, STRATA_ESTATE,
+                               "no update of client %" PRIu64 " for round %" PRIu32, client_id,
+                               round);
+    return s->ops->update_read(s, round, client_id, buf, len, diag);
+}
+
+/* ---- Checkpoints -------------------------------------------------------- */
+
+int strata_store_checkpoint_path(const strata_store *s, uint64_t model_version, char *buf,
+                                 size_t len, strata_diag *diag)
+{
+    strata__store_diag_clear(diag);
+    if (s == NULL || buf == NULL || len == 0)
+        return strata_diag_set(diag, STRATA_EINVAL, "checkpoint path: NULL argument");
+    return strata_store_path(s->dir, STRATA_STORE_FILE_CHECKPOINT, model_version, 0, buf, len,
+                             diag);
+}
+
+int strata_store_checkpoint_record(strata_store *s, uint64_t model_version, strata_diag *diag)
+{
+    int rc = enter(s, "checkpoint record", diag);
+    return rc < 0 ? rc : s->ops->checkpoint_record(s, model_version, diag);
+}
+
+int strata_store_latest_model_version(strata_store *s, uint64_t *model_version, int *found,
+                                      strata_diag *diag)
+{
+    if (model_version != NULL)
+        *model_version = 0;
+    if (found != NULL)
+        *found = 0;
+    int rc = enter(s, "latest model version", diag);
+    return rc < 0 ? rc : s->ops->latest_model_version(s, model_version, found, diag);
+}
+
+/* ---- Counters ----------------------------------------------------------- */
+
+int strata_store_counter_add_many(strata_store *s, const strata_store_counter *deltas, size_t n,
+                                  strata_diag *diag)
+{
+    int rc = enter(s, "counter add", diag);
+    return rc < 0 ? rc : s->ops->counter_add_many(s, deltas, n, diag);
+}
+
+int strata_store_counter_add(strata_store *s, const char *name, int64_t delta, strata_diag *diag)
+{
+    int rc = enter(s, "counter add", diag);
+    if (rc < 0)
+        return rc;
+    if (name == NULL || name[0] == '\0')
+        return strata_diag_set(diag, STRATA_EINVAL, "counter name is empty");
+    if (strlen(name) > STRATA_STORE_COUNTER_NAME_MAX)
+        return strata_diag_set(diag, STRATA_EINVAL, "counter name longer than %d bytes",
+                               STRATA_STORE_COUNTER_NAME_MAX);
+    strata_store_counter c;
+    snprintf(c.name, sizeof(c.name), "%s", name);
+    c.value = delta;
+    return s->ops->counter_add_many(s, &c, 1, diag);
+}
+
+int strata_store_counter_get(strata_store *s, const char *name, int64_t *value, strata_diag *diag)
+{
+    if (value != NULL)
+        *value = 0;
+    int rc = enter(s, "counter get", diag);
+    return rc < 0 ? rc : s->ops->counter_get(s, name, value, diag);
+}

@@ -1,0 +1,105 @@
+/* The seam between the store's interface (store.h) and its backends: the
+ * operations table every backend fills, the part of struct strata_store
+ * that every backend shares, and the prepared update that the interface
+ * builds and a backend commits. Included by store.c and by each backend's
+ * files (today the SQLite backend, store_sqlite*.c); nothing else.
+ *
+ * store.c does what every backend would do the same way: argument checks
+ * that need no state, zeroing the out-parameters and clearing diag, the
+ * receipt ids and hashes of prepared updates, freeing lists. So an
+ * operation below is called with non-NULL s and out-parameters already
+ * zeroed, and implements only what the stored state decides. Each
+ * operation's contract is the function of store.h with the same name. */
+#ifndef STRATA_SERVER_STORE_BACKEND_H
+#define STRATA_SERVER_STORE_BACKEND_H
+
+#include "store.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* A prepared update (strata_store_update_prepare): everything a commit
+ * needs, computed without a connection. */
+struct strata_store_pending {
+    uint32_t round;
+    uint64_t client_id;
+    strata_store_receipt r; /* id, sha256, bytes, samples; received_unix_ms at commit */
+    uint8_t *body;          /* a copy of the payload (r.bytes bytes) */
+};
+
+typedef struct strata_store_ops {
+    const char *name; /* "sqlite" */
+    int (*open_secondary)(const strata_store *primary, strata_store **out, strata_diag *diag);
+    void (*close)(strata_store *s);
+
+    int (*client_add)(strata_store *s, const uint8_t token_hash[STRATA_STORE_HASH_LEN],
+                      const char *name, const char *registration_id, uint64_t *client_id,
+                      int *existed, strata_diag *diag);
+    int (*registration_find)(strata_store *s, const char *registration_id, uint64_t *client_id,
+                             int *found, strata_diag *diag);
+    int (*client_get)(strata_store *s, uint64_t client_id, strata_store_client *out, int *found,
+                      strata_diag *diag);
+    int (*client_count)(strata_store *s, uint64_t *count, strata_diag *diag);
+    int (*clients_seen)(strata_store *s, const uint64_t *ids, const int64_t *seen_ms, size_t n,
+                        strata_diag *diag);
+
+    int (*round_open)(strata_store *s, uint32_t round, uint64_t model_version,
+                      const uint64_t *selected, size_t n, int64_t deadline_unix_ms,
+                      const char *task_json, strata_diag *diag);
+    int (*round_get)(strata_store *s, uint32_t round, strata_store_round *out, int *found,
+                     strata_diag *diag);
+    int (*round_close)(strata_store *s, uint32_t round, const char *summary_json,
+                       strata_diag *diag);
+    int (*last_round)(strata_store *s, uint32_t *round, int *found, strata_diag *diag);
+    int (*round_list)(strata_store *s, uint32_t from, size_t limit, strata_store_round **out,
+                      size_t *n, strata_diag *diag);
+
+    /* strata_store_update_commit_many's semantics for the n (non-NULL)
+     * items, which stay the caller's (borrowed). item_diag, when not NULL,
+     * receives the reason of an item's refusal (n is then 1). */
+    int (*update_commit)(strata_store *s, strata_store_pending *const *p, size_t n,
+                         strata_store_receipt *receipts, strata_store_verdict *verdicts,
+                         int *results, strata_diag *item_diag, strata_diag *diag);
+    int (*update_list)(strata_store *s, uint32_t round, strata_store_update **out, size_t *n,
+                       strata_diag *diag);
+    int (*update_read)(strata_store *s, uint32_t round, uint64_t client_id, uint8_t **buf,
+                       size_t *len, strata_diag *diag);
+
+    int (*checkpoint_record)(strata_store *s, uint64_t model_version, strata_diag *diag);
+    int (*latest_model_version)(strata_store *s, uint64_t *model_version, int *found,
+                                strata_diag *diag);
+
+    int (*counter_add_many)(strata_store *s, const strata_store_counter *deltas, size_t n,
+                            strata_diag *diag);
+    int (*counter_get)(strata_store *s, const char *name, int64_t *value, strata_diag *diag);
+} strata_store_ops;
+
+/* What every backend's handle starts with (a backend's own structure has
+ * it as its first member). */
+struct strata_store {
+    const strata_store_ops *ops;
+    char *dir;        /* the state directory (checkpoints, lock, admin token) */
+    size_t recovered; /* files the open's recovery removed */
+};
+
+/* Helpers of store.c for the backends. */
+
+/* Empties diag's message (diag may be NULL). */
+void strata__store_diag_clear(strata_diag *diag);
+
+/* Wall-clock time in Unix milliseconds (stored timestamps). */
+int64_t strata__store_now_ms(void);
+
+/* mkdir (mode 0700) that accepts an existing directory; *created says
+ * whether it made one. */
+int strata__store_make_dir(const char *path, int *created, strata_diag *diag);
+
+/* Open-time recovery of the files every backend keeps in the state
+ * directory: removes the temporary files of interrupted checkpoint writes,
+ * counting them in s->recovered. */
+int strata__store_recover_files(strata_store *s, strata_diag *diag);
+
+/* The SQLite backend's operations (store_sqlite.c). */
+extern const strata_store_ops strata__store_sqlite_ops;
+
+#endif
