@@ -9,7 +9,7 @@ set -euo pipefail
 PACKAGES=(
   build-essential cmake pkg-config git
   clang clang-format libclang-rt-14-dev libomp-dev
-  libmicrohttpd-dev libcurl4-openssl-dev libjansson-dev libzstd-dev
+  libmicrohttpd-dev libcurl4-openssl-dev libssl-dev libjansson-dev libzstd-dev
   libopenblas0-openmp libopenblas-openmp-dev libdnnl-dev
   libsqlite3-dev sqlite3 zlib1g-dev libcunit1-dev
   dataset-fashion-mnist
