@@ -371,6 +371,12 @@ static int connect_db(sq_store *s, int may_create, strata_diag *diag)
     }
     sqlite3_extended_result_codes(s->db, 1);
     sqlite3_busy_timeout(s->db, BUSY_TIMEOUT_MS);
+    /* The page size of a database created now (no-op on an existing one):
+     * large enough that a typical payload fits one page, so that a group
+     * commit writes few pages to the write-ahead log. */
+    rc = exec_sql(s, "PRAGMA page_size = " STRATA__STORE_PAGE_SIZE, diag);
+    if (rc < 0)
+        return rc;
 
     sqlite3_stmt *st = NULL;
     if (sqlite3_prepare_v2(s->db, "PRAGMA journal_mode = WAL", -1, &st, NULL) != SQLITE_OK)
