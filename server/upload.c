@@ -141,7 +141,18 @@ static void accept_update(srv_engine *e, const strata_payload *p, uint32_t round
     e->uplink += len;
     srv__ctr_add(e, SRV_CTR_ACCEPTED, 1);
     srv__ctr_add(e, SRV_CTR_UPLINK, (int64_t)len);
-    pthread_cond_broadcast(&e->cv);
+}
+
+/* Whether the round thread may close the open round now that an update or
+ * a batch was decided: every selected client answered, or enough updates
+ * arrived (srv__round_ready_to_close's tests; the deadline wakes it on its
+ * own). Waking it for every update instead costs two context switches and
+ * a turn of the engine lock per upload. Lock held. */
+static void wake_round_thread_if_full(srv_engine *e)
+{
+    if (e->nreported + e->nskipped >= e->nselected ||
+        (e->nreported > 0 && e->nreported >= e->enough))
+        pthread_cond_broadcast(&e->cv);
 }
 
 static void receipt_result(srv_result *r, uint32_t round, const strata_store_receipt *rc)
@@ -260,7 +271,7 @@ static void group_commit(srv_engine *e, srv_pending_upload *u)
         }
         e->committing = 0;
         pthread_cond_broadcast(&e->commit_cv);
-        pthread_cond_broadcast(&e->cv);
+        wake_round_thread_if_full(e);
     }
 }
 
@@ -303,8 +314,10 @@ static void upload_alone(srv_engine *e, uint64_t cid, uint32_t round, const stra
                                : strata_store_update_put(e->store, round, cid, body, len,
                                                          p->sample_count, &rec, &v, &d);
         *pend = NULL; /* the commit took it */
-        if (rc == 0 && !rec.duplicate)
+        if (rc == 0 && !rec.duplicate) {
             accept_update(e, p, round, k, len);
+            wake_round_thread_if_full(e);
+        }
         stored_result(e, r, round, rc, &rec, v, strata_diag_msg(&d, rc));
     } else if (e->closing && round == e->next_round && (k < 0 || !e->reported[k])) {
         verdict_result(e, r, round,
