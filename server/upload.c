@@ -35,7 +35,8 @@ struct srv_pending_upload {
     int rc;      /* the batch's result for it */
     strata_store_receipt rec;
     strata_store_verdict v;
-    char msg[256]; /* the error, when rc < 0 */
+    char msg[256];     /* the error, when rc < 0 */
+    pthread_cond_t cv; /* its uploader waits here (one wake-up per upload) */
     struct srv_pending_upload *next;
 };
 
@@ -206,15 +207,25 @@ static void stored_result(srv_engine *e, srv_result *r, uint32_t round, int rc,
     }
 }
 
+/* Marks q decided and wakes its uploader. Lock held. */
+static void decided(srv_pending_upload *q)
+{
+    q->done = 1;
+    pthread_cond_signal(&q->cv);
+}
+
 /* Queues u and returns once it is decided (lock held on entry and exit).
- * The first waiting uploader that finds no commit in flight becomes the
- * committer: it takes the queued uploads that are still acceptable (the
- * open round, not closing, client selected and not yet reported), commits
- * them in one transaction on the second store connection with the lock
- * released (so that more uploads queue meanwhile), then, under the lock,
- * accepts the acknowledged ones. The round cannot start closing while a
- * batch is in flight (ready_to_close), so every acknowledged update is
- * aggregated. An upload no longer acceptable is handed back untaken. */
+ * An uploader that finds no commit in flight becomes the committer: it
+ * takes the queued uploads that are still acceptable (the open round, not
+ * closing, client selected and not yet reported), commits them in one
+ * transaction on the second store connection with the lock released (so
+ * that more uploads queue meanwhile), then, under the lock, accepts the
+ * acknowledged ones, wakes each of their uploaders and hands the committer's
+ * part to the upload at the head of the queue, if any (each uploader waits
+ * on its own condition variable: one wake-up per upload, not one per
+ * batch and waiter). The round cannot start closing while a batch is in
+ * flight (ready_to_close), so every acknowledged update is aggregated. An
+ * upload no longer acceptable is handed back untaken. */
 static void group_commit(srv_engine *e, srv_pending_upload *u)
 {
     u->next = NULL;
@@ -225,7 +236,7 @@ static void group_commit(srv_engine *e, srv_pending_upload *u)
     e->queue_tail = u;
     while (!u->done) {
         if (e->committing) {
-            pthread_cond_wait(&e->commit_cv, &e->mu);
+            pthread_cond_wait(&u->cv, &e->mu);
             continue;
         }
         e->committing = 1;
@@ -241,7 +252,7 @@ static void group_commit(srv_engine *e, srv_pending_upload *u)
                        ? srv__id_find(e->selected, e->nselected, q->client_id)
                        : -1;
             if (q->k < 0 || e->reported[q->k]) {
-                q->done = 1; /* untaken: its uploader answers alone */
+                decided(q); /* untaken: its uploader answers alone */
                 continue;
             }
             pp[n] = q->pend;
@@ -266,11 +277,16 @@ static void group_commit(srv_engine *e, srv_pending_upload *u)
                     snprintf(q->msg, sizeof(q->msg), "%s", strata_diag_msg(&d, rc));
                 if (q->rc == 0 && !q->rec.duplicate && !e->reported[q->k])
                     accept_update(e, q->p, q->round, q->k, q->len);
-                q->done = 1;
+                if (q != u)
+                    decided(q);
+                else
+                    q->done = 1;
             }
         }
         e->committing = 0;
-        pthread_cond_broadcast(&e->commit_cv);
+        if (e->queue != NULL) /* the next committer */
+            pthread_cond_signal(&e->queue->cv);
+        pthread_cond_broadcast(&e->commit_cv); /* those waiting for no commit in flight */
         wake_round_thread_if_full(e);
     }
 }
@@ -390,7 +406,9 @@ void srv_engine_upload(srv_engine *e, uint64_t cid, uint32_t round, const uint8_
     int taken = 0;
     if (pend != NULL) {
         srv_pending_upload u = {.pend = pend, .p = p, .round = round, .client_id = cid, .len = len};
+        pthread_cond_init(&u.cv, NULL);
         group_commit(e, &u);
+        pthread_cond_destroy(&u.cv);
         pend = u.pend; /* NULL when taken */
         taken = u.taken;
         if (taken)
