@@ -15,9 +15,14 @@
 #   2 threads, against memcpy bandwidth measured in the same run.
 #   memory: peak RSS of strata-server in one FedAvg round (mlp) with 10 and 200
 #   synthetic clients, dense and uniform 1% (tests/bench/coordinator_memory.sh).
-#   load: 500 concurrent synthetic clients x 3 rounds against one strata-server
-#   (mlp, uniform 1%): uploads/s, p50/p99 latency, errors, peak RSS; median of
-#   3 runs (tests/bench/load.sh, build/bench_load).
+#   load: 1000 simulated clients x 3 rounds against one strata-server (mlp,
+#   uniform 1%; LOAD_MODEL, LOAD_DENSITY, LOAD_CLIENTS, LOAD_MODE override):
+#   uploads/s, p50/p99/p99.9 latency, errors, coordinator CPU per upload and
+#   peak RSS; median and spread of 3 runs; then an open-loop sweep (offered
+#   rates LOAD_RATES, default 1000 2000 4000 6000 8000: achieved rate,
+#   p50/p99, the knee). With LOAD_BASELINE_REV=REV, REV's strata-server is
+#   built too and runs alternately with this build's, with the ratio new/old
+#   (tests/bench/load.sh, build/bench_load).
 #   sim: strata-sim with 100 clients, 10 per round, 20 rounds (mlp, Dirichlet
 #   0.5, uniform 1%): wall time and peak RSS of strata-sim, the coordinator,
 #   the largest trained and the largest idle client; median of 3 runs
@@ -145,9 +150,11 @@ if [ "$what" = all ] || [ "$what" = memory ]; then
 fi
 
 if [ "$what" = all ] || [ "$what" = load ]; then
-    echo "== coordinator load (500 concurrent clients, uploads/s, latency, peak RSS)"
+    echo "== coordinator load (${LOAD_CLIENTS:-1000} clients: uploads/s, latency, CPU, peak RSS;" \
+        "open-loop sweep${LOAD_BASELINE_REV:+; against $LOAD_BASELINE_REV})"
     # Exit 1 only says the throughput goal was missed: report, do not abort.
-    STRATA_DATA_DIR="$DATA" bash tests/bench/load.sh build || [ $? -eq 1 ]
+    STRATA_DATA_DIR="$DATA" LOAD_RATES=${LOAD_RATES-1000 2000 4000 6000 8000} \
+        bash tests/bench/load.sh build || [ $? -eq 1 ]
 fi
 
 if [ "$what" = all ] || [ "$what" = sim ]; then

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Concurrency smoke test of the coordinator: 64 synthetic clients (bench_load:
-# one thread and one keep-alive connection each, real payloads matching each
+# one event loop with one keep-alive connection per client, real payloads matching each
 # task) upload in 2 rounds against a real strata-server on port 0. Every
 # upload must be acknowledged without an error, /metrics must count exactly
 # 128 accepted updates and each round exactly 64 participants.

@@ -1,0 +1,272 @@
+#!/usr/bin/env bash
+# Durability under load: one coordinator (mlp, uniform policy at 1%, 200
+# clients, all of them in every round) driven by bench_load --persist (200
+# simulated clients, one keep-alive connection each, every upload retried
+# through outages) is killed (SIGKILL) at random moments, at least 10 times,
+# and restarted each time with the same state directory and port. Between
+# two kills the bench must record new acknowledgements. Then, with the bench
+# and the coordinator stopped, the store (STATE/state.db, read with sqlite3)
+# must hold:
+#  (a) every acknowledged upload (bench_load --acks: round, client, receipt,
+#      duplicate) as exactly one row of updates, with that receipt;
+#  (b) no (round, client_id) twice in updates;
+#  (c) nothing but updates that were acknowledged or can be resent: restarted
+#      once more, the coordinator answers a re-upload of every stored payload
+#      (its bytes from the store, the client's token from bench_load
+#      --tokens) with 200, "duplicate":true and the stored receipt.
+# The kill schedule comes from $RANDOM with a printed seed:
+# STRATA_KILL_SEED=N replays it (process timings still vary).
+# STRATA_SERVER_BIN overrides the coordinator binary (default
+# BUILD/strata-server).
+
+# A watchdog: the whole test stops within ~120 s whatever happens (every wait
+# below is bounded too; this is the last resort).
+if [ -z "${STRATA_KILL_WATCHDOG:-}" ] && command -v timeout >/dev/null; then
+    export STRATA_KILL_WATCHDOG=1
+    exec timeout -k 10 120 bash "$0" "$@"
+fi
+. "$(dirname "$0")/lib.sh"
+SERVER=${STRATA_SERVER_BIN:-$BUILD/strata-server}
+BENCH="$BUILD/bench_load"
+for x in "$SERVER" "$BENCH"; do [ -x "$x" ] || fail "no $x"; done
+for x in curl sqlite3; do command -v "$x" >/dev/null || fail "$x is required"; done
+export OMP_WAIT_POLICY=passive
+T_START=$SECONDS
+DEADLINE=$((SECONDS + 110)) # every wait_until stops here
+NC=200
+ROUNDS=1000 # more than the test lasts: the bench is stopped after the kills
+MIN_KILLS=10
+SECRET="kill-load-s3cret-$$"
+STATE="$WORK/state"
+C=(curl -sS --max-time 5)
+ACKS="$WORK/acks.txt"
+TOKENS="$WORK/tokens.txt"
+
+SEED=${STRATA_KILL_SEED:-$(((${EPOCHREALTIME/[.,]/} ^ $$) % 32768))}
+RANDOM=$SEED
+echo "test_kill_load: seed $SEED (STRATA_KILL_SEED=$SEED replays this kill schedule)"
+
+S_N=0
+SPID=""
+BPID=""
+PORT=0
+URL=""
+dump() {
+    local k f
+    for ((k = S_N - 1; k <= S_N; k++)); do
+        for f in "$WORK/server.$k.out" "$WORK/server.$k.err"; do
+            [ -f "$f" ] && { echo "==== $f" && tail -n 8 "$f"; } >&2
+        done
+    done
+    [ -f "$WORK/bench.err" ] && { echo "==== bench.err" && tail -n 20 "$WORK/bench.err"; } >&2
+    return 0
+}
+die() {
+    trap - TERM INT
+    dump
+    echo "FAIL: $* (seed $SEED)" >&2
+    exit 1
+}
+cleanup() {
+    local p
+    for p in "${PIDS[@]}"; do kill -KILL "$p" 2>/dev/null || true; done
+    for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
+    rm -rf "$WORK"
+}
+trap cleanup EXIT
+trap 'die "stopped by a signal (the watchdog?)"' TERM INT
+
+rnd() { R=$(($1 + RANDOM % ($2 - $1 + 1))); } # never in a subshell: that reseeds
+sleep_ms() { sleep "$(printf '%d.%03d' $(($1 / 1000)) $(($1 % 1000)))"; }
+acks() { ACKED=0; [ -f "$ACKS" ] && ACKED=$(wc -l <"$ACKS"); }
+event() { echo "  t=$((SECONDS - T_START))s $*"; }
+
+# launch_server: starts the coordinator on PORT (0 the first time, then the
+# port it bound) and waits until it listens; retries while the port is still
+# held after a kill.
+launch_server() {
+    local try k u
+    for ((try = 0; try < 40; try++)); do
+        S_N=$((S_N + 1))
+        "$SERVER" --state-dir "$STATE" --model mlp --data "$DATA" --port "$PORT" \
+            --rounds $ROUNDS --min-clients $NC --policy uniform --density 0.01 \
+            --enrolment-secret "$SECRET" --upload-rate 1000000 --threads 1 \
+            >"$WORK/server.$S_N.out" 2>"$WORK/server.$S_N.err" &
+        SPID=$!
+        PIDS+=("$SPID")
+        for ((k = 0; k < 400; k++)); do
+            u=$(sed -n 's/^strata-server: listening on //p' "$WORK/server.$S_N.out" 2>/dev/null)
+            if [ -n "$u" ]; then
+                [ "$PORT" != 0 ] || { PORT=${u##*:} && URL=$u; }
+                [ "$u" = "$URL" ] || die "coordinator start $S_N listens on $u, not $URL"
+                return 0
+            fi
+            if ! alive "$SPID"; then
+                reap "$SPID"
+                grep -q "cannot listen" "$WORK/server.$S_N.err" || die "coordinator start $S_N failed"
+                sleep 0.25
+                continue 2
+            fi
+            sleep 0.05
+        done
+        die "coordinator start $S_N: not listening after 20 s"
+    done
+    die "port $PORT still held after 40 tries"
+}
+
+stop_server() { # SIGTERM; the exit status must be 0
+    kill -TERM "$SPID"
+    local k
+    for ((k = 0; k < 200; k++)); do
+        alive "$SPID" || break
+        sleep 0.1
+    done
+    alive "$SPID" && die "the coordinator did not stop on SIGTERM"
+    reap "$SPID"
+    [ "$REAPED_RC" = 0 ] || die "coordinator exit status $REAPED_RC after SIGTERM"
+}
+
+bench_alive() { alive "$BPID" || die "bench_load exited during the run"; }
+acks_grew() {
+    bench_alive
+    acks
+    [ "$ACKED" -gt "$ACKS_AT_KILL" ]
+}
+
+# ---- the run: the coordinator, the bench, the kills ----------------------------
+launch_server
+"$BENCH" --server "$URL" --clients $NC --rounds $ROUNDS --secret "$SECRET" --persist \
+    --acks "$ACKS" --tokens "$TOKENS" --timeout 100 --json >"$WORK/bench.out" 2>"$WORK/bench.err" &
+BPID=$!
+PIDS+=("$BPID")
+# No kill before every client is registered: registrations are not retried,
+# and an orphan registration would be selected for rounds it never uploads in.
+registered() { bench_alive && grep -q "clients registered" "$WORK/bench.err"; }
+wait_until 30 "$NC clients registered" registered
+[ "$(wc -l <"$TOKENS")" = $NC ] || die "$(wc -l <"$TOKENS") tokens for $NC clients"
+event "$NC clients registered; kills start"
+
+KILLS=0
+rnd "$MIN_KILLS" $((MIN_KILLS + 2))
+WANT=$R
+ACKS_AT_KILL=0
+GAPS=() # acknowledgements between consecutive kills
+while [ "$KILLS" -lt "$WANT" ]; do
+    rnd 200 2500
+    sleep_ms "$R"
+    # The restarted coordinator must acknowledge new uploads before the next kill.
+    wait_until 25 "acknowledgements after kill $KILLS" acks_grew
+    before=$ACKS_AT_KILL
+    kill -KILL "$SPID" 2>/dev/null || true
+    reap "$SPID"
+    KILLS=$((KILLS + 1))
+    rnd 50 800
+    sleep_ms "$R" # down: the bench's retries fail meanwhile
+    acks          # every answer of the killed coordinator is in by now
+    ACKS_AT_KILL=$ACKED
+    GAPS+=($((ACKED - before)))
+    event "kill $KILLS (pid $SPID): $ACKED acknowledgements so far ($((ACKED - before)) since the last kill), down for ${R} ms"
+    launch_server
+done
+wait_until 25 "acknowledgements after the last kill" acks_grew
+kill -TERM "$BPID"
+for ((k = 0; k < 150; k++)); do
+    alive "$BPID" || break
+    sleep 0.1
+done
+alive "$BPID" && die "bench_load did not stop on SIGTERM"
+reap "$BPID"
+BRC=$REAPED_RC
+SUMMARY=$(tail -n 1 "$WORK/bench.out")
+grep '^clients ' "$WORK/bench.out" || true
+[ "$BRC" = 0 ] || die "bench_load exit status $BRC"
+[ "${SUMMARY:0:1}" = "{" ] || die "no JSON summary from bench_load"
+[ "$(json_field "$SUMMARY" errors)" = 0 ] || die "bench_load counted errors: $SUMMARY"
+[ "$(json_field "$SUMMARY" interrupted)" = true ] || die "bench_load was not interrupted: $SUMMARY"
+stop_server
+T_RUN=$((SECONDS - T_START))
+
+# ---- checks ----------------------------------------------------------------------
+[ "$KILLS" -ge "$MIN_KILLS" ] || die "only $KILLS kills (at least $MIN_KILLS wanted)"
+for ((k = 1; k < ${#GAPS[@]}; k++)); do
+    [ "${GAPS[k]}" -gt 0 ] || die "no acknowledgement between kills $k and $((k + 1))"
+done
+acks
+TOTAL_ACKS=$ACKED
+[ "$TOTAL_ACKS" -gt 0 ] || die "no acknowledgement at all"
+
+DB="$STATE/state.db"
+q() { sqlite3 -readonly -batch -noheader -separator ' ' "$DB" "$1"; }
+q "SELECT round, client_id, receipt FROM updates ORDER BY round, client_id" >"$WORK/stored.txt" ||
+    die "cannot read $DB"
+STORED=$(wc -l <"$WORK/stored.txt")
+# (b) no (round, client_id) twice
+twice=$(q "SELECT round, client_id, count(*) FROM updates GROUP BY round, client_id HAVING count(*) > 1")
+[ -z "$twice" ] || die "(round, client_id) stored more than once: $(head -n 5 <<<"$twice")"
+# (a) every acknowledgement is stored once, with its receipt
+bad=$(awk 'NF != 4 || ($4 != 0 && $4 != 1) { print "line " NR ": " $0; exit }' "$ACKS")
+[ -z "$bad" ] || die "a malformed acknowledgement, $bad"
+cut -d' ' -f1-3 "$ACKS" | sort -k1,1n -k2,2n >"$WORK/acked.txt"
+dups=$(cut -d' ' -f1,2 "$WORK/acked.txt" | uniq -d | head -n 5)
+[ -z "$dups" ] || die "(round, client) acknowledged twice: $dups"
+missing=$(comm -23 <(sort "$WORK/acked.txt") <(sort "$WORK/stored.txt") | head -n 5)
+[ -z "$missing" ] || die "acknowledged but not stored with that receipt (round client receipt): $missing"
+DUP_ACKS=$(awk '$4 == 1' "$ACKS" | wc -l)
+UNACKED=$((STORED - TOTAL_ACKS))
+
+# (c) every stored update can be resent: the same bytes with the client's
+# token get the stored receipt back, as a duplicate.
+
+# stored_payloads STATE DIR: writes the body of every update stored in STATE
+# to DIR/ROUND-CLIENT.bin. The one place that knows where the store keeps
+# the bodies: in state.db's payloads table (payloads.seq = updates.seq) or,
+# in a store without that table, in the files STATE/updates/ROUND/CLIENT.bin.
+# (One sqlite3 process for all of them: thousands of updates.)
+stored_payloads() {
+    local db="$1/state.db" has
+    has=$(sqlite3 -readonly -batch "$db" \
+        "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'payloads'") || return 1
+    if [ "$has" = 1 ]; then
+        sqlite3 -readonly -batch "$db" "SELECT writefile('$2/' || u.round || '-' || u.client_id ||
+            '.bin', p.body) FROM updates u JOIN payloads p ON p.seq = u.seq" >/dev/null
+    else
+        sqlite3 -readonly -batch "$db" "SELECT writefile('$2/' || round || '-' || client_id ||
+            '.bin', readfile('$1/updates/' || round || '/' || client_id || '.bin')) FROM updates" \
+            >/dev/null
+    fi
+}
+mkdir -p "$WORK/resend"
+stored_payloads "$STATE" "$WORK/resend" || die "cannot extract the stored payloads"
+# One curl process for every re-upload: a config entry per stored update.
+awk -v dir="$WORK/resend" -v url="$URL" 'FNR == NR { tok[$1] = $2; next }
+    { f = dir "/" $1 "-" $2
+      if (n++) print "next"
+      printf "url = \"%s/v1/rounds/%s/updates\"\nheader = \"Authorization: Bearer %s\"\n", url, $1, tok[$2]
+      printf "header = \"Content-Type: application/octet-stream\"\ndata-binary = \"@%s.bin\"\n", f
+      printf "output = \"%s.json\"\nwrite-out = \"%%{http_code} %s %s\\n\"\n", f, $1, $2 }' \
+    "$TOKENS" "$WORK/stored.txt" >"$WORK/resend.cfg"
+empty=$(find "$WORK/resend" -name '*.bin' -empty | head -n 3)
+[ -z "$empty" ] || die "empty stored payloads: $empty"
+[ "$(find "$WORK/resend" -name '*.bin' | wc -l)" = "$STORED" ] || die "not every stored payload was extracted"
+launch_server
+ACCEPTED=$(metric strata_updates_accepted_total)
+timeout 60 curl -sS --parallel --parallel-max 8 -K "$WORK/resend.cfg" >"$WORK/resend.codes" \
+    2>"$WORK/resend.err" || die "re-uploads: curl failed: $(tail -n 3 "$WORK/resend.err")"
+bad=$(awk '$1 != 200' "$WORK/resend.codes" | head -n 5)
+[ -z "$bad" ] || die "re-uploads not answered 200 (status round client): $bad"
+[ "$(wc -l <"$WORK/resend.codes")" = "$STORED" ] || die "$(wc -l <"$WORK/resend.codes") answers to $STORED re-uploads"
+bad=$(awk -v dir="$WORK/resend" '{
+        f = dir "/" $1 "-" $2 ".json"; body = ""
+        while ((getline line < f) > 0) body = body line
+        close(f)
+        if (body !~ /"duplicate":true/ || index(body, "\"receipt\":\"" $3 "\"") == 0) {
+            print $1, $2, "stored " $3 ", answered " body; if (++n == 5) exit }
+    }' "$WORK/stored.txt")
+[ -z "$bad" ] || die "a re-upload did not get the stored receipt as a duplicate: $bad"
+[ "$(metric strata_updates_accepted_total)" = "$ACCEPTED" ] || die "re-uploads were counted as new"
+stop_server
+
+echo "test_kill_load: seed $SEED; run ${T_RUN} s; $KILLS coordinator kills (acknowledgements between" \
+    "kills: ${GAPS[*]}); $TOTAL_ACKS acknowledged ($DUP_ACKS as duplicates), $STORED stored" \
+    "($UNACKED stored without an acknowledgement), every stored update resent as a duplicate"
+echo "PASS test_kill_load ($((SECONDS - T_START)) s)"
