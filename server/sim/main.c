@@ -1,11 +1,12 @@
 /* strata-sim: runs a whole federation on this machine — a coordinator on a
  * free loopback port and N edge-client processes, each on its own shard of
- * a real data set. This file owns the processes and the run's outcome: it
- * starts the coordinator with the run's options (options.c), learns its
+ * a real data set. This file owns the run and its outcome: it starts the
+ * coordinator with the run's options (options.c), learns its
  * address from its start-up line, writes the shards (shard.c), starts the
  * clients, follows the run through the REST API (follow.c), and has the
  * report written from the coordinator's store (report.c), also after SIGINT
- * or SIGTERM; the output directory is outdir.c's, studies are study.c's. */
+ * or SIGTERM; the output directory is outdir.c's, studies are study.c's, and
+ * starting, reaping and stopping the child processes is procs.c's. */
 #include "sim.h"
 
 #include "strata/clock.h"
@@ -35,176 +36,8 @@ static volatile sig_atomic_t *g_stop;
 #define START_TIMEOUT_MS 120000
 /* How often the run's progress is polled. */
 #define POLL_INTERVAL_MS 500
-/* How long stopped children may take to exit before they are killed. */
-#define STOP_TIMEOUT_MS 30000
 /* How long one client may take to register before the next starts. */
 #define REGISTER_TIMEOUT_MS 60000
-
-/* A growing argument vector; every string is a malloc'ed copy. */
-typedef struct argv_list {
-    char *v[160];
-    size_t n;
-} argv_list;
-
-static int argv_add(argv_list *a, const char *s)
-{
-    if (a->n + 2 > sizeof(a->v) / sizeof(a->v[0]) || (a->v[a->n] = strdup(s)) == NULL)
-        return STRATA_ENOMEM;
-    a->v[++a->n] = NULL;
-    return STRATA_OK;
-}
-
-/* Adds "--kebab-key" and value. */
-static int argv_add_opt(argv_list *a, const char *key, const char *value)
-{
-    char flag[96];
-    strata_opt_flag(key, flag, sizeof(flag));
-    return argv_add(a, flag) < 0 ? STRATA_ENOMEM : argv_add(a, value);
-}
-
-static void argv_cleanup(argv_list *a)
-{
-    for (size_t i = 0; i < a->n; i++)
-        free(a->v[i]);
-    a->n = 0;
-}
-
-/* Starts argv[0] with stdout to out_fd (or the log), stderr to the log
- * file (appended to by every writer, so a resumed run keeps the earlier
- * lines). Returns the child's pid, or -1. */
-static pid_t spawn(char *const argv[], const char *log, int out_fd)
-{
-    pid_t pid = fork();
-    if (pid != 0)
-        return pid;
-    int fd = open(log, O_WRONLY | O_CREAT | O_APPEND, 0644);
-    if (fd >= 0) {
-        dup2(fd, STDERR_FILENO);
-        dup2(out_fd >= 0 ? out_fd : fd, STDOUT_FILENO);
-    }
-    setenv("OMP_NUM_THREADS", "1", 1);
-    setenv("OMP_WAIT_POLICY", "passive", 1);
-    execv(argv[0], argv);
-    strata_log_error("cannot run %s: %s", argv[0], strerror(errno));
-    _exit(127);
-}
-
-/* The coordinator's standard output: its start-up line, then whatever it
- * prints, which is copied to its log. */
-typedef struct server_out {
-    int fd;     /* read end of the pipe (non-blocking) */
-    int log_fd; /* server.log, opened for appending; -1 when not open */
-    char buf[8192];
-    size_t len;
-} server_out;
-
-/* Reads what the pipe holds (waiting up to wait_ms) and copies it to the
- * log. Returns the number of bytes read, 0 at end of file or when nothing
- * came. */
-static size_t server_out_read(server_out *so, int wait_ms)
-{
-    struct pollfd pf = {so->fd, POLLIN, 0};
-    if (poll(&pf, 1, wait_ms) <= 0)
-        return 0;
-    size_t room = sizeof(so->buf) - 1 - so->len;
-    ssize_t k = read(so->fd, so->buf + so->len, room);
-    if (k <= 0)
-        return 0;
-    if (so->log_fd >= 0 && write(so->log_fd, so->buf + so->len, (size_t)k) < 0)
-        strata_log_debug("copying the coordinator's output: %s", strerror(errno));
-    so->len += (size_t)k;
-    return (size_t)k;
-}
-
-/* Looks for the start-up line "strata-server: listening on URL" among the
- * complete lines read so far (see docs/operations.md); copies URL into url
- * and returns 1 when it is there. Lines before it are dropped. */
-static int server_out_listening(server_out *so, char *url, size_t cap)
-{
-    static const char MARK[] = "listening on ";
-    char *nl;
-    while ((nl = memchr(so->buf, '\n', so->len)) != NULL) {
-        *nl = '\0';
-        const char *p = strstr(so->buf, MARK);
-        int found = p != NULL;
-        if (found) {
-            snprintf(url, cap, "%s", p + strlen(MARK));
-            url[strcspn(url, "\r")] = '\0';
-        }
-        so->len -= (size_t)(nl + 1 - so->buf);
-        memmove(so->buf, nl + 1, so->len);
-        if (found)
-            return 1;
-    }
-    if (so->len == sizeof(so->buf) - 1)
-        so->len = 0; /* an overlong line: drop it */
-    return 0;
-}
-
-/* The child processes of the run. */
-typedef struct procs {
-    pid_t server; /* -1 once it has exited */
-    pid_t *clients;
-    long nclients, done, failed;
-} procs;
-
-/* Reaps the children that have exited; returns 1 when the server is one. */
-static int procs_reap(procs *p)
-{
-    int status, server_exited = 0;
-    pid_t pid;
-    while ((pid = waitpid(-1, &status, WNOHANG)) > 0) {
-        if (pid == p->server) {
-            p->server = -1;
-            server_exited = 1;
-            continue;
-        }
-        for (long i = 0; i < p->nclients; i++)
-            if (p->clients[i] == pid) {
-                p->clients[i] = 0;
-                p->done++;
-                if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
-                    p->failed++;
-            }
-    }
-    return server_exited;
-}
-
-/* Waits up to STOP_TIMEOUT_MS for *pid to exit, then kills it; sets *pid
- * to 0. */
-static void wait_or_kill(pid_t *pid, strata_deadline until)
-{
-    while (*pid > 0) {
-        pid_t r = waitpid(*pid, NULL, WNOHANG);
-        if (r == *pid || (r < 0 && errno != EINTR)) {
-            *pid = 0;
-        } else if (strata_deadline_expired(until)) {
-            kill(*pid, SIGKILL);
-            waitpid(*pid, NULL, 0);
-            *pid = 0;
-        } else {
-            usleep(20000);
-        }
-    }
-}
-
-/* Ends every child that still runs (SIGTERM; SIGKILL after
- * STOP_TIMEOUT_MS) and waits for it: the clients first, all at once, then
- * the coordinator, which saves its state as it stops. */
-static void procs_stop(procs *p)
-{
-    for (long i = 0; p->clients != NULL && i < p->nclients; i++)
-        if (p->clients[i] > 0)
-            kill(p->clients[i], SIGTERM);
-    strata_deadline until = strata_deadline_in(STOP_TIMEOUT_MS);
-    for (long i = 0; p->clients != NULL && i < p->nclients; i++)
-        wait_or_kill(&p->clients[i], until);
-    if (p->server > 0) {
-        kill(p->server, SIGTERM);
-        wait_or_kill(&p->server, strata_deadline_in(STOP_TIMEOUT_MS));
-        p->server = -1;
-    }
-}
 
 /* Waits until client i (state directory cdir) has registered: its
  * identity.json exists (the client's state-directory protocol). Clients
@@ -212,7 +45,7 @@ static void procs_stop(procs *p)
  * every run and a seeded run samples the same shares. Gives up after
  * REGISTER_TIMEOUT_MS or when the client exits (the run then reports it).
  * Errors: STRATA_ESTATE when the coordinator exited or a stop arrived. */
-static int wait_registered(procs *p, long i, const char *cdir)
+static int wait_registered(sim_procs *p, long i, const char *cdir)
 {
     char id[PATH_MAX];
     if (snprintf(id, sizeof(id), "%s/identity.json", cdir) >= (int)sizeof(id))
@@ -221,7 +54,7 @@ static int wait_registered(procs *p, long i, const char *cdir)
     while (access(id, F_OK) != 0) {
         if (*g_stop)
             return STRATA_ESTATE;
-        if (procs_reap(p)) {
+        if (sim_procs_reap(p)) {
             strata_log_error("the coordinator exited while clients registered");
             return STRATA_ESTATE;
         }
@@ -239,7 +72,7 @@ static int wait_registered(procs *p, long i, const char *cdir)
 
 /* Starts the N clients against the coordinator at url, each on its shard
  * (shards/I, --partition none), one after the other as each registers. */
-static int start_clients(const sim_opts *o, procs *p, const char *client_bin, const char *url,
+static int start_clients(const sim_opts *o, sim_procs *p, const char *client_bin, const char *url,
                          const sim_out *od, const sim_links *links)
 {
     char s_clients[32], s_seed[32];
@@ -258,14 +91,14 @@ static int start_clients(const sim_opts *o, procs *p, const char *client_bin, co
         snprintf(idx, sizeof(idx), "%ld", i);
         /* Behind a link: "ip netns exec NS" runs the client in its
          * namespace (ip execs it: the pid is the client's). */
-        argv_list a = {0};
+        sim_argv a = {0};
         char ns[64];
         const char *ip = NULL;
         int rc = STRATA_OK;
         if (links != NULL && sim_links_wrap(links, i, ns, sizeof(ns), &ip) == 0) {
             const char *wrap[] = {ip, "netns", "exec", ns};
             for (size_t k = 0; rc == 0 && k < sizeof(wrap) / sizeof(wrap[0]); k++)
-                rc = argv_add(&a, wrap[k]);
+                rc = sim_argv_add(&a, wrap[k]);
         }
         const char *fixed[][2] = {{"server", url},
                                   {"state_dir", cdir},
@@ -277,20 +110,20 @@ static int start_clients(const sim_opts *o, procs *p, const char *client_bin, co
                                   {"threads", "1"},
                                   {"enrolment_secret_file", od->path[SIM_OUT_SECRET]}};
         if (rc == 0)
-            rc = argv_add(&a, client_bin);
+            rc = sim_argv_add(&a, client_bin);
         for (size_t k = 0; rc == 0 && k < sizeof(fixed) / sizeof(fixed[0]); k++)
-            rc = argv_add_opt(&a, fixed[k][0], fixed[k][1]);
+            rc = sim_argv_add_opt(&a, fixed[k][0], fixed[k][1]);
         for (size_t k = 0; rc == 0 && k < SIM_NPASS; k++)
             if (o->pass[k] != NULL && sim_opts_pass_client(k))
-                rc = argv_add_opt(&a, sim_opts_pass_key(k), o->pass[k]);
+                rc = sim_argv_add_opt(&a, sim_opts_pass_key(k), o->pass[k]);
         if (rc < 0) {
-            argv_cleanup(&a);
+            sim_argv_cleanup(&a);
             strata_log_error("out of memory (a client's command line)");
             return rc;
         }
-        p->clients[i] = spawn(a.v, clog, -1);
+        p->clients[i] = sim_spawn(a.v, clog, -1);
         int err = errno;
-        argv_cleanup(&a);
+        sim_argv_cleanup(&a);
         if (p->clients[i] < 0) {
             p->clients[i] = 0;
             strata_log_error("cannot start a client: %s", strerror(err));
@@ -370,15 +203,15 @@ static void start_failure(const char *log, const char *what)
 /* The run itself: waits for the coordinator's address, saves the options,
  * writes the shards, starts the clients and follows the rounds until every
  * client has exited. */
-static run_end run(const sim_opts *o, procs *p, server_out *so, const char *client_bin,
+static run_end run(const sim_opts *o, sim_procs *p, sim_server_out *so, const char *client_bin,
                    const sim_out *od, const sim_links *links)
 {
     const char *log = od->path[SIM_OUT_SERVER_LOG];
     char url[256] = "";
     strata_deadline start = strata_deadline_in(START_TIMEOUT_MS);
-    while (!*g_stop && !server_out_listening(so, url, sizeof(url))) {
-        server_out_read(so, 200);
-        if (procs_reap(p)) {
+    while (!*g_stop && !sim_server_out_listening(so, url, sizeof(url))) {
+        sim_server_out_read(so, 200);
+        if (sim_procs_reap(p)) {
             start_failure(log, "did not start");
             return RUN_START_FAILED;
         }
@@ -416,13 +249,13 @@ static run_end run(const sim_opts *o, procs *p, server_out *so, const char *clie
     }
     int64_t next_poll = 0;
     while (!*g_stop && p->done < p->nclients) {
-        server_out_read(so, 200);
+        sim_server_out_read(so, 200);
         so->len = 0; /* after the start-up line the output is only logged */
         if (strata_clock_mono_ms() >= next_poll) {
             poll_progress(f, &ui);
             next_poll = strata_clock_mono_ms() + POLL_INTERVAL_MS;
         }
-        if (procs_reap(p)) {
+        if (sim_procs_reap(p)) {
             if (ui.tty)
                 fputc('\n', stderr);
             strata_log_error("the coordinator exited early; see %s", log);
@@ -472,7 +305,7 @@ static int find_binaries(char *server_bin, char *client_bin, size_t cap)
 /* The coordinator's command line: the run's settings, then every
  * coordinator option of PASS given. */
 static int server_argv(const sim_opts *o, const char *server_bin, const sim_out *od,
-                       const char *host, argv_list *a)
+                       const char *host, sim_argv *a)
 {
     char s_clients[32], s_rounds[32], s_seed[32], s_deadline[32];
     snprintf(s_clients, sizeof(s_clients), "%ld", o->clients);
@@ -492,12 +325,12 @@ static int server_argv(const sim_opts *o, const char *server_bin, const sim_out 
                               {"values", o->values},
                               {"seed", s_seed},
                               {"enrolment_secret_file", od->path[SIM_OUT_SECRET]}};
-    int rc = argv_add(a, server_bin);
+    int rc = sim_argv_add(a, server_bin);
     for (size_t i = 0; rc == 0 && i < sizeof(fixed) / sizeof(fixed[0]); i++)
-        rc = argv_add_opt(a, fixed[i][0], fixed[i][1]);
+        rc = sim_argv_add_opt(a, fixed[i][0], fixed[i][1]);
     for (size_t i = 0; rc == 0 && i < SIM_NPASS; i++)
         if (o->pass[i] != NULL && !sim_opts_pass_client(i))
-            rc = argv_add_opt(a, sim_opts_pass_key(i), o->pass[i]);
+            rc = sim_argv_add_opt(a, sim_opts_pass_key(i), o->pass[i]);
     return rc;
 }
 
@@ -619,9 +452,9 @@ static int sim_main(const sim_opts *o)
         sim_out_discard(&od);
         return SIM_EXIT_FAIL;
     }
-    argv_list sargv = {.n = 0};
-    procs p = {.server = -1, .nclients = o->clients};
-    server_out so = {.fd = -1, .log_fd = -1};
+    sim_argv sargv = {.n = 0};
+    sim_procs p = {.server = -1, .nclients = o->clients};
+    sim_server_out so = {.fd = -1, .log_fd = -1};
     int pfd[2] = {-1, -1};
     run_end end = RUN_START_FAILED;
     sim_links *links = NULL;
@@ -641,7 +474,7 @@ static int sim_main(const sim_opts *o)
     }
     fcntl(pfd[0], F_SETFD, FD_CLOEXEC);
     fcntl(pfd[1], F_SETFD, FD_CLOEXEC);
-    p.server = spawn(sargv.v, od.path[SIM_OUT_SERVER_LOG], pfd[1]);
+    p.server = sim_spawn(sargv.v, od.path[SIM_OUT_SERVER_LOG], pfd[1]);
     int spawn_err = errno;
     close(pfd[1]);
     so.fd = pfd[0];
@@ -653,16 +486,16 @@ static int sim_main(const sim_opts *o)
     so.log_fd = open(od.path[SIM_OUT_SERVER_LOG], O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
     end = run(o, &p, &so, client_bin, &od, links);
 stop:
-    procs_stop(&p);
+    sim_procs_stop(&p);
     sim_links_free(links);
-    while (so.fd >= 0 && server_out_read(&so, 0) > 0)
+    while (so.fd >= 0 && sim_server_out_read(&so, 0) > 0)
         so.len = 0;
     if (so.fd >= 0)
         close(so.fd);
     if (so.log_fd >= 0)
         close(so.log_fd);
     free(p.clients);
-    argv_cleanup(&sargv);
+    sim_argv_cleanup(&sargv);
     if (end == RUN_START_FAILED) {
         if (!od.holds_run)
             sim_out_discard(&od);

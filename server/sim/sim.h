@@ -3,7 +3,7 @@
  * (follow.c), the report built from the coordinator's store (report.c), the
  * per-client shards of the training set (shard.c), the output directory
  * (outdir.c), SVG plots (plot.c) and studies: grids of runs (study.c,
- * study_report.c, study.h).
+ * study_report.c, study.h), and the child processes (procs.c).
  */
 #ifndef STRATA_SIM_H
 #define STRATA_SIM_H
@@ -16,6 +16,7 @@
 #include <signal.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 /* ---- options (options.c) ------------------------------------------------ */
 
@@ -296,5 +297,61 @@ int sim_study_check(int argc, char **argv, strata_diag *diag);
  * says what is wrong), 1 when a run failed. */
 int sim_study_run(const char *spec_path, const char *out, const char *self,
                   sim_study_check_fn check, volatile sig_atomic_t *stop);
+
+/* ---- child processes (procs.c) ------------------------------------------ */
+
+/* A growing argument vector; every string is a malloc'ed copy. */
+typedef struct sim_argv {
+    char *v[160];
+    size_t n;
+} sim_argv;
+
+/* The coordinator's standard output: its start-up line, then whatever it
+ * prints, which is copied to its log. */
+typedef struct sim_server_out {
+    int fd;     /* read end of the pipe (non-blocking) */
+    int log_fd; /* server.log, opened for appending; -1 when not open */
+    char buf[8192];
+    size_t len;
+} sim_server_out;
+
+/* The child processes of the run. */
+typedef struct sim_procs {
+    pid_t server; /* -1 once it has exited */
+    pid_t *clients;
+    long nclients, done, failed;
+} sim_procs;
+
+/* Appends a copy of s. Errors: STRATA_ENOMEM (also when full). */
+int sim_argv_add(sim_argv *a, const char *s);
+
+/* Appends "--kebab-key" and value. Errors: STRATA_ENOMEM. */
+int sim_argv_add_opt(sim_argv *a, const char *key, const char *value);
+
+/* Frees the copies. */
+void sim_argv_cleanup(sim_argv *a);
+
+/* Starts argv[0] with stdout to out_fd (or the log), stderr to the log
+ * file (appended to by every writer, so a resumed run keeps the earlier
+ * lines). Returns the child's pid, or -1. */
+pid_t sim_spawn(char *const argv[], const char *log, int out_fd);
+
+/* Reads what the coordinator's pipe holds (waiting up to wait_ms) and
+ * copies it to the log. Returns the number of bytes read, 0 at end of file
+ * or when nothing came. */
+size_t sim_server_out_read(sim_server_out *so, int wait_ms);
+
+/* Looks for the start-up line "strata-server: listening on URL" among the
+ * complete lines read so far (see docs/operations.md); copies URL into url
+ * and returns 1 when it is there. Lines before it are dropped. */
+int sim_server_out_listening(sim_server_out *so, char *url, size_t cap);
+
+/* Reaps the children that have exited; returns 1 when the server is one. */
+int sim_procs_reap(sim_procs *p);
+
+/* Ends every child that still runs (SIGTERM; SIGKILL after 30 s) and waits
+ * for it: the clients first, all at once, then the coordinator, which saves
+ * its state as it stops. */
+void sim_procs_stop(sim_procs *p);
 
 #endif
