@@ -136,7 +136,15 @@ int main(int argc, char **argv)
         strata_log_error("%s", strata_diag_msg(&d, rc));
         goto out;
     }
-    if ((rc = srv_http_start(e, &cfg, (unsigned)cfg.http_threads, &h, &port, &d)) < 0) {
+    srv_http_opts ho = {.host = cfg.host,
+                        .port = cfg.port,
+                        .tls_cert = cfg.tls_cert,
+                        .tls_key = cfg.tls_key,
+                        .connection_timeout = cfg.connection_timeout,
+                        .max_connections = cfg.max_connections,
+                        .request_timeout = cfg.request_timeout,
+                        .threads = (unsigned)cfg.http_threads};
+    if ((rc = srv_http_start(e, &ho, &h, &port, &d)) < 0) {
         strata_log_error("%s", strata_diag_msg(&d, rc));
         goto out;
     }
