@@ -125,7 +125,9 @@ static const char *const stmt_sql[N_STMT] = {
     [S_UPDATE_LIST] = "SELECT client_id, receipt, sha256, bytes, samples, received_ms FROM updates"
                       " WHERE round = ?1 ORDER BY seq",
     [S_PAYLOAD_INSERT] = "INSERT INTO payloads(seq, body) VALUES(?1, ?2)",
-    [S_PAYLOAD_GET] = "SELECT u.bytes, u.sha256, p.body FROM updates u JOIN payloads p"
+    /* LEFT JOIN: an update whose payload row is missing is corruption
+     * (STRATA_EIO), not "no such update". */
+    [S_PAYLOAD_GET] = "SELECT u.bytes, u.sha256, p.body FROM updates u LEFT JOIN payloads p"
                       " ON p.seq = u.seq WHERE u.round = ?1 AND u.client_id = ?2",
     [S_UPDATE_COUNT] = "SELECT count(*) FROM updates WHERE round = ?1",
     [S_CKPT_RECORD] = "INSERT OR REPLACE INTO checkpoints(model_version, bytes, recorded_ms)"
@@ -299,7 +301,7 @@ static int query_int(sq_store *s, const char *sql, int64_t *value, strata_diag *
 }
 
 /* Creates the schema in an empty database, checks the version of an existing
- * one (migrating older versions would happen here) and refuses a newer one. */
+ * one (migrating older versions, oldest first, in one transaction) and refuses a newer one. */
 static int check_schema(sq_store *s, int may_create, strata_diag *diag)
 {
     int64_t have, tables, version;

@@ -13,7 +13,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* The prepared statements of a connection, by id (SQL in store_db.c). */
+/* The prepared statements of a connection, by id (SQL in store_sqlite.c). */
 enum {
     S_BEGIN,
     S_COMMIT,
@@ -115,11 +115,11 @@ char *strata__store_dup_column_text(sqlite3_stmt *st, int col, int *oom);
 
 /* Steps the bound statement st (S_CLIENT_BY_TOKEN or S_CLIENT_BY_ID) and
  * resets it: *found = 1 and *out filled (out may be NULL) when the client
- * exists. Defined with the clients (store_clients.c). */
+ * exists. Defined with the clients (store_sqlite_clients.c). */
 int strata__store_fetch_client(sq_store *s, sqlite3_stmt *st, strata_store_client *out, int *found,
                                strata_diag *diag);
 
-/* The migration from schema 2 (store_migrate.c), inside check_schema's
+/* The migration from schema 2 (store_sqlite_migrate.c), inside check_schema's
  * transaction, after the payloads table exists: copies every stored
  * update's file updates/<round>/<client>.bin into the database after
  * checking its length and SHA-256 against the row. Errors: STRATA_EIO
