@@ -1,12 +1,10 @@
-/* Admin controls and the admin configuration view: pause, resume and stop,
- * persisted as store counters so that they survive restarts, and the full
- * configuration for GET /v1/admin/config. Its part of struct srv_engine is
- * marked in engine_internal.h.
- *
- * May call: the store (counters), request.h (the action body), round.h (an
- * admin stop abandons the open round), config.h, libstrata (log) and
- * jansson. */
-#include "engine_internal.h"
+/* Admin controls and the admin configuration view (see admin.h): pause,
+ * resume and stop, persisted as store counters so that they survive
+ * restarts, and the full configuration for GET /v1/admin/config. This file
+ * alone touches struct srv_admin. */
+#include "admin.h"
+
+#include "result_internal.h"
 
 #include "strata/log.h"
 
@@ -18,96 +16,121 @@
 #define CONTROL_PAUSED "control_paused"
 #define CONTROL_STOPPED "control_stopped"
 
-const char *srv__state_name(const srv_engine *e)
+struct srv_admin {
+    srv_admin_config c;
+    int paused, stopped;
+};
+
+const char *srv__admin_state_name(const srv_admin *a)
 {
-    return e->stopped    ? "stopped"
-           : e->finished ? "finished"
-           : e->paused   ? "paused"
-           : e->open     ? "running"
-                         : "waiting";
+    return a->stopped                         ? "stopped"
+           : srv__round_finished(a->c.rounds) ? "finished"
+           : a->paused                        ? "paused"
+           : srv__round_is_open(a->c.rounds)  ? "running"
+                                              : "waiting";
 }
 
-int srv__admin_load(srv_engine *e, strata_diag *d)
+int srv__admin_paused(const srv_admin *a)
 {
+    return a->paused;
+}
+
+int srv__admin_stopped(const srv_admin *a)
+{
+    return a->stopped;
+}
+
+int srv__admin_new(const srv_admin_config *c, srv_admin **out, strata_diag *d)
+{
+    *out = NULL;
+    srv_admin *a = calloc(1, sizeof(*a));
+    if (a == NULL)
+        return STRATA_ENOMEM;
+    a->c = *c;
     int64_t paused = 0, stopped = 0;
     int rc;
-    if ((rc = strata_store_counter_get(e->store, CONTROL_PAUSED, &paused, d)) < 0 ||
-        (rc = strata_store_counter_get(e->store, CONTROL_STOPPED, &stopped, d)) < 0)
+    if ((rc = strata_store_counter_get(c->store, CONTROL_PAUSED, &paused, d)) < 0 ||
+        (rc = strata_store_counter_get(c->store, CONTROL_STOPPED, &stopped, d)) < 0) {
+        free(a);
         return rc;
-    e->paused = paused != 0;
-    e->stopped = stopped != 0;
+    }
+    a->paused = paused != 0;
+    a->stopped = stopped != 0;
+    *out = a;
     return 0;
 }
 
+void srv__admin_free(srv_admin *a)
+{
+    free(a);
+}
+
 /* Sets a persistent control counter to value. Lock held. */
-static int control_set(srv_engine *e, const char *name, int *field, int value, strata_diag *d)
+static int control_set(srv_admin *a, const char *name, int *field, int value, strata_diag *d)
 {
     if (*field == value)
         return 0;
-    int rc = strata_store_counter_add(e->store, name, value - *field, d);
+    int rc = strata_store_counter_add(a->c.store, name, value - *field, d);
     if (rc == 0)
         *field = value;
     return rc;
 }
 
 /* An admin stop: waits for the group commit in flight (no new batch starts
- * meanwhile), then persists the stop and abandons the open round; a failed
- * stop changes nothing. Lock held. */
-static int admin_stop(srv_engine *e, strata_diag *d)
+ * meanwhile), then persists the stop, abandons the open round and ends the
+ * federation; a failed stop changes nothing. Lock held. */
+static int admin_stop(srv_admin *a, strata_diag *d)
 {
-    e->stopping_round = 1; /* no new batch starts */
-    while (e->committing)
-        pthread_cond_wait(&e->commit_cv, &e->mu);
-    e->stopping_round = 0;
-    int was = e->stopped;
-    int rc = control_set(e, CONTROL_STOPPED, &e->stopped, 1, d);
-    if (rc == 0 && (rc = srv__round_abandon(e, d)) < 0) {
+    srv__uploads_quiesce(a->c.uploads);
+    int was = a->stopped;
+    int rc = control_set(a, CONTROL_STOPPED, &a->stopped, 1, d);
+    if (rc == 0 && (rc = srv__round_abandon(a->c.rounds, d)) < 0) {
         strata_diag ud = {{0}}; /* undo: a failed stop changes nothing */
-        control_set(e, CONTROL_STOPPED, &e->stopped, was, &ud);
+        control_set(a, CONTROL_STOPPED, &a->stopped, was, &ud);
     }
     if (rc == 0)
-        e->finished = 1;
+        srv__round_finish(a->c.rounds, 1);
     return rc;
 }
 
-void srv_engine_admin(srv_engine *e, const char *action, const uint8_t *body, size_t len,
-                      srv_result *r)
+void srv__admin_action(srv_admin *a, const char *action, const uint8_t *body, size_t len,
+                       srv_result *r)
 {
     strata_diag d = {{0}};
     srv_reason_req rq;
-    int rc = srv_request_reason(body, len, &e->jlim, &rq, &d);
+    int rc = srv_request_reason(body, len, a->c.jlim, &rq, &d);
     if (rc < 0) {
         srv__result_bad_body(r, rc, &d);
         return;
     }
     const char *reason = rq.has_reason ? rq.reason : NULL;
-    pthread_mutex_lock(&e->mu);
+    pthread_mutex_lock(a->c.mu);
     if (strcmp(action, "pause") == 0) {
-        rc = control_set(e, CONTROL_PAUSED, &e->paused, 1, &d);
+        rc = control_set(a, CONTROL_PAUSED, &a->paused, 1, &d);
     } else if (strcmp(action, "resume") == 0) {
-        rc = control_set(e, CONTROL_PAUSED, &e->paused, 0, &d);
+        rc = control_set(a, CONTROL_PAUSED, &a->paused, 0, &d);
     } else if (strcmp(action, "stop") == 0) {
         /* Refused only while a close attempt runs; a close waiting for its
          * retry is abandoned like an open round. */
-        if (!e->stopped && e->close_busy) {
-            pthread_mutex_unlock(&e->mu);
+        if (!a->stopped && srv__round_close_busy(a->c.rounds)) {
+            pthread_mutex_unlock(a->c.mu);
             srv_result_error(r, SRV_E_ROUND_CLOSING, "a round is being aggregated; try again");
             r->retry_after = 1;
             return;
         }
-        rc = admin_stop(e, &d);
+        rc = admin_stop(a, &d);
     } else {
-        pthread_mutex_unlock(&e->mu);
+        pthread_mutex_unlock(a->c.mu);
         srv_result_error(r, SRV_E_NOT_FOUND, "no admin action '%s'", action);
         return;
     }
     if (rc == 0) {
         strata_log_info("admin %s%s%s", action, reason ? ": " : "", reason ? reason : "");
-        pthread_cond_broadcast(&e->cv);
-        srv__waiters_wake_all(e);
+        pthread_cond_broadcast(a->c.wake);
+        srv__waiters_wake_all(a->c.waiters);
     }
-    const char *state = srv__state_name(e);
-    pthread_mutex_unlock(&e->mu);
+    const char *state = srv__admin_state_name(a);
+    pthread_mutex_unlock(a->c.mu);
     /* The store failing to write (STRATA_EIO: storage full or failing)
      * passes; the control is unchanged and the operator may retry. */
     if (rc == STRATA_EIO)
@@ -118,9 +141,9 @@ void srv_engine_admin(srv_engine *e, const char *action, const uint8_t *body, si
         srv__result_json(r, SRV_OK, json_pack("{s:s}", "state", state));
 }
 
-void srv_engine_admin_config(srv_engine *e, srv_result *r)
+void srv__admin_config_view(const srv_admin *a, srv_result *r)
 {
-    char *cj = srv_config_json(e->cfg, 1);
+    char *cj = srv_config_json(a->c.cfg, 1);
     json_t *cfg = cj ? json_loads(cj, 0, NULL) : NULL;
     free(cj);
     if (cfg == NULL) {

@@ -1,22 +1,15 @@
-/* Closing a round (see round.h): the screening and quarantine of outlying
- * updates, the aggregation (FedAvg re-aggregated from the stored updates
- * when some are left out, or a robust rule over them), the server
- * optimiser's step on the model in place with a copy of its state, the
- * finiteness checks (leaving out the largest updates, else failing the round
- * with the model unchanged), a round with too few updates, the checkpoint,
- * the evaluation, the summary, the stragglers, and the retries of a close
- * that failed for a reason that can pass.
+/* Closing a round (see close.h): when it is due, and the steps of a close:
+ * begin, screen / aggregate / evaluate (close_model.c does the computing),
+ * commit, apply, announce. This file owns the closer (struct srv_close:
+ * the server's model, the server optimiser and the copies a close steps)
+ * and is, with round.c and resume.c, one of the three files that touch the
+ * open round's structure (round_internal.h).
  *
- * Closing: the round's updates are screened by their L2 norms and outliers
- * quarantined (kept stored, left out of the aggregate, listed in the
- * summary); the server step is applied to the model in place with a copy of
- * the optimiser's state, and the aggregate, the model and its evaluation
- * must be finite, else the updates with the largest norms are left out too,
- * and when nothing finite remains the round closes as failed with the model
- * unchanged (docs/algorithm.md, "Screening"). Nothing that is not finite is
- * checkpointed or served. A round closed with fewer than min_updates updates
- * (its deadline passed, or the other selected clients skipped) closes as
- * failed without touching the model.
+ * A round closed with fewer than min_updates updates (its deadline passed,
+ * or the other selected clients skipped) closes as failed without touching
+ * the model. A model that is not finite is never saved or served: such a
+ * round closes as failed with the model unchanged (docs/algorithm.md,
+ * "Screening").
  *
  * A close that fails (the checkpoint cannot be written, the database is
  * full or busy, out of memory) puts the model and the optimiser back, keeps
@@ -27,498 +20,177 @@
  * the round is not open) stops the federation; finishing the last round
  * ends it.
  *
- * May call: the store, aggregate.h, robust.h, models.h, metrics.h,
- * registry.h (sorted ids), libstrata (checkpoint, train, payload, clock,
- * log, the round-summary codec). */
-#include "round.h"
+ * May call: see close.h. */
+#include "close_internal.h"
 
-#include "engine_internal.h"
 #include "lgreco.h"
+#include "round_internal.h"
 
 #include "strata/checkpoint.h"
 #include "strata/clock.h"
 #include "strata/log.h"
-#include "strata/summary.h"
-#include "strata/train.h"
 
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
-/* A close or an open that failed for a reason that can pass is retried
- * after 1, 2, 4, 8, 16, then every 30 seconds. */
-#define CLOSE_BACKOFF_MIN_MS 1000
-#define CLOSE_BACKOFF_MAX_MS 30000
+struct srv_close {
+    srv_close_config c;
+    strata_model *model;         /* x: touched only by the round thread (and start-up) */
+    strata_server_opt *opt;      /* the state of the current version */
+    strata_server_opt *opt_next; /* stepped by a close; becomes opt when it commits */
+    strata_tensor_list rollback; /* the parameters before a close's step */
+};
 
-/* The wait before the next attempt after k earlier failures (0 for the
- * first failure). */
-int64_t srv__retry_backoff_ms(unsigned k)
+/* Writes the path of the server optimiser's state saved with model version
+ * v (STATE_DIR/checkpoints/server-opt-V.safetensors) into buf: the one place
+ * that composes it. */
+static void opt_path(const srv_close *C, uint64_t v, char *buf, size_t cap)
 {
-    int64_t wait = (int64_t)CLOSE_BACKOFF_MIN_MS << (k < 5 ? k : 5);
-    return wait < CLOSE_BACKOFF_MAX_MS ? wait : CLOSE_BACKOFF_MAX_MS;
+    if (strata_store_path(strata_store_dir(C->c.store), STRATA_STORE_FILE_SERVER_OPT, v, 0, buf,
+                          cap, NULL) < 0)
+        buf[0] = '\0';
 }
 
-/* The screening rule applies from this many updates on (docs/algorithm.md,
- * "Screening"). */
-#define SCREEN_MIN_UPDATES 3
-
-int srv__round_ready_to_close(const srv_engine *e, int64_t now)
+int srv__close_new(const srv_close_config *c, strata_model *x, uint64_t version, srv_close **out,
+                   strata_diag *d)
 {
-    /* A close that failed waits for its retry. */
-    if (e->closing)
-        return !e->close_busy && e->close_failures > 0 &&
-               strata_clock_mono_ms() >= e->close_retry_ms;
-    /* Not while a group commit is in flight: its updates are acknowledged
-     * only after they are aggregated. */
-    if (!e->open || e->committing)
-        return 0;
-    /* Every selected client answered, or enough updates arrived (fewer
-     * than the selection with over-selection), or the deadline passed:
-     * close_round decides whether the updates suffice. */
-    if (e->nreported + e->nskipped >= e->nselected)
-        return 1;
-    if (e->nreported > 0 && e->nreported >= e->enough)
-        return 1;
-    return now >= e->deadline_ms;
-}
-
-/* One accepted update of the round being closed. */
-typedef struct close_update {
-    uint64_t client_id;
-    double weight;     /* its sample count (FedAvg's weight) */
-    double norm;       /* the L2 norm of its decoded values, before any clipping */
-    int quarantined;   /* 0, or 1 + its strata_quarantine_reason */
-    strata_payload *p; /* decoded (robust rules), else NULL */
-} close_update;
-
-/* One attempt at closing round `round`: its updates in the order they were
- * accepted, which of them the aggregate leaves out, and the outcome. */
-typedef struct close_job {
-    uint32_t round;
-    close_update *u;
-    size_t n;
-    int streamed;  /* FedAvg: e->agg holds exactly these n updates */
-    double median; /* the median norm the screening compared with; NaN: not applied */
-    strata_round_failure failed;
-    char failure[256]; /* what was not finite, when failed */
-    size_t last_kept;  /* updates the last attempt aggregated */
-    strata_train_stats st;
-    double agg_s;
-    int impossible; /* the error is a state that retrying cannot mend */
-} close_job;
-
-static void close_job_cleanup(close_job *j)
-{
-    for (size_t i = 0; j->u != NULL && i < j->n; i++)
-        strata_payload_free(j->u[i].p);
-    free(j->u);
-    j->u = NULL;
-    j->n = 0;
-}
-
-static size_t count_kept(const close_job *j)
-{
-    size_t k = 0;
-    for (size_t i = 0; i < j->n; i++)
-        k += j->u[i].quarantined == 0;
-    return k;
-}
-
-/* Reads stored update i of the job's round from wstore and decodes it into
- * *p. A stored update was decoded and validated when it was accepted, so a
- * decoding error is an impossible state; a read error may pass. */
-static int read_update(srv_engine *e, close_job *j, size_t i, strata_payload **p, strata_diag *d)
-{
-    uint8_t *buf = NULL;
-    size_t len = 0;
-    int rc = strata_store_update_read(e->wstore, j->round, j->u[i].client_id, &buf, &len, d);
-    if (rc == 0 && (rc = strata_payload_decode(buf, len, &e->limits, p, d)) < 0)
-        j->impossible = 1;
-    free(buf);
-    return rc;
-}
-
-/* Lists the round's accepted updates with their norms: FedAvg's were
- * measured as they streamed in (e->norms); for a robust rule every update
- * is read and decoded here, once, and measured. Called without the lock
- * while the round is closing: its stored updates, selection and norms are
- * final then (engine_internal.h). */
-static int gather(srv_engine *e, close_job *j, strata_diag *d)
-{
-    strata_store_update *ups = NULL;
-    size_t n = 0;
-    int rc = strata_store_update_list(e->wstore, j->round, &ups, &n, d);
-    if (rc < 0)
-        return rc;
-    j->u = calloc(n ? n : 1, sizeof(*j->u));
-    if (j->u == NULL) {
-        strata_store_update_list_free(ups, n);
-        return strata_diag_set(d, STRATA_ENOMEM, "out of memory (%zu updates)", n);
+    *out = NULL;
+    srv_close *C = calloc(1, sizeof(*C));
+    if (C == NULL) {
+        strata_model_free(x);
+        return STRATA_ENOMEM;
     }
-    j->n = n;
-    for (size_t i = 0; i < n; i++) {
-        j->u[i].client_id = ups[i].client_id;
-        j->u[i].weight = (double)ups[i].receipt.samples;
-        ptrdiff_t k = srv__id_find(e->selected, e->nselected, ups[i].client_id);
-        j->u[i].norm = k >= 0 && e->method == STRATA_ROBUST_FEDAVG ? e->norms[k] : NAN;
-    }
-    strata_store_update_list_free(ups, n);
-    if (e->method == STRATA_ROBUST_FEDAVG) {
-        j->streamed = strata_agg_count(e->agg) == n;
-        return 0;
-    }
-    strata_robust_update *ru = calloc(n ? n : 1, sizeof(*ru));
-    double *norms = calloc(n ? n : 1, sizeof(*norms));
-    if (ru == NULL || norms == NULL)
-        rc = strata_diag_set(d, STRATA_ENOMEM, "out of memory (%zu updates)", n);
-    for (size_t i = 0; rc == 0 && i < n; i++) {
-        rc = read_update(e, j, i, &j->u[i].p, d);
-        if (rc == 0) {
-            ru[i].layers = j->u[i].p->layers;
-            ru[i].n_layers = j->u[i].p->num_layers;
-        }
-    }
-    if (rc == 0 && (rc = strata_robust_norms(strata_model_params(e->model), ru, n, norms, d)) < 0)
-        j->impossible = 1;
-    for (size_t i = 0; rc == 0 && i < n; i++)
-        j->u[i].norm = norms[i];
-    free(ru);
-    free(norms);
-    return rc;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-/* The screening rule (docs/algorithm.md, "Screening"): an update whose norm
- * is not finite is quarantined as non_finite; with factor > 0 and at least
- * SCREEN_MIN_UPDATES finite norms whose median M is above 0, every update
- * whose norm is above factor * M is quarantined as norm. Sets j->median (NaN
- * when the rule did not apply). */
-static int screen(close_job *j, double factor, strata_diag *d)
-{
-    j->median = NAN;
-    double *v = calloc(j->n ? j->n : 1, sizeof(*v));
-    if (v == NULL)
-        return strata_diag_set(d, STRATA_ENOMEM, "out of memory (%zu norms)", j->n);
-    size_t m = 0;
-    for (size_t i = 0; i < j->n; i++) {
-        if (isfinite(j->u[i].norm))
-            v[m++] = j->u[i].norm;
+    C->c = *c;
+    C->model = x;
+    strata_tensor_list_init(&C->rollback);
+    const strata_tensor_list *params = strata_model_params(x);
+    strata_server_opt_config oc;
+    int rc = strata_server_opt_parse(c->server_opt, &oc, d);
+    if (rc == 0) {
+        if (c->server_lr > 0) /* else the optimiser's own default */
+            oc.lr = c->server_lr;
+        oc.lr_final = c->server_lr_final;
+        oc.horizon = (uint64_t)c->rounds;
+        char opath[4200];
+        opt_path(C, version, opath, sizeof(opath));
+        struct stat st;
+        if (version > 0 && stat(opath, &st) == 0)
+            rc = strata_server_opt_load(opath, params, &oc, &C->opt, d);
         else
-            j->u[i].quarantined = 1 + STRATA_QUARANTINE_NON_FINITE;
+            rc = strata_server_opt_new(params, &oc, &C->opt, d);
     }
-    if (factor > 0 && m >= SCREEN_MIN_UPDATES) {
-        qsort(v, m, sizeof(*v), cmp_double);
-        double med = m % 2 ? v[m / 2] : 0.5 * (v[m / 2 - 1] + v[m / 2]);
-        if (med > 0) {
-            j->median = med;
-            for (size_t i = 0; i < j->n; i++)
-                if (j->u[i].quarantined == 0 && j->u[i].norm > factor * med)
-                    j->u[i].quarantined = 1 + STRATA_QUARANTINE_NORM;
-        }
+    /* A close steps a copy of the optimiser and keeps the parameters it
+     * started from, so that a close that does not commit changes nothing. */
+    if (rc == 0)
+        rc = strata_server_opt_new(params, strata_server_opt_get_config(C->opt), &C->opt_next, d);
+    if (rc == 0)
+        rc = strata_tensor_list_copy(&C->rollback, params);
+    if (rc < 0) {
+        srv__close_free(C);
+        return rc;
     }
-    free(v);
+    *out = C;
     return 0;
 }
 
-/* The aggregate of the updates the job keeps, into delta (the model's
- * layout). FedAvg: the streamed mean when it keeps them all, else the
- * round re-aggregated from the stored updates it keeps, in the order they
- * were accepted, each read once (exactly what streaming only those would
- * have given). Robust rules: the rule over the kept decoded updates. */
-static int aggregate(srv_engine *e, close_job *j, strata_tensor_list *delta, strata_diag *d)
+void srv__close_free(srv_close *C)
 {
-    const strata_tensor_list *layout = strata_model_params(e->model);
-    size_t kept = count_kept(j);
-    int rc = 0;
-    if (e->method == STRATA_ROBUST_FEDAVG) {
-        if (j->streamed && kept == j->n)
-            return strata_agg_mean(e->agg, delta, d);
-        strata_agg *agg = NULL;
-        if ((rc = strata_agg_new(layout, &agg)) < 0)
-            return strata_diag_set(d, rc, "re-aggregation: %s", strata_strerror(rc));
-        for (size_t i = 0; rc == 0 && i < j->n; i++) {
-            if (j->u[i].quarantined)
-                continue;
-            strata_payload *p = NULL;
-            rc = read_update(e, j, i, &p, d);
-            if (rc == 0 &&
-                (rc = strata_agg_add_clipped(agg, p->layers, p->num_layers, j->u[i].weight,
-                                             e->cfg->clip_norm, NULL, d)) < 0)
-                j->impossible = 1;
-            strata_payload_free(p);
-        }
-        if (rc == 0)
-            rc = strata_agg_mean(agg, delta, d);
-        strata_agg_free(agg);
-        return rc;
-    }
-    strata_robust_update *ru = calloc(kept ? kept : 1, sizeof(*ru));
-    if (ru == NULL)
-        return strata_diag_set(d, STRATA_ENOMEM, "out of memory (%zu updates)", kept);
-    size_t k = 0;
-    for (size_t i = 0; i < j->n; i++)
-        if (!j->u[i].quarantined) {
-            ru[k].layers = j->u[i].p->layers;
-            ru[k++].n_layers = j->u[i].p->num_layers;
-        }
-    rc = strata_robust_aggregate(layout, ru, kept, e->method, e->cfg->trim_fraction,
-                                 e->cfg->clip_norm, delta, d);
-    if (rc == STRATA_EPROTO || rc == STRATA_EINVAL)
-        j->impossible = 1;
-    free(ru);
-    return rc;
-}
-
-/* 1 when every element of l is finite; otherwise 0, with the first element
- * that is not described in msg. */
-static int all_finite(const strata_tensor_list *l, const char *what, char *msg, size_t cap)
-{
-    for (size_t i = 0; i < l->count; i++) {
-        const float *x = l->items[i].data;
-        for (size_t k = 0; k < l->items[i].numel; k++)
-            if (!isfinite(x[k])) {
-                snprintf(msg, cap, "%s %s[%zu] is %s", what, l->items[i].name, k,
-                         isnan(x[k]) ? "NaN" : "infinite");
-                return 0;
-            }
-    }
-    return 1;
-}
-
-/* Leaves out one more batch of the kept updates with the largest norms
- * (quarantined as non_finite): 1 in all, then 2, 4, ... in all, at most all
- * but one of those the screening kept (kept0). Returns 0 when none is left
- * to leave out. */
-static int leave_out_more(close_job *j, size_t kept0, size_t *removed)
-{
-    if (*removed + 1 >= kept0)
-        return 0;
-    size_t want = *removed == 0 ? 1 : *removed * 2;
-    if (want > kept0 - 1)
-        want = kept0 - 1;
-    for (; *removed < want; (*removed)++) {
-        size_t best = j->n;
-        for (size_t i = 0; i < j->n; i++)
-            if (!j->u[i].quarantined && (best == j->n || j->u[i].norm > j->u[best].norm))
-                best = i;
-        j->u[best].quarantined = 1 + STRATA_QUARANTINE_NON_FINITE;
-    }
-    return 1;
-}
-
-/* Finds the round's new model: aggregates the updates the screening kept,
- * applies the server step to the model (in place) with opt_next (a copy of
- * opt's state), checks that the aggregate, the model and its evaluation are
- * finite, and otherwise puts the model back from rollback and leaves out
- * the updates with the largest norms (leave_out_more) until they are, or
- * none is left to leave out: then the round fails (j->failed, the model
- * unchanged, and only the screening's quarantines stand). On success the
- * model holds the new parameters (rollback the old) and opt_next the new
- * state. Called without the lock. Errors: those of the aggregation, the
- * step and the evaluation, with the model put back. */
-static int find_model(srv_engine *e, close_job *j, strata_diag *d)
-{
-    strata_tensor_list *params = strata_model_params(e->model);
-    strata_tensor_list delta;
-    strata_tensor_list_init(&delta);
-    int rc = strata_tensor_list_zeros_like(&delta, params);
-    if (rc < 0)
-        return strata_diag_set(d, rc, "out of memory (the aggregate)");
-    strata_tensor_list_copy_values(&e->rollback, params);
-    size_t kept0 = count_kept(j), removed = 0;
-    for (;;) {
-        strata_round_failure f = STRATA_ROUND_FAILED_NONE;
-        double t0 = strata_clock_mono_s();
-        j->last_kept = count_kept(j);
-        if (kept0 == 0) {
-            f = STRATA_ROUND_FAILED_AGGREGATE;
-            snprintf(j->failure, sizeof(j->failure), "no update has a finite norm");
-        } else if ((rc = aggregate(e, j, &delta, d)) < 0) {
-            break;
-        } else if (!all_finite(&delta, "the aggregate", j->failure, sizeof(j->failure))) {
-            f = STRATA_ROUND_FAILED_AGGREGATE;
-        } else {
-            if ((rc = strata_server_opt_copy_state(e->opt_next, e->opt, d)) < 0 ||
-                (rc = strata_server_opt_step(e->opt_next, params, &delta, d)) < 0) {
-                j->impossible = 1;
-                break;
-            }
-            j->agg_s += strata_clock_mono_s() - t0;
-            if (!all_finite(params, "the model", j->failure, sizeof(j->failure))) {
-                f = STRATA_ROUND_FAILED_MODEL;
-            } else if ((rc = srv__evaluate(e, e->model, j->round, &j->st)) < 0) {
-                strata_diag_set(d, rc, "evaluation: %s", strata_strerror(rc));
-                break;
-            } else if (!isfinite(j->st.loss) || !isfinite(j->st.accuracy)) {
-                int loss_bad = !isfinite(j->st.loss);
-                double x = loss_bad ? j->st.loss : j->st.accuracy;
-                f = STRATA_ROUND_FAILED_LOSS;
-                snprintf(j->failure, sizeof(j->failure), "the model's evaluation %s is %s",
-                         loss_bad ? "loss" : "accuracy", isnan(x) ? "NaN" : "infinite");
-            }
-            if (f != STRATA_ROUND_FAILED_NONE)
-                strata_tensor_list_copy_values(params, &e->rollback);
-        }
-        if (f == STRATA_ROUND_FAILED_NONE)
-            break;
-        strata_log_warn("round %u: %s with %zu of %zu updates", j->round, j->failure, count_kept(j),
-                        j->n);
-        if (!leave_out_more(j, kept0, &removed)) {
-            for (size_t i = 0; i < j->n; i++)
-                if (j->u[i].quarantined == 1 + STRATA_QUARANTINE_NON_FINITE &&
-                    isfinite(j->u[i].norm))
-                    j->u[i].quarantined = 0;
-            j->failed = f;
-            memset(&j->st, 0, sizeof(j->st));
-            j->st.loss = j->st.accuracy = NAN;
-            break;
-        }
-    }
-    if (rc < 0)
-        strata_tensor_list_copy_values(params, &e->rollback);
-    strata_tensor_list_cleanup(&delta);
-    return rc;
-}
-
-static int cmp_client(const void *a, const void *b)
-{
-    uint64_t x = ((const strata_round_quarantine *)a)->client_id;
-    uint64_t y = ((const strata_round_quarantine *)b)->client_id;
-    return x < y ? -1 : x > y;
-}
-
-/* The quarantined updates of a job in ascending client id order, for the
- * summary (a new array, or NULL with *n = 0 when there are none). */
-static strata_round_quarantine *quarantine_list(const close_job *j, size_t *n, int *nomem)
-{
-    *n = 0;
-    *nomem = 0;
-    size_t q = j->n - count_kept(j);
-    if (q == 0)
-        return NULL;
-    strata_round_quarantine *out = calloc(q, sizeof(*out));
-    if (out == NULL) {
-        *nomem = 1;
-        return NULL;
-    }
-    for (size_t i = 0; i < j->n; i++)
-        if (j->u[i].quarantined) {
-            strata_round_quarantine *o = &out[(*n)++];
-            o->client_id = j->u[i].client_id;
-            o->reason = (strata_quarantine_reason)(j->u[i].quarantined - 1);
-            o->norm = j->u[i].norm;
-        }
-    qsort(out, *n, sizeof(*out), cmp_client);
-    return out;
-}
-
-/* Logs the job's quarantined updates and counts them. Lock held. */
-static void report_quarantine(srv_engine *e, const close_job *j)
-{
-    for (size_t i = 0; i < j->n; i++) {
-        const close_update *u = &j->u[i];
-        if (u->quarantined == 1 + STRATA_QUARANTINE_NORM) {
-            srv__ctr_add(e, SRV_CTR_QUARANTINED_NORM, 1);
-            strata_log_warn("round %u: client %llu's update quarantined (norm): its L2 norm "
-                            "%.4g is above %g times the round's median norm %.4g",
-                            j->round, (unsigned long long)u->client_id, u->norm,
-                            e->cfg->screen_factor, j->median);
-        } else if (u->quarantined) {
-            srv__ctr_add(e, SRV_CTR_QUARANTINED_NON_FINITE, 1);
-            strata_log_warn("round %u: client %llu's update quarantined (non_finite): L2 norm "
-                            "%.4g; with it the aggregate, model or loss was not finite",
-                            j->round, (unsigned long long)u->client_id, u->norm);
-        }
-    }
-}
-
-/* After round r closed at its deadline: each selected client that answered
- * nothing (no update, no skip) is counted and not selected again for the
- * next straggler_rounds rounds while others can be. (Clients left waiting
- * by an early close, with over-selection, were not late.) Lock held. */
-static void bench_stragglers(srv_engine *e, uint32_t r)
-{
-    size_t late = 0;
-    for (size_t k = 0; k < e->nselected; k++) {
-        if (e->reported[k] != SRV_REPORT_NONE)
-            continue;
-        late++;
-        ptrdiff_t i = srv__id_find(e->clients, e->nclients, e->selected[k]);
-        if (i >= 0 && e->cfg->straggler_rounds > 0)
-            e->cstate[i].benched_until = r + 1 + (uint32_t)e->cfg->straggler_rounds;
-    }
-    if (late == 0)
+    if (C == NULL)
         return;
-    srv__ctr_add(e, SRV_CTR_STRAGGLERS, (int64_t)late);
-    strata_log_info("round %u: %zu of %zu selected clients did not answer by the deadline%s", r,
-                    late, e->nselected,
-                    e->cfg->straggler_rounds > 0 ? "; they wait before being selected again" : "");
+    strata_model_free(C->model);
+    strata_server_opt_free(C->opt);
+    strata_server_opt_free(C->opt_next);
+    strata_tensor_list_cleanup(&C->rollback);
+    free(C);
 }
 
-/* Stops serving rounds after a state that retrying cannot mend. Lock
- * held. */
-static void give_up(srv_engine *e)
+strata_model *srv__close_model(const srv_close *C)
 {
-    e->closing = 0;
-    e->open = 0;
-    e->finished = 1;
-    srv__waiters_wake_all(e);
+    return C->model;
 }
 
-/* After a close attempt that did not commit: the round stays closing and
- * the round thread tries again after a capped exponential backoff, unless
- * the failure is a state that retrying cannot mend. Lock held. */
-static void close_failed(srv_engine *e, uint32_t r, int impossible, const strata_diag *d, int rc)
+int srv__close_due(const srv_rounds *R, int64_t now)
 {
-    if (impossible) {
-        strata_log_error("round %u: closing is impossible: %s; this cannot pass by retrying "
-                         "(a stored update or the store contradicts the round); no further "
-                         "rounds",
-                         r, strata_diag_msg(d, rc));
-        give_up(e);
-        return;
-    }
-    int64_t wait = srv__retry_backoff_ms(e->close_failures++);
-    e->close_retry_ms = strata_clock_mono_ms() + wait;
-    srv__ctr_add(e, SRV_CTR_CLOSE_FAILURES, 1);
-    strata_log_error("round %u: closing failed (attempt %u): %s; the model stays at version %llu; "
-                     "retrying in %lld s",
-                     r, e->close_failures, strata_diag_msg(d, rc), (unsigned long long)e->version,
-                     (long long)(wait / 1000));
-}
-
-/* The store refused to close round r as not open (STRATA_ESTATE). After a
- * failed attempt that is what a COMMIT reported as failed but
- * written after all leaves behind: the round is closed with this attempt's
- * outcome, and 0 is returned. Otherwise it is an impossible state. Lock
- * held. */
-static int already_closed(srv_engine *e, uint32_t r, close_job *j)
-{
-    strata_store_round rd;
-    memset(&rd, 0, sizeof(rd));
-    int found = 0;
-    strata_diag qd = {{0}};
-    int closed = e->close_failures > 0 &&
-                 strata_store_round_get(e->store, r, &rd, &found, &qd) == 0 && found &&
-                 rd.state == STRATA_STORE_ROUND_CLOSED;
-    strata_store_round_cleanup(&rd);
-    if (closed) {
-        strata_log_warn("round %u: an earlier close attempt was committed after all", r);
+    /* A close that failed waits for its retry. */
+    if (R->closing)
+        return !R->close_busy && R->close_failures > 0 &&
+               strata_clock_mono_ms() >= R->close_retry_ms;
+    if (!R->open)
         return 0;
-    }
-    j->impossible = 1;
-    return STRATA_ESTATE;
+    /* Every selected client answered, or enough updates arrived (fewer
+     * than the selection with over-selection), or the deadline passed:
+     * the close decides whether the updates suffice. */
+    return srv__round_full(R) || now >= R->deadline_ms;
 }
+
+/* What the steps of one close attempt decide and hand on. */
+typedef struct close_plan {
+    uint32_t r;
+    uint64_t v;            /* the version the close makes */
+    int too_few;           /* fewer updates than --min-updates */
+    int late;              /* closed by its deadline: the silent clients were late */
+    int stepped;           /* the model moved (a new version) */
+    int dl_moved;          /* x̂ moved */
+    int lg_solved;         /* the lgreco solve took a new allocation */
+    strata_train_stats sx; /* x's evaluation (st is the served model's) */
+    char digest[STRATA_DIGEST_HEX_SIZE];
+    srv_model_blob blob;
+    int64_t dur;
+    uint64_t downlink; /* the downlink bytes in the stored summary */
+    /* for announce */
+    size_t nreported, nskipped, nselected, late_count;
+    unsigned failures; /* failed attempts before this one */
+    int64_t wait_ms;   /* after a failure: the wait before the retry */
+    int gave_up;
+    uint64_t kept_version; /* the version served after the attempt */
+    char out[768];         /* the progress lines for stdout */
+} close_plan;
+
+/* ---- begin (lock held) ------------------------------------------------------ */
+
+/* From here no update of this round can be accepted (closing; no group
+ * commit is in flight, see srv__close_due's caller), so the round's stored
+ * updates are final: the next steps read them without the lock. */
+static void close_begin(srv_close *C, srv_rounds *R, close_job *j, close_plan *p)
+{
+    R->closing = 1;
+    R->close_busy = 1;
+    p->r = R->next_round;
+    p->v = srv__models_version(C->c.models) + 1;
+    p->too_few = R->nreported < (size_t)C->c.min_updates;
+    p->late = R->nreported + R->nskipped < R->nselected && R->nreported < R->enough;
+    p->nreported = R->nreported;
+    p->nskipped = R->nskipped;
+    p->nselected = R->nselected;
+    p->failures = R->close_failures;
+    *j = (close_job){.round = p->r,
+                     .store = C->c.store,
+                     .limits = &C->c.limits,
+                     .method = C->c.method,
+                     .clip_norm = C->c.clip_norm,
+                     .trim_fraction = C->c.trim_fraction,
+                     .screen_factor = C->c.screen_factor,
+                     .model = C->model,
+                     .opt = C->opt,
+                     .opt_next = C->opt_next,
+                     .rollback = &C->rollback,
+                     .eval = C->c.eval,
+                     .streamed = R->agg,
+                     .selected = R->selected,
+                     .norms = R->norms,
+                     .nselected = R->nselected};
+}
+
+/* ---- screen, aggregate, evaluate (no lock) ---------------------------------- */
 
 /* The lgreco solve of a round that asked for error tables, over the
  * updates the aggregate kept. */
-static int solve_lgreco(srv_engine *e, const close_job *j, strata_diag *d)
+static int solve_lgreco(srv_close *C, const close_job *j, size_t ncands, int *solved,
+                        strata_diag *d)
 {
     uint64_t *ids = calloc(j->n + 1, sizeof(*ids));
     double *w = calloc(j->n + 1, sizeof(*w));
@@ -530,7 +202,8 @@ static int solve_lgreco(srv_engine *e, const close_job *j, strata_diag *d)
             w[i] = j->u[i].weight;
             kept[i] = j->u[i].quarantined == 0;
         }
-        rc = srv__lgreco_solve(e, j->round, ids, w, kept, j->n, d);
+        rc = srv__lgreco_solve(C->c.budgets, C->c.store, &C->c.limits, j->round, ncands, ids, w,
+                               kept, j->n, solved, d);
     }
     free(ids);
     free(w);
@@ -538,171 +211,347 @@ static int solve_lgreco(srv_engine *e, const close_job *j, strata_diag *d)
     return rc;
 }
 
-/* Closes the open round: screening, aggregate, server step, evaluation,
- * checkpoint, store (docs/algorithm.md, "Screening"; docs/operations.md,
- * "Closing a round"). Called by the round thread with the lock held; drops
- * it for everything but the store's records (uploads for the round are
- * refused meanwhile). The model moves on only when the store has recorded
- * the close: otherwise it is put back, the round stays closing and the
- * close is tried again later with the same updates on the same model. */
-void srv__round_close(srv_engine *e)
+/* With --downlink: the delta (downlink.h) and the evaluation of x̂, the
+ * model clients get, into j->st (x's goes to p->sx); the digest of the
+ * served model in every case. On error x̂ is put back and j->st is x's. */
+static int downlink_step(srv_close *C, close_job *j, close_plan *p, strata_diag *d)
 {
-    strata_diag d = {{0}};
-    uint32_t r = e->next_round;
-    uint64_t v = e->version + 1;
-    strata_tensor_list *params = strata_model_params(e->model);
-    /* From here no update of this round can be accepted (closing; no group
-     * commit is in flight, see srv__round_ready_to_close), so the round's stored
-     * updates are final: they are read without the lock. */
-    e->closing = 1;
-    e->close_busy = 1;
-    close_job j = {.round = r};
-    srv_model_blob blob = {0};
-    char path[4096], opath[4200];
-    /* Too few updates (the deadline passed, or every other selected client
-     * skipped): the round closes without touching the model. */
-    int too_few = e->nreported < (size_t)e->cfg->min_updates;
-    /* Closed by its deadline (not every client answered, not enough
-     * updates for an early close): the silent clients were late. */
-    int late = e->nreported + e->nskipped < e->nselected && e->nreported < e->enough;
-    pthread_mutex_unlock(&e->mu);
+    int rc = srv__downlink_step(C->c.downlink, p->r, p->v, p->digest, d);
+    if (rc < 0)
+        return rc;
+    p->sx = j->st;
+    strata_model *xhat = srv__downlink_xhat(C->c.downlink);
+    if (xhat != NULL && (rc = srv__eval_run(C->c.eval, xhat, p->r, &j->st)) < 0) {
+        strata_diag_set(d, rc, "evaluation of x̂: %s", strata_strerror(rc));
+        srv__downlink_rollback(C->c.downlink);
+        j->st = p->sx;
+        return rc;
+    }
+    p->dl_moved = 1;
+    return 0;
+}
 
+/* Screens the round's updates, aggregates the kept ones, steps and
+ * evaluates the model (close_model.c), solves lgreco, and makes the
+ * downlink step. Too few updates: the round fails without touching the
+ * model. */
+static int close_compute(srv_close *C, const srv_rounds *R, close_job *j, close_plan *p,
+                         strata_diag *d)
+{
     int rc = 0;
-    if (too_few) {
-        j.failed = STRATA_ROUND_FAILED_TOO_FEW;
-        j.st.loss = j.st.accuracy = NAN; /* not evaluated: null in the summary */
-    } else if ((rc = gather(e, &j, &d)) == 0 && (rc = screen(&j, e->cfg->screen_factor, &d)) == 0)
-        rc = find_model(e, &j, &d);
-    int stepped = rc == 0 && j.failed == STRATA_ROUND_FAILED_NONE;
-    if (stepped && e->ncands > 0)
-        rc = solve_lgreco(e, &j, &d);
-    /* With --downlink: the delta, x̂ and its evaluation (what clients
-     * get); the digest of the served model in every case. */
-    char digest[STRATA_DIGEST_HEX_SIZE] = "";
-    int dl_moved = 0, dl_rc = 0;
-    if (stepped && rc == 0) {
-        dl_rc = srv__downlink_close(e, r, v, &j.st, digest, &d);
-        dl_moved = dl_rc == 0;
+    if (p->too_few) {
+        j->failed = STRATA_ROUND_FAILED_TOO_FEW;
+        j->st.loss = j->st.accuracy = NAN; /* not evaluated: null in the summary */
+    } else if ((rc = srv__close_gather(j, d)) == 0 && (rc = srv__close_screen(j, d)) == 0) {
+        rc = srv__close_find_model(j, d);
     }
-    /* A model that is not finite is never saved or served: a failed round
-     * keeps the current version. A failed downlink step fails the attempt
-     * (it is retried). */
-    if (stepped && dl_rc < 0)
-        rc = dl_rc;
-    else if (stepped) {
-        rc = strata_store_checkpoint_path(e->store, v, path, sizeof(path), &d);
-        if (rc == 0)
-            rc = strata_checkpoint_save(srv__served_model(e), path, &d);
-        if (rc == 0) {
-            srv__opt_path(e, v, opath, sizeof(opath));
-            rc = strata_server_opt_save(e->opt_next, opath, &d);
-        }
-        if (rc == 0)
-            rc = srv__model_encode(e, &blob, &d);
-    }
+    p->stepped = rc == 0 && j->failed == STRATA_ROUND_FAILED_NONE;
+    if (p->stepped && R->ncands > 0)
+        rc = solve_lgreco(C, j, R->ncands, &p->lg_solved, d);
+    if (p->stepped && rc == 0)
+        rc = downlink_step(C, j, p, d);
+    return rc;
+}
 
-    pthread_mutex_lock(&e->mu);
-    if (rc == 0 && stepped)
-        rc = strata_store_checkpoint_record(e->store, v, &d);
-    int64_t dur = strata_clock_unix_ms() - e->opened_ms;
-    if (rc == 0) {
-        strata_round_summary s = srv__summary_of_open(e);
-        s.has_stats = s.has_densities = 1;
-        s.accuracy = j.st.accuracy;
-        s.loss = j.st.loss;
-        s.eval_samples = j.st.samples;
-        s.uplink_bytes = e->uplink;
-        s.downlink_bytes = e->downlink;
-        s.dense_uplink_bytes = e->nreported * e->total_params * 4;
-        s.duration_ms = dur > 0 ? (uint64_t)dur : 0;
-        s.failed = j.failed;
-        int nomem = 0;
-        s.quarantined = quarantine_list(&j, &s.num_quarantined, &nomem);
-        char *sum = NULL;
-        rc = nomem ? strata_diag_set(&d, STRATA_ENOMEM, "out of memory (the summary)")
-                   : srv__summary_text(e, &s, &sum, &d);
-        if (rc == STRATA_EINVAL)
-            j.impossible = 1;
-        if (rc == 0)
-            rc = strata_store_round_close(e->store, r, sum, &d);
-        if (rc == STRATA_ESTATE)
-            rc = already_closed(e, r, &j);
-        free(sum);
-        free(s.quarantined);
+/* ---- commit (no lock) -------------------------------------------------------- */
+
+/* The store refused to close round r as not open (STRATA_ESTATE). After a
+ * failed attempt that is what a COMMIT reported as failed but written after
+ * all leaves behind: the round is closed with this attempt's outcome, and 0
+ * is returned. Otherwise it is an impossible state. */
+static int already_closed(srv_close *C, const close_plan *p, close_job *j)
+{
+    strata_store_round rd;
+    memset(&rd, 0, sizeof(rd));
+    int found = 0;
+    strata_diag qd = {{0}};
+    int closed = p->failures > 0 &&
+                 strata_store_round_get(C->c.store, p->r, &rd, &found, &qd) == 0 && found &&
+                 rd.state == STRATA_STORE_ROUND_CLOSED;
+    strata_store_round_cleanup(&rd);
+    if (closed) {
+        strata_log_warn("round %u: an earlier close attempt was committed after all", p->r);
+        return 0;
     }
-    if (rc < 0) {
-        if (stepped)
-            strata_tensor_list_copy_values(params, &e->rollback);
-        if (dl_moved)
-            srv__downlink_rollback(e);
-        srv__model_blob_cleanup(&blob);
-        close_job_cleanup(&j);
-        e->close_busy = 0;
-        close_failed(e, r, j.impossible, &d, rc);
+    j->impossible = 1;
+    return STRATA_ESTATE;
+}
+
+/* The new version's files: the downlink's delta and x, the checkpoint of
+ * the served model, the optimiser's state, and the served model encoded for
+ * distribution. */
+static int write_version(srv_close *C, const close_job *j, close_plan *p, strata_diag *d)
+{
+    char path[4096], opath[4200];
+    strata_model *served = srv__downlink_served(C->c.downlink);
+    int rc = srv__downlink_write(C->c.downlink, p->r, p->v, j->st.accuracy, p->sx.accuracy, d);
+    if (rc == 0)
+        rc = strata_store_checkpoint_path(C->c.store, p->v, path, sizeof(path), d);
+    if (rc == 0)
+        rc = strata_checkpoint_save(served, path, d);
+    if (rc == 0) {
+        opt_path(C, p->v, opath, sizeof(opath));
+        rc = strata_server_opt_save(C->opt_next, opath, d);
+    }
+    if (rc == 0)
+        rc = srv__models_encode(C->c.models, served, &p->blob, d);
+    return rc;
+}
+
+/* Writes the new version's files, then records the close in the store
+ * (the checkpoint first, so that a crash in between is recovered as an
+ * aggregated round) with the round's summary. */
+static int close_commit(srv_close *C, srv_rounds *R, close_job *j, close_plan *p, strata_diag *d)
+{
+    int rc = 0;
+    if (p->stepped && (rc = write_version(C, j, p, d)) == 0)
+        rc = strata_store_checkpoint_record(C->c.store, p->v, d);
+    if (rc < 0)
+        return rc;
+    pthread_mutex_lock(R->c.mu);
+    p->downlink = R->downlink;
+    pthread_mutex_unlock(R->c.mu);
+    p->dur = strata_clock_unix_ms() - R->opened_ms;
+    strata_round_summary s = srv__round_summary_of_open(R);
+    s.has_stats = s.has_densities = 1;
+    s.accuracy = j->st.accuracy;
+    s.loss = j->st.loss;
+    s.eval_samples = j->st.samples;
+    s.uplink_bytes = R->uplink;
+    s.downlink_bytes = p->downlink;
+    s.dense_uplink_bytes = p->nreported * C->c.total_params * 4;
+    s.duration_ms = p->dur > 0 ? (uint64_t)p->dur : 0;
+    s.failed = j->failed;
+    int nomem = 0;
+    s.quarantined = srv__close_quarantine_list(j, &s.num_quarantined, &nomem);
+    char *sum = NULL;
+    rc = nomem ? strata_diag_set(d, STRATA_ENOMEM, "out of memory (the summary)")
+               : srv__round_summary_text(R, &s, p->lg_solved ? C->c.budgets : NULL, &sum, d);
+    if (rc == STRATA_EINVAL)
+        j->impossible = 1;
+    if (rc == 0)
+        rc = strata_store_round_close(C->c.store, p->r, sum, d);
+    if (rc == STRATA_ESTATE)
+        rc = already_closed(C, p, j);
+    free(sum);
+    free(s.quarantined);
+    return rc;
+}
+
+/* ---- apply (lock held) ------------------------------------------------------- */
+
+/* After a close attempt that did not commit: the model, x̂ and the encoded
+ * version are put back; the round stays closing and the round thread tries
+ * again after a capped exponential backoff, unless the failure is a state
+ * that retrying cannot mend (then no further rounds are served). */
+static void apply_failure(srv_close *C, srv_rounds *R, close_job *j, close_plan *p)
+{
+    if (p->stepped)
+        strata_tensor_list_copy_values(strata_model_params(C->model), &C->rollback);
+    if (p->dl_moved)
+        srv__downlink_rollback(C->c.downlink);
+    srv__model_blob_cleanup(&p->blob);
+    R->close_busy = 0;
+    p->kept_version = srv__models_version(C->c.models);
+    if (j->impossible) {
+        p->gave_up = 1;
+        R->closing = 0;
+        R->open = 0;
+        R->finished = 1;
+        srv__waiters_wake_all(C->c.waiters);
         return;
     }
-    report_quarantine(e, &j);
-    srv__ctr_add(e, SRV_CTR_DENSE, (int64_t)(2 * e->nreported * e->total_params * 4));
-    size_t nq = j.n - count_kept(&j);
-    if (stepped) {
-        strata_server_opt *t = e->opt;
-        e->opt = e->opt_next;
-        e->opt_next = t;
-        srv__model_install(e, &blob);
-        e->version = v;
-        memcpy(e->digest, digest, sizeof(e->digest));
-        srv__downlink_prune(e, v);
-        e->last_acc = j.st.accuracy;
-        e->last_loss = j.st.loss;
-        e->last_eval_samples = j.st.samples;
-        e->last_agg_s = j.agg_s;
-        e->last_round_s = (double)dur / 1000.0;
-        srv__ctr_add(e, SRV_CTR_ROUNDS, 1);
-        /* Progress lines stay on stdout, in this form: operators and tests
-         * read them. */
-        printf("round %u/%ld: %zu updates, accuracy %.4f, loss %.4f, uplink %llu bytes, %lld ms", r,
-               e->cfg->rounds, e->nreported, j.st.accuracy, j.st.loss,
-               (unsigned long long)e->uplink, (long long)dur);
+    p->wait_ms = srv__retry_backoff_ms(R->close_failures++);
+    R->close_retry_ms = strata_clock_mono_ms() + p->wait_ms;
+    p->failures = R->close_failures;
+    srv__ctr_add(C->c.met, SRV_CTR_CLOSE_FAILURES, 1);
+}
+
+/* Counts the quarantined updates and the stragglers (each selected client
+ * that answered nothing by the deadline is not selected again for the next
+ * straggler_rounds rounds while others can be; clients left waiting by an
+ * early close, with over-selection, were not late). */
+static void apply_counts(srv_close *C, const srv_rounds *R, const close_job *j, close_plan *p)
+{
+    for (size_t i = 0; i < j->n; i++) {
+        if (j->u[i].quarantined == 1 + STRATA_QUARANTINE_NORM)
+            srv__ctr_add(C->c.met, SRV_CTR_QUARANTINED_NORM, 1);
+        else if (j->u[i].quarantined)
+            srv__ctr_add(C->c.met, SRV_CTR_QUARANTINED_NON_FINITE, 1);
+    }
+    srv__ctr_add(C->c.met, SRV_CTR_DENSE, (int64_t)(2 * p->nreported * C->c.total_params * 4));
+    for (size_t k = 0; p->late && k < R->nselected; k++) {
+        if (R->reported[k] != SRV_REPORT_NONE)
+            continue;
+        p->late_count++;
+        if (C->c.straggler_rounds > 0)
+            srv__registry_bench(C->c.reg, R->selected[k],
+                                p->r + 1 + (uint32_t)C->c.straggler_rounds);
+    }
+    if (p->late_count > 0)
+        srv__ctr_add(C->c.met, SRV_CTR_STRAGGLERS, (int64_t)p->late_count);
+}
+
+/* Appends a printf text to the plan's progress lines (cut at their
+ * buffer's end). */
+static void out_add(close_plan *p, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void out_add(close_plan *p, const char *fmt, ...)
+{
+    size_t o = strlen(p->out);
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(p->out + o, sizeof(p->out) - o, fmt, ap);
+    va_end(ap);
+}
+
+/* The progress lines (stdout, in this form: operators and tests read
+ * them). */
+static void progress_lines(srv_close *C, const close_job *j, close_plan *p, uint64_t uplink)
+{
+    size_t nq = j->n - srv__close_kept(j);
+    p->out[0] = '\0';
+    if (p->stepped) {
+        out_add(p,
+                "round %u/%ld: %zu updates, accuracy %.4f, loss %.4f, uplink %llu bytes, %lld ms",
+                p->r, C->c.rounds, p->nreported, j->st.accuracy, j->st.loss,
+                (unsigned long long)uplink, (long long)p->dur);
         if (nq > 0)
-            printf(", %zu quarantined", nq);
-        if (e->cfg->server_lr_final > 0) /* the rate of this step (e->opt_next: before it) */
-            printf(", server lr %.4g", strata_server_opt_lr(e->opt_next));
-        printf("\n");
-    } else if (too_few) {
-        srv__ctr_add(e, SRV_CTR_ROUNDS_FAILED, 1);
+            out_add(p, ", %zu quarantined", nq);
+        if (C->c.server_lr_final > 0) /* the rate of this step (opt_next now: before it) */
+            out_add(p, ", server lr %.4g", strata_server_opt_lr(C->opt_next));
+        out_add(p, "\n");
+    } else if (p->too_few) {
+        out_add(p, "round %u/%ld: %zu updates, failed (%s), model stays at version %llu, %lld ms\n",
+                p->r, C->c.rounds, p->nreported, strata_round_failure_name(j->failed),
+                (unsigned long long)p->kept_version, (long long)p->dur);
+    } else {
+        out_add(p,
+                "round %u/%ld: %zu updates, failed (%s), %zu quarantined, model stays at version "
+                "%llu, %lld ms\n",
+                p->r, C->c.rounds, p->nreported, strata_round_failure_name(j->failed), nq,
+                (unsigned long long)p->kept_version, (long long)p->dur);
+    }
+    if (p->r + 1 >= (uint32_t)C->c.rounds)
+        out_add(p, "strata-server: finished %ld rounds\n", C->c.rounds);
+}
+
+/* The close committed: the optimiser's new state and the new version
+ * published (models.h), the gauges and counters, the stragglers benched,
+ * the round reset and the next one due (or the federation finished), the
+ * parked long-polls woken. Memory only. */
+static void apply_success(srv_close *C, srv_rounds *R, const close_job *j, close_plan *p)
+{
+    uint64_t uplink = R->uplink;
+    apply_counts(C, R, j, p);
+    if (p->stepped) {
+        strata_server_opt *t = C->opt;
+        C->opt = C->opt_next;
+        C->opt_next = t;
+        srv__models_publish(C->c.models, p->v, &p->blob, p->digest);
+        srv__metrics_set_round(C->c.met, j->st.accuracy, j->st.loss, j->st.samples,
+                               (double)p->dur / 1000.0);
+        srv__metrics_set_agg(C->c.met, j->agg_s);
+        srv__ctr_add(C->c.met, SRV_CTR_ROUNDS, 1);
+    } else {
+        srv__ctr_add(C->c.met, SRV_CTR_ROUNDS_FAILED, 1);
+    }
+    p->kept_version = srv__models_version(C->c.models);
+    progress_lines(C, j, p, uplink);
+    srv__round_reset(R);
+    R->downlink -= p->downlink; /* in the stored summary; later bytes are the next round's */
+    R->close_busy = 0;
+    R->next_round = p->r + 1;
+    if (R->next_round >= (uint32_t)C->c.rounds)
+        R->finished = 1;
+    srv__waiters_wake_all(C->c.waiters);
+}
+
+/* ---- announce (no lock) ------------------------------------------------------ */
+
+/* Logs the job's quarantined updates. */
+static void log_quarantine(const srv_close *C, const close_job *j)
+{
+    for (size_t i = 0; i < j->n; i++) {
+        const close_update *u = &j->u[i];
+        if (u->quarantined == 1 + STRATA_QUARANTINE_NORM)
+            strata_log_warn("round %u: client %llu's update quarantined (norm): its L2 norm "
+                            "%.4g is above %g times the round's median norm %.4g",
+                            j->round, (unsigned long long)u->client_id, u->norm, C->c.screen_factor,
+                            j->median);
+        else if (u->quarantined)
+            strata_log_warn("round %u: client %llu's update quarantined (non_finite): L2 norm "
+                            "%.4g; with it the aggregate, model or loss was not finite",
+                            j->round, (unsigned long long)u->client_id, u->norm);
+    }
+}
+
+/* After a failed attempt: says why and what happens next. */
+static void announce_failure(const close_plan *p, const strata_diag *d, int rc)
+{
+    if (p->gave_up)
+        strata_log_error("round %u: closing is impossible: %s; this cannot pass by retrying "
+                         "(a stored update or the store contradicts the round); no further "
+                         "rounds",
+                         p->r, strata_diag_msg(d, rc));
+    else
+        strata_log_error("round %u: closing failed (attempt %u): %s; the model stays at version "
+                         "%llu; retrying in %lld s",
+                         p->r, p->failures, strata_diag_msg(d, rc),
+                         (unsigned long long)p->kept_version, (long long)(p->wait_ms / 1000));
+}
+
+/* After a committed close: the log lines, the progress lines, the old
+ * downlink files removed, the counters saved. */
+static void announce_success(srv_close *C, const close_job *j, const close_plan *p)
+{
+    log_quarantine(C, j);
+    if (p->too_few)
         strata_log_warn("round %u: closed with %zu updates, fewer than --min-updates %ld (%zu of "
                         "%zu selected clients skipped); the model stays at version %llu",
-                        r, e->nreported, e->cfg->min_updates, e->nskipped, e->nselected,
-                        (unsigned long long)e->version);
-        printf("round %u/%ld: %zu updates, failed (%s), model stays at version %llu, %lld ms\n", r,
-               e->cfg->rounds, e->nreported, strata_round_failure_name(j.failed),
-               (unsigned long long)e->version, (long long)dur);
-    } else {
-        srv__ctr_add(e, SRV_CTR_ROUNDS_FAILED, 1);
+                        p->r, p->nreported, C->c.min_updates, p->nskipped, p->nselected,
+                        (unsigned long long)p->kept_version);
+    else if (!p->stepped)
         strata_log_error("round %u: failed (%s): %s with %zu of %zu updates, after leaving out "
                          "those with the largest norms; the model stays at version %llu",
-                         r, strata_round_failure_name(j.failed), j.failure, j.last_kept, j.n,
-                         (unsigned long long)e->version);
-        printf("round %u/%ld: %zu updates, failed (%s), %zu quarantined, model stays at version "
-               "%llu, %lld ms\n",
-               r, e->cfg->rounds, e->nreported, strata_round_failure_name(j.failed), nq,
-               (unsigned long long)e->version, (long long)dur);
-    }
+                         p->r, strata_round_failure_name(j->failed), j->failure, j->last_kept, j->n,
+                         (unsigned long long)p->kept_version);
+    fputs(p->out, stdout);
     fflush(stdout);
-    if (e->close_failures > 0)
-        strata_log_info("round %u: closed after %u failed attempts", r, e->close_failures);
-    if (late)
-        bench_stragglers(e, r);
-    srv__metrics_flush(e);
-    close_job_cleanup(&j);
-    srv__round_reset(e);
-    e->downlink = 0; /* in the stored summary */
-    e->close_busy = 0;
-    e->next_round = r + 1;
-    if (e->next_round >= (uint32_t)e->cfg->rounds) {
-        e->finished = 1;
-        printf("strata-server: finished %ld rounds\n", e->cfg->rounds);
-        fflush(stdout);
-    }
-    srv__waiters_wake_all(e);
+    if (p->failures > 0)
+        strata_log_info("round %u: closed after %u failed attempts", p->r, p->failures);
+    if (p->late_count > 0)
+        strata_log_info("round %u: %zu of %zu selected clients did not answer by the deadline%s",
+                        p->r, p->late_count, p->nselected,
+                        C->c.straggler_rounds > 0 ? "; they wait before being selected again" : "");
+    if (p->stepped)
+        srv__downlink_prune(C->c.downlink, p->v, srv__models_snapshot_bytes(C->c.models));
+    srv__metrics_flush(C->c.met, C->c.store);
+}
+
+void srv__close_round(srv_close *C, srv_rounds *R)
+{
+    strata_diag d = {{0}};
+    close_job j;
+    close_plan p;
+    memset(&p, 0, sizeof(p));
+    close_begin(C, R, &j, &p);
+    pthread_mutex_unlock(R->c.mu);
+
+    int rc = close_compute(C, R, &j, &p, &d);
+    if (rc == 0)
+        rc = close_commit(C, R, &j, &p, &d);
+
+    pthread_mutex_lock(R->c.mu);
+    if (rc < 0)
+        apply_failure(C, R, &j, &p);
+    else
+        apply_success(C, R, &j, &p);
+    pthread_mutex_unlock(R->c.mu);
+
+    if (rc < 0)
+        announce_failure(&p, &d, rc);
+    else
+        announce_success(C, &j, &p);
+    srv__close_job_cleanup(&j);
+    pthread_mutex_lock(R->c.mu);
 }

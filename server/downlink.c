@@ -10,16 +10,16 @@
  * delta-V.bin the payload that turns x̂ of V - 1 into x̂ of V; the last
  * downlink_keep deltas are kept; with 0, every delta that a chain smaller
  * than the snapshot can still use (srv__downlink_prune). Version 0's recipe
- * (strata/recipe.h) is checked once at start-up against checkpoint 0. All are written before the
- * store records the close, so a restarted coordinator serves the same bytes.
- *
- * May call: the store (paths), libstrata (downlink, checkpoint,
- * safetensors, payload, fileio, train, log). */
-#include "engine_internal.h"
+ * (strata/recipe.h) is checked once at start-up against checkpoint 0. All
+ * are written before the store records the close, so a restarted
+ * coordinator serves the same bytes. This file alone touches struct
+ * srv_downlink. */
+#include "downlink.h"
 
 #include "strata/checkpoint.h"
 #include "strata/fileio.h"
 #include "strata/log.h"
+#include "strata/payload.h"
 #include "strata/recipe.h"
 #include "strata/safetensors.h"
 
@@ -33,125 +33,174 @@
 /* Largest server-model file read back at start-up. */
 #define SERVER_MODEL_MAX ((size_t)1 << 31)
 
-strata_model *srv__served_model(const srv_engine *e)
+struct srv_downlink {
+    srv_downlink_config c;
+    strata_model *x;                  /* the server's model (borrowed) */
+    strata_model *xhat;               /* with --downlink: what the clients hold; else NULL */
+    strata_tensor_list xhat_rollback; /* x̂ before a close's step */
+    uint8_t *wire;                    /* the delta of the close in progress, or NULL */
+    size_t wire_len;
+};
+
+strata_model *srv__downlink_served(const srv_downlink *dl)
 {
-    return e->xhat != NULL ? e->xhat : e->model;
+    return dl->xhat != NULL ? dl->xhat : dl->x;
 }
 
-int srv__downlink_load(srv_engine *e, strata_diag *d)
+strata_model *srv__downlink_xhat(const srv_downlink *dl)
 {
-    int rc = 0;
-    if (e->cfg->downlink_on) {
-        char path[4096];
-        if ((rc = strata_store_checkpoint_path(e->store, e->version, path, sizeof(path), d)) < 0 ||
-            (rc = strata_checkpoint_load(path, &e->xhat, d)) < 0)
-            return rc;
-        rc = strata_store_path(strata_store_dir(e->store), STRATA_STORE_FILE_SERVER_MODEL,
-                               e->version, 0, path, sizeof(path), d);
-        struct stat st;
-        if (rc == 0 && stat(path, &st) == 0) {
-            strata_tensor_list x;
-            strata_tensor_list_init(&x);
-            rc = strata_safetensors_read(path, SERVER_MODEL_MAX, &x, NULL, d);
-            if (rc == 0 && !strata_tensor_list_same_layout(&x, strata_model_params(e->model)))
-                rc = strata_diag_set(d, STRATA_EINVAL, "%s: not this model's layout", path);
-            if (rc == 0)
-                strata_tensor_list_copy_values(strata_model_params(e->model), &x);
-            strata_tensor_list_cleanup(&x);
-        }
-        if (rc == 0)
-            rc = strata_tensor_list_copy(&e->xhat_rollback, strata_model_params(e->xhat));
-        if (rc < 0)
-            return rc;
-    }
-    strata_downlink_digest(strata_model_params(srv__served_model(e)), e->digest);
-    return 0;
+    return dl->xhat;
 }
 
-/* Writes x (the server's model) of version v to its file, atomically. */
-static int write_x(srv_engine *e, uint64_t v, strata_diag *d)
+/* With --downlink: x̂ from the checkpoint of version, x from its file. */
+static int load(srv_downlink *dl, uint64_t version, strata_diag *d)
 {
     char path[4096];
-    int rc = strata_store_path(strata_store_dir(e->store), STRATA_STORE_FILE_SERVER_MODEL, v, 0,
-                               path, sizeof(path), d);
+    int rc;
+    if ((rc = strata_store_checkpoint_path(dl->c.store, version, path, sizeof(path), d)) < 0 ||
+        (rc = strata_checkpoint_load(path, &dl->xhat, d)) < 0)
+        return rc;
+    rc = strata_store_path(strata_store_dir(dl->c.store), STRATA_STORE_FILE_SERVER_MODEL, version,
+                           0, path, sizeof(path), d);
+    struct stat st;
+    if (rc == 0 && stat(path, &st) == 0) {
+        strata_tensor_list x;
+        strata_tensor_list_init(&x);
+        rc = strata_safetensors_read(path, SERVER_MODEL_MAX, &x, NULL, d);
+        if (rc == 0 && !strata_tensor_list_same_layout(&x, strata_model_params(dl->x)))
+            rc = strata_diag_set(d, STRATA_EINVAL, "%s: not this model's layout", path);
+        if (rc == 0)
+            strata_tensor_list_copy_values(strata_model_params(dl->x), &x);
+        strata_tensor_list_cleanup(&x);
+    }
     if (rc == 0)
-        rc = strata_checkpoint_save(e->model, path, d);
+        rc = strata_tensor_list_copy(&dl->xhat_rollback, strata_model_params(dl->xhat));
     return rc;
 }
 
-int srv__downlink_close(srv_engine *e, uint32_t r, uint64_t v, strata_train_stats *st,
-                        char digest[STRATA_DIGEST_HEX_SIZE], strata_diag *d)
+int srv__downlink_new(const srv_downlink_config *c, strata_model *x, uint64_t version,
+                      srv_downlink **out, strata_diag *d)
 {
-    if (e->xhat == NULL) {
-        strata_downlink_digest(strata_model_params(e->model), digest);
+    *out = NULL;
+    srv_downlink *dl = calloc(1, sizeof(*dl));
+    if (dl == NULL)
+        return STRATA_ENOMEM;
+    dl->c = *c;
+    dl->x = x;
+    strata_tensor_list_init(&dl->xhat_rollback);
+    int rc = c->on ? load(dl, version, d) : 0;
+    if (rc < 0) {
+        srv__downlink_free(dl);
+        return rc;
+    }
+    *out = dl;
+    return 0;
+}
+
+void srv__downlink_free(srv_downlink *dl)
+{
+    if (dl == NULL)
+        return;
+    strata_model_free(dl->xhat);
+    strata_tensor_list_cleanup(&dl->xhat_rollback);
+    free(dl->wire);
+    free(dl);
+}
+
+/* Writes x (the server's model) of version v to its file, atomically. */
+static int write_x(srv_downlink *dl, uint64_t v, strata_diag *d)
+{
+    char path[4096];
+    int rc = strata_store_path(strata_store_dir(dl->c.store), STRATA_STORE_FILE_SERVER_MODEL, v, 0,
+                               path, sizeof(path), d);
+    if (rc == 0)
+        rc = strata_checkpoint_save(dl->x, path, d);
+    return rc;
+}
+
+int srv__downlink_step(srv_downlink *dl, uint32_t r, uint64_t v,
+                       char digest[STRATA_DIGEST_HEX_SIZE], strata_diag *d)
+{
+    if (dl->xhat == NULL) {
+        strata_downlink_digest(strata_model_params(dl->x), digest);
         return 0;
     }
-    strata_tensor_list *xh = strata_model_params(e->xhat);
-    const strata_tensor_list *x = strata_model_params(e->model);
-    strata_tensor_list_copy_values(&e->xhat_rollback, xh);
+    strata_tensor_list *xh = strata_model_params(dl->xhat);
+    const strata_tensor_list *x = strata_model_params(dl->x);
+    strata_tensor_list_copy_values(&dl->xhat_rollback, xh);
+    free(dl->wire);
+    dl->wire = NULL;
+    dl->wire_len = 0;
     strata_clayer *layers = NULL;
-    uint8_t *wire = NULL;
-    size_t wire_len = 0;
     char *meta = NULL;
-    uint64_t seed = (uint64_t)e->cfg->seed * 0x9e3779b97f4a7c15ull ^ v;
-    int rc = strata_downlink_step(xh, x, &e->cfg->downlink_budget, seed, &layers, d);
+    uint64_t seed = (uint64_t)dl->c.seed * 0x9e3779b97f4a7c15ull ^ v;
+    int rc = strata_downlink_step(xh, x, dl->c.budget, seed, &layers, d);
     if (rc < 0)
         return rc;
     strata_downlink_digest(xh, digest);
-    strata_train_stats sx = *st;
     if ((rc = strata_downlink_meta(v - 1, v, digest, &meta)) == 0) {
         strata_payload p = {.round = r,
                             .model_version = v,
                             .num_layers = xh->count,
                             .layers = layers,
                             .metadata_json = meta};
-        rc = strata_payload_encode(&p, 3, &wire, &wire_len, d);
+        rc = strata_payload_encode(&p, 3, &dl->wire, &dl->wire_len, d);
     }
-    if (rc == 0 && (rc = srv__evaluate(e, e->xhat, r, st)) < 0)
-        strata_diag_set(d, rc, "evaluation of x̂: %s", strata_strerror(rc));
-    char path[4096];
-    if (rc == 0)
-        rc = strata_store_path(strata_store_dir(e->store), STRATA_STORE_FILE_DELTA, v, 0, path,
-                               sizeof(path), d);
-    if (rc == 0)
-        rc = strata_file_write_atomic(path, wire, wire_len, 0644, d);
-    if (rc == 0)
-        rc = write_x(e, v, d);
-    if (rc == 0)
-        strata_log_info("round %u: downlink delta %zu bytes (%s), model %llu digest %s; served "
-                        "model x̂ accuracy %.4f, server model x accuracy %.4f",
-                        r, wire_len, e->cfg->downlink, (unsigned long long)v, digest, st->accuracy,
-                        sx.accuracy);
     strata_clayers_free(layers, xh->count);
     free(meta);
-    free(wire);
-    if (rc < 0) {
-        strata_tensor_list_copy_values(xh, &e->xhat_rollback);
-        *st = sx;
+    if (rc < 0)
+        srv__downlink_rollback(dl);
+    return rc;
+}
+
+int srv__downlink_write(srv_downlink *dl, uint32_t r, uint64_t v, double xhat_acc, double x_acc,
+                        strata_diag *d)
+{
+    if (dl->xhat == NULL)
+        return 0;
+    char path[4096];
+    int rc = strata_store_path(strata_store_dir(dl->c.store), STRATA_STORE_FILE_DELTA, v, 0, path,
+                               sizeof(path), d);
+    if (rc == 0)
+        rc = strata_file_write_atomic(path, dl->wire, dl->wire_len, 0644, d);
+    if (rc == 0)
+        rc = write_x(dl, v, d);
+    if (rc == 0) {
+        char digest[STRATA_DIGEST_HEX_SIZE];
+        strata_downlink_digest(strata_model_params(dl->xhat), digest);
+        strata_log_info("round %u: downlink delta %zu bytes (%s), model %llu digest %s; served "
+                        "model x̂ accuracy %.4f, server model x accuracy %.4f",
+                        r, dl->wire_len, dl->c.name, (unsigned long long)v, digest, xhat_acc,
+                        x_acc);
     }
     return rc;
 }
 
-void srv__downlink_rollback(srv_engine *e)
+void srv__downlink_rollback(srv_downlink *dl)
 {
-    if (e->xhat != NULL)
-        strata_tensor_list_copy_values(strata_model_params(e->xhat), &e->xhat_rollback);
+    if (dl->xhat != NULL)
+        strata_tensor_list_copy_values(strata_model_params(dl->xhat), &dl->xhat_rollback);
+    free(dl->wire);
+    dl->wire = NULL;
+    dl->wire_len = 0;
 }
 
-void srv__downlink_prune(srv_engine *e, uint64_t v)
+void srv__downlink_prune(srv_downlink *dl, uint64_t v, size_t snapshot)
 {
-    if (e->xhat == NULL)
+    free(dl->wire);
+    dl->wire = NULL;
+    dl->wire_len = 0;
+    if (dl->xhat == NULL)
         return;
     char path[4096];
     /* x of the version before: start-up reads x of the latest only. */
-    if (v > 0 && strata_store_path(strata_store_dir(e->store), STRATA_STORE_FILE_SERVER_MODEL,
+    if (v > 0 && strata_store_path(strata_store_dir(dl->c.store), STRATA_STORE_FILE_SERVER_MODEL,
                                    v - 1, 0, path, sizeof(path), NULL) == 0)
         unlink(path);
-    if (e->cfg->downlink_keep > 0) {
-        if (v > (uint64_t)e->cfg->downlink_keep &&
-            strata_store_path(strata_store_dir(e->store), STRATA_STORE_FILE_DELTA,
-                              v - (uint64_t)e->cfg->downlink_keep, 0, path, sizeof(path),
-                              NULL) == 0)
+    if (dl->c.keep > 0) {
+        if (v > (uint64_t)dl->c.keep &&
+            strata_store_path(strata_store_dir(dl->c.store), STRATA_STORE_FILE_DELTA,
+                              v - (uint64_t)dl->c.keep, 0, path, sizeof(path), NULL) == 0)
             unlink(path);
         return;
     }
@@ -159,10 +208,10 @@ void srv__downlink_prune(srv_engine *e, uint64_t v)
      * holds it is smaller than the snapshot (and within the chain limit);
      * the first one that is not, and every older one, can never be served
      * again (chains only grow). */
-    uint64_t snap = e->cache.zst_len, sum = 8, w = v;
+    uint64_t snap = snapshot, sum = 8, w = v;
     struct stat st;
     for (; w >= 1 && v - w < STRATA_DOWNLINK_MAX_CHAIN; w--) {
-        if (strata_store_path(strata_store_dir(e->store), STRATA_STORE_FILE_DELTA, w, 0, path,
+        if (strata_store_path(strata_store_dir(dl->c.store), STRATA_STORE_FILE_DELTA, w, 0, path,
                               sizeof(path), NULL) < 0 ||
             stat(path, &st) != 0)
             return; /* already pruned from here down */
@@ -171,7 +220,7 @@ void srv__downlink_prune(srv_engine *e, uint64_t v)
             break;
     }
     for (; w >= 1; w--) {
-        if (strata_store_path(strata_store_dir(e->store), STRATA_STORE_FILE_DELTA, w, 0, path,
+        if (strata_store_path(strata_store_dir(dl->c.store), STRATA_STORE_FILE_DELTA, w, 0, path,
                               sizeof(path), NULL) < 0 ||
             unlink(path) != 0)
             return;
@@ -180,13 +229,13 @@ void srv__downlink_prune(srv_engine *e, uint64_t v)
 
 /* Why version 0 has no recipe, or "" when it has one: checkpoint 0 (x̂ of
  * version 0) against the seeded model, then the deltas from version 0. */
-static int recipe_check(srv_engine *e, const strata_model *seeded, char *why, size_t cap,
-                        strata_diag *d)
+static int recipe_check(srv_downlink *dl, const strata_model *seeded, uint64_t version, char *why,
+                        size_t cap, strata_diag *d)
 {
     char path[4096];
     strata_model *m0 = NULL;
     strata_diag ld = {{0}};
-    int rc = strata_store_checkpoint_path(e->store, 0, path, sizeof(path), &ld);
+    int rc = strata_store_checkpoint_path(dl->c.store, 0, path, sizeof(path), &ld);
     if (rc == 0)
         rc = strata_checkpoint_load(path, &m0, &ld);
     if (rc == STRATA_ENOMEM)
@@ -209,36 +258,37 @@ static int recipe_check(srv_engine *e, const strata_model *seeded, char *why, si
         snprintf(why, cap,
                  "version 0 (digest %.16s...) is not the initialisation from --seed "
                  "%ld (%.16s...)",
-                 h0, e->cfg->seed, hs);
+                 h0, dl->c.seed, hs);
     strata_model_free(m0);
     struct stat st;
-    if (why[0] == '\0' && e->version > 0 &&
-        (strata_store_path(strata_store_dir(e->store), STRATA_STORE_FILE_DELTA, 1, 0, path,
+    if (why[0] == '\0' && version > 0 &&
+        (strata_store_path(strata_store_dir(dl->c.store), STRATA_STORE_FILE_DELTA, 1, 0, path,
                            sizeof(path), NULL) < 0 ||
          stat(path, &st) != 0))
         snprintf(why, cap, "the delta from version 0 to 1 is not kept");
     return 0;
 }
 
-int srv__downlink_recipe(srv_engine *e, strata_diag *d)
+int srv__downlink_recipe(srv_downlink *dl, const strata_model *seeded, uint64_t version,
+                         char **recipe, size_t *recipe_len, strata_diag *d)
 {
-    if (e->xhat == NULL)
+    *recipe = NULL;
+    *recipe_len = 0;
+    if (dl->xhat == NULL)
         return 0;
-    strata_model *seeded = NULL, *back = NULL;
+    strata_model *back = NULL;
     strata_recipe rec, dec;
     memset(&rec, 0, sizeof(rec));
     memset(&dec, 0, sizeof(dec));
     char why[512] = "";
     char *json = NULL;
     size_t len = 0;
-    int rc = srv__seeded_model(e, &seeded, d);
-    if (rc == 0)
-        rc = recipe_check(e, seeded, why, sizeof(why), d);
+    int rc = recipe_check(dl, seeded, version, why, sizeof(why), d);
     /* The published recipe must rebuild version 0 through the same decoder
      * and builder a client runs. */
     strata_diag bd = {{0}};
     if (rc == 0 && why[0] == '\0') {
-        int brc = strata_recipe_of(seeded, (uint64_t)e->cfg->seed, &rec, &bd);
+        int brc = strata_recipe_of(seeded, (uint64_t)dl->c.seed, &rec, &bd);
         if (brc == 0)
             brc = strata_recipe_encode(&rec, &json, &len, &bd);
         if (brc == 0)
@@ -254,12 +304,12 @@ int srv__downlink_recipe(srv_engine *e, strata_diag *d)
                      strata_diag_msg(&bd, brc));
     }
     if (rc == 0 && why[0] == '\0') {
-        e->recipe = json;
-        e->recipe_len = len;
+        *recipe = json;
+        *recipe_len = len;
         json = NULL;
         strata_log_info("version 0 is the initialisation from --seed %ld (digest %.16s...): "
                         "clients without a model build it (GET /v1/models/0/init)",
-                        e->cfg->seed, rec.digest);
+                        dl->c.seed, rec.digest);
     } else if (rc == 0) {
         strata_log_info("no recipe for version 0: %s; clients without a model download a "
                         "snapshot",
@@ -269,7 +319,6 @@ out:
     free(json);
     strata_recipe_cleanup(&rec);
     strata_recipe_cleanup(&dec);
-    strata_model_free(seeded);
     strata_model_free(back);
     return rc;
 }

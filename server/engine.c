@@ -1,67 +1,32 @@
-/* The engine's composition (see engine.h): opening the state directory and
- * the model, wiring the modules' parts of struct srv_engine together
- * (engine_internal.h), starting and stopping the round thread, freeing.
+/* The engine's composition (see engine.h and engine_internal.h): opening
+ * the state directory and the model, giving each module its settings from
+ * the configuration and the other modules it may call, the round thread,
+ * stopping and freeing. The request calls are engine_api.c's.
  *
- * May call: every engine module's internals (registry.h, round.h,
- * models.h, metrics.h, admin.c), the store, aggregate.h, robust.h and
- * libstrata (model, checkpoint, data, policy, fileio). */
+ * This file and main.c are the engine's only readers of srv_config's
+ * fields: every module gets its own settings from here.
+ *
+ * May call: every module's start-up and the round thread's calls, the
+ * store, robust.h and libstrata (model, checkpoint, data, downlink). */
 #include "engine_internal.h"
+
 #include "lgreco.h"
 
 #include "strata/checkpoint.h"
-#include "strata/train.h"
+#include "strata/clock.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
-void srv__opt_path(const srv_engine *e, uint64_t v, char *buf, size_t cap)
-{
-    if (strata_store_path(strata_store_dir(e->store), STRATA_STORE_FILE_SERVER_OPT, v, 0, buf, cap,
-                          NULL) < 0)
-        buf[0] = '\0';
-}
+/* How often the round thread looks at the open round without being woken. */
+#define TICK_MS 100
 
-/* Images per evaluation batch. A model keeps its activation buffers for the
- * largest batch it has run (no gradient buffers: the coordinator's models
- * never run backward), and every evaluation runs on eval_model, whichever
- * model it measures (x, or with a downlink x̂ too): for resnet about 125 MB
- * at 64 against 430 MB at 256, evaluated as fast (docs/benchmarks.md,
- * "Simulator at scale"). */
-#define EVAL_BATCH 64
-
-int srv__evaluate(srv_engine *e, strata_model *m, uint32_t r, strata_train_stats *st)
-{
-    strata_tensor_list_copy_values(strata_model_params(e->eval_model), strata_model_params(m));
-    float mean = 0, sd = 1;
-    strata_model_get_normalization(m, &mean, &sd);
-    int rc = strata_model_set_normalization(e->eval_model, mean, sd);
-    if (rc < 0)
-        return rc;
-    int last = (long)r + 1 >= e->cfg->rounds;
-    if (e->eval_n > 0 && !last)
-        return strata_evaluate(e->eval_model, &e->test, e->eval_idx, e->eval_n, EVAL_BATCH, st);
-    return strata_evaluate(e->eval_model, &e->test, NULL, 0, EVAL_BATCH, st);
-}
-
-/* --eval-samples N below the test set's size: N images at even steps over
- * the test set, the same every round. */
-static int eval_subset(srv_engine *e, strata_diag *d)
-{
-    size_t n = (size_t)e->cfg->eval_samples, count = e->test.n;
-    if (n == 0 || n >= count)
-        return STRATA_OK;
-    e->eval_idx = malloc(n * sizeof(*e->eval_idx));
-    if (e->eval_idx == NULL)
-        return strata_diag_set(d, STRATA_ENOMEM, "out of memory (the evaluation subset)");
-    for (size_t i = 0; i < n; i++)
-        e->eval_idx[i] = (size_t)((double)i * (double)count / (double)n);
-    e->eval_n = n;
-    return STRATA_OK;
-}
-
-int srv__seeded_model(const srv_engine *e, strata_model **out, strata_diag *d)
+/* The model a fresh federation starts from: cfg's architecture,
+ * strata_model_init_params with cfg's seed, normalised with the test
+ * split's statistics. *out is new (strata_model_free). Errors: the model
+ * builder's. */
+static int seeded_model(const srv_engine *e, strata_model **out, strata_diag *d)
 {
     *out = NULL;
     strata_model *m = NULL;
@@ -70,7 +35,7 @@ int srv__seeded_model(const srv_engine *e, strata_model **out, strata_diag *d)
         return rc;
     strata_model_init_params(m, (uint64_t)e->cfg->seed);
     double mean = 0, sd = 1;
-    if ((rc = strata_dataset_stats(&e->test, &mean, &sd)) < 0 ||
+    if ((rc = strata_dataset_stats(srv__eval_test(e->eval), &mean, &sd)) < 0 ||
         (rc = strata_model_set_normalization(m, (float)mean, sd > 0 ? (float)sd : 1.0f)) < 0) {
         strata_model_free(m);
         return rc;
@@ -82,55 +47,58 @@ int srv__seeded_model(const srv_engine *e, strata_model **out, strata_diag *d)
 /* The global model: the latest checkpoint of the state directory (which
  * must hold cfg's architecture), or a new one, initialised from the seed
  * and normalised with the test split's statistics, saved as version 0. */
-static int load_model(srv_engine *e, strata_diag *d)
+static int load_model(srv_engine *e, strata_model **out, uint64_t *version, strata_diag *d)
 {
-    const srv_config *cfg = e->cfg;
+    *out = NULL;
+    *version = 0;
     uint64_t latest = 0;
     int have = 0;
     int rc = strata_store_latest_model_version(e->store, &latest, &have, d);
     if (rc < 0)
         return rc;
     char path[4096];
+    strata_model *m = NULL;
     if (have) {
         if ((rc = strata_store_checkpoint_path(e->store, latest, path, sizeof(path), d)) < 0 ||
-            (rc = strata_checkpoint_load(path, &e->model, d)) < 0)
+            (rc = strata_checkpoint_load(path, &m, d)) < 0)
             return rc;
         strata_model *spec = NULL;
-        if ((rc = strata_model_new(cfg->model, &spec, d)) < 0)
-            return rc;
-        int same = strcmp(strata_model_arch(spec), strata_model_arch(e->model)) == 0;
+        if ((rc = strata_model_new(e->cfg->model, &spec, d)) < 0)
+            goto fail;
+        int same = strcmp(strata_model_arch(spec), strata_model_arch(m)) == 0;
         strata_model_free(spec);
-        if (!same)
-            return strata_diag_set(d, STRATA_EINVAL,
-                                   "model: the state directory holds a different architecture");
-        e->version = latest;
+        if (!same) {
+            rc = strata_diag_set(d, STRATA_EINVAL,
+                                 "model: the state directory holds a different architecture");
+            goto fail;
+        }
+        *version = latest;
     } else {
-        if ((rc = srv__seeded_model(e, &e->model, d)) < 0)
+        if ((rc = seeded_model(e, &m, d)) < 0)
             return rc;
         if ((rc = strata_store_checkpoint_path(e->store, 0, path, sizeof(path), d)) < 0 ||
-            (rc = strata_checkpoint_save(e->model, path, d)) < 0 ||
+            (rc = strata_checkpoint_save(m, path, d)) < 0 ||
             (rc = strata_store_checkpoint_record(e->store, 0, d)) < 0)
-            return rc;
+            goto fail;
     }
-    if (strata_model_input_dim(e->model) != e->test.dim)
-        return strata_diag_set(d, STRATA_EINVAL,
-                               "model: input size %zu does not match the data (%zu)",
-                               strata_model_input_dim(e->model), e->test.dim);
+    size_t dim = srv__eval_test(e->eval)->dim;
+    if (strata_model_input_dim(m) != dim) {
+        rc =
+            strata_diag_set(d, STRATA_EINVAL, "model: input size %zu does not match the data (%zu)",
+                            strata_model_input_dim(m), dim);
+        goto fail;
+    }
+    *out = m;
     return 0;
-}
-
-/* eval_model: the model's architecture, its values copied in by each
- * srv__evaluate. */
-static int new_eval_model(srv_engine *e, strata_diag *d)
-{
-    const char *arch = strata_model_arch(e->model);
-    return strata_model_from_json(arch, strlen(arch), &e->eval_model, d);
+fail:
+    strata_model_free(m);
+    return rc;
 }
 
 /* The model's layout and the payload limits derived from it. */
-static int derive_limits(srv_engine *e)
+static int derive_limits(srv_engine *e, const strata_model *m)
 {
-    const strata_tensor_list *params = strata_model_params(e->model);
+    const strata_tensor_list *params = strata_model_params((strata_model *)m);
     e->nlayers = params->count;
     e->numel = calloc(e->nlayers, sizeof(*e->numel));
     e->names = calloc(e->nlayers, sizeof(*e->names));
@@ -153,25 +121,148 @@ static int derive_limits(srv_engine *e)
     return 0;
 }
 
-/* The server optimiser, with its state saved beside the current version
- * when there is one. */
-static int load_server_opt(srv_engine *e, strata_diag *d)
+/* The distribution of the model clients get (models.h): version 0's
+ * recipe when it is the seeded initialisation, and the current version,
+ * encoded and published. */
+static int open_models(srv_engine *e, uint64_t version, strata_diag *d)
 {
-    const strata_tensor_list *params = strata_model_params(e->model);
-    strata_server_opt_config oc;
-    int rc = strata_server_opt_parse(e->cfg->server_opt, &oc, d);
+    const srv_config *cfg = e->cfg;
+    int rc = srv__models_new(e->store, &e->mu, cfg->downlink_on, cfg->downlink_keep, &e->models);
     if (rc < 0)
         return rc;
-    if (e->cfg->server_lr > 0) /* else the optimiser's own default */
-        oc.lr = e->cfg->server_lr;
-    oc.lr_final = e->cfg->server_lr_final;
-    oc.horizon = (uint64_t)e->cfg->rounds;
-    char opath[4200];
-    srv__opt_path(e, e->version, opath, sizeof(opath));
-    struct stat st;
-    if (e->version > 0 && stat(opath, &st) == 0)
-        return strata_server_opt_load(opath, params, &oc, &e->opt, d);
-    return strata_server_opt_new(params, &oc, &e->opt, d);
+    strata_model *seeded = NULL;
+    char *recipe = NULL;
+    size_t len = 0;
+    if (srv__downlink_xhat(e->downlink) != NULL) {
+        if ((rc = seeded_model(e, &seeded, d)) == 0)
+            rc = srv__downlink_recipe(e->downlink, seeded, version, &recipe, &len, d);
+        strata_model_free(seeded);
+        if (rc < 0)
+            return rc;
+        srv__models_set_recipe(e->models, recipe, len);
+    }
+    strata_model *served = srv__downlink_served(e->downlink);
+    char digest[STRATA_DIGEST_HEX_SIZE];
+    strata_downlink_digest(strata_model_params(served), digest);
+    srv_model_blob blob;
+    if ((rc = srv__models_encode(e->models, served, &blob, d)) < 0)
+        return rc;
+    srv__models_publish(e->models, version, &blob, digest);
+    return 0;
+}
+
+/* The modules that read the model's layout: the policy, the closer (which
+ * takes the model x), the rounds (resumed), the uploads. */
+static int open_rounds(srv_engine *e, strata_model *x, uint64_t version,
+                       strata_robust_method method, strata_diag *d)
+{
+    const srv_config *cfg = e->cfg;
+    srv_close_config cc = {.rounds = cfg->rounds,
+                           .min_updates = cfg->min_updates,
+                           .straggler_rounds = cfg->straggler_rounds,
+                           .method = method,
+                           .trim_fraction = cfg->trim_fraction,
+                           .clip_norm = cfg->clip_norm,
+                           .screen_factor = cfg->screen_factor,
+                           .server_opt = cfg->server_opt,
+                           .server_lr = cfg->server_lr,
+                           .server_lr_final = cfg->server_lr_final,
+                           .total_params = e->total_params,
+                           .limits = e->limits,
+                           .store = e->rstore,
+                           .eval = e->eval,
+                           .downlink = e->downlink,
+                           .models = e->models,
+                           .budgets = e->budgets,
+                           .reg = e->reg,
+                           .met = e->met,
+                           .waiters = e->waiters};
+    int rc = srv__close_new(&cc, x, version, &e->close, d);
+    if (rc < 0)
+        return rc;
+    srv_rounds_config rcfg = {.rounds = cfg->rounds,
+                              .min_clients = cfg->min_clients,
+                              .clients_per_round = cfg->clients_per_round,
+                              .min_updates = cfg->min_updates,
+                              .seed = cfg->seed,
+                              .fraction = cfg->fraction,
+                              .over_select = cfg->over_select,
+                              .round_deadline = cfg->round_deadline,
+                              .local_epochs = cfg->local_epochs,
+                              .batch = cfg->batch,
+                              .max_steps = cfg->max_steps,
+                              .lr = cfg->lr,
+                              .momentum = cfg->momentum,
+                              .weight_decay = cfg->weight_decay,
+                              .prox_mu = cfg->prox_mu,
+                              .method = method,
+                              .clip_norm = cfg->clip_norm,
+                              .downlink = cfg->downlink_on,
+                              .nlayers = e->nlayers,
+                              .total_params = e->total_params,
+                              .names = e->names,
+                              .layout = strata_model_params(srv__close_model(e->close)),
+                              .limits = e->limits,
+                              .store = e->store,
+                              .mu = &e->mu,
+                              .wake = &e->cv,
+                              .met = e->met,
+                              .reg = e->reg,
+                              .waiters = e->waiters,
+                              .models = e->models,
+                              .budgets = e->budgets};
+    if ((rc = srv__rounds_new(&rcfg, &e->rounds)) < 0 ||
+        (rc = srv__round_resume(e->rounds, srv__eval_test(e->eval)->n, d)) < 0 ||
+        (rc = srv__lgreco_restore(e->budgets, e->store, srv__round_current(e->rounds), d)) < 0)
+        return rc;
+    srv_uploads_config uc = {.nlayers = e->nlayers,
+                             .numel = e->numel,
+                             .names = e->names,
+                             .limits = e->limits,
+                             .store = e->store,
+                             .wstore = e->wstore,
+                             .mu = &e->mu,
+                             .wake = &e->cv,
+                             .met = e->met,
+                             .rounds = e->rounds};
+    return srv__uploads_new(&uc, &e->uploads);
+}
+
+/* The registry and the operator's controls (an operator's stop of an
+ * earlier run abandons the open round again and ends the federation). */
+static int open_clients(srv_engine *e, strata_diag *d)
+{
+    const srv_config *cfg = e->cfg;
+    srv_registry_config gc = {.enrolment_secret = cfg->enrolment_secret,
+                              .enrolment_rate = cfg->enrolment_rate,
+                              .upload_rate = cfg->upload_rate,
+                              .max_clients = cfg->max_clients,
+                              .data_shares = cfg->data_shares,
+                              .admin_token_file = cfg->admin_token_file,
+                              .jlim = &e->jlim,
+                              .store = e->store,
+                              .mu = &e->mu,
+                              .wake = &e->cv,
+                              .met = e->met};
+    return srv__registry_new(&gc, &e->reg, d);
+}
+
+static int open_admin(srv_engine *e, strata_diag *d)
+{
+    srv_admin_config ac = {.cfg = e->cfg,
+                           .jlim = &e->jlim,
+                           .store = e->store,
+                           .mu = &e->mu,
+                           .wake = &e->cv,
+                           .rounds = e->rounds,
+                           .uploads = e->uploads,
+                           .waiters = e->waiters};
+    int rc = srv__admin_new(&ac, &e->admin, d);
+    if (rc == 0 && srv__admin_stopped(e->admin)) {
+        if ((rc = srv__round_abandon(e->rounds, d)) == 0)
+            srv__round_finish(e->rounds, 1);
+    }
+    return rc;
 }
 
 int srv_engine_open(const srv_config *cfg, srv_engine **out, strata_diag *d)
@@ -181,81 +272,87 @@ int srv_engine_open(const srv_config *cfg, srv_engine **out, strata_diag *d)
     if (e == NULL)
         return STRATA_ENOMEM;
     e->cfg = cfg;
+    e->total_rounds = cfg->rounds;
     e->jlim.max_bytes = (size_t)cfg->max_json_bytes;
     e->jlim.max_depth = (size_t)cfg->max_json_depth;
     pthread_mutex_init(&e->mu, NULL);
     pthread_cond_init(&e->cv, NULL);
-    pthread_cond_init(&e->commit_cv, NULL);
-    strata_dataset_init(&e->test);
-    strata_tensor_list_init(&e->rollback);
-    strata_tensor_list_init(&e->xhat_rollback);
+    strata_model *x = NULL;
+    uint64_t version = 0;
+    strata_robust_method method = STRATA_ROBUST_FEDAVG;
     int rc;
-    if ((rc = srv__models_init(e)) < 0)
+    if ((rc = srv__metrics_new(&e->met)) < 0 || (rc = srv__waiters_new(&e->waiters)) < 0)
         goto fail;
     strata_set_threads((int)cfg->threads);
-    if (strcmp(cfg->policy, "none") != 0 &&
-        (rc = strata_policy_parse(cfg->policy, &e->policy, d)) < 0)
-        goto fail;
-    if (e->policy != NULL && (rc = strata_policy_set_values(e->policy, cfg->values_format, d)) < 0)
-        goto fail;
-    if (e->policy == NULL && (unsigned)cfg->values_format > STRATA_VALUES_BF16) {
-        rc = strata_diag_set(d, STRATA_EINVAL,
-                             "values %s: --policy none sends every layer dense (fp32, fp16 or "
-                             "bf16)",
-                             strata_values_format_name(cfg->values_format));
-        goto fail;
-    }
-    if ((rc = strata_robust_parse(cfg->aggregator, &e->method, d)) < 0 ||
-        (rc = strata_robust_check(e->method, cfg->trim_fraction, cfg->clip_norm, d)) < 0)
+    if ((rc = strata_robust_parse(cfg->aggregator, &method, d)) < 0 ||
+        (rc = strata_robust_check(method, cfg->trim_fraction, cfg->clip_norm, d)) < 0)
         goto fail;
     if ((rc = strata_store_open(cfg->state_dir, &e->store, d)) < 0 ||
-        (rc = strata_store_open_secondary(e->store, &e->wstore, d)) < 0)
+        (rc = strata_store_open_secondary(e->store, &e->wstore, d)) < 0 ||
+        (rc = strata_store_open_secondary(e->store, &e->rstore, d)) < 0)
         goto fail;
-    if ((rc = strata_data_load_dir(cfg->data, "test", 0, &e->test, d)) < 0 ||
-        (rc = eval_subset(e, d)) < 0)
+    if ((rc = srv__eval_new(cfg->data, cfg->eval_samples, cfg->rounds, &e->eval, d)) < 0 ||
+        (rc = load_model(e, &x, &version, d)) < 0 || (rc = srv__eval_prepare(e->eval, x, d)) < 0 ||
+        (rc = derive_limits(e, x)) < 0)
         goto fail;
-    if ((rc = load_model(e, d)) < 0 || (rc = new_eval_model(e, d)) < 0 ||
-        (rc = derive_limits(e)) < 0 || (rc = srv__downlink_load(e, d)) < 0 ||
-        (rc = srv__downlink_recipe(e, d)) < 0)
+    srv_budgets_config bc = {.policy = cfg->policy,
+                             .values_format = cfg->values_format,
+                             .density = cfg->density,
+                             .rounds = cfg->rounds,
+                             .nlayers = e->nlayers,
+                             .numel = e->numel};
+    srv_downlink_config dc = {.on = cfg->downlink_on,
+                              .name = cfg->downlink,
+                              .budget = &cfg->downlink_budget,
+                              .seed = cfg->seed,
+                              .keep = cfg->downlink_keep,
+                              .store = e->store};
+    if ((rc = srv__budgets_new(&bc, &e->budgets, d)) < 0 ||
+        (rc = srv__downlink_new(&dc, x, version, &e->downlink, d)) < 0 ||
+        (rc = open_models(e, version, d)) < 0 ||
+        (rc = srv__metrics_load(e->met, e->store, d)) < 0 || (rc = open_clients(e, d)) < 0)
         goto fail;
-    if ((rc = strata_agg_new(strata_model_params(e->model), &e->agg)) < 0)
+    rc = open_rounds(e, x, version, method, d); /* takes x */
+    x = NULL;
+    if (rc < 0 || (rc = open_admin(e, d)) < 0)
         goto fail;
-    if ((rc = load_server_opt(e, d)) < 0 || (rc = srv__metrics_load(e, d)) < 0)
-        goto fail;
-    /* A close steps a copy of the optimiser and keeps the parameters it
-     * started from, so that a close that does not commit changes nothing. */
-    if ((rc = strata_server_opt_new(strata_model_params(e->model),
-                                    strata_server_opt_get_config(e->opt), &e->opt_next, d)) < 0 ||
-        (rc = strata_tensor_list_copy(&e->rollback, strata_model_params(e->model))) < 0)
-        goto fail;
-    if ((rc = srv__registry_load(e, d)) < 0 || (rc = srv__round_resume(e, d)) < 0 ||
-        (rc = srv__lgreco_restore(e, d)) < 0)
-        goto fail;
-    srv_model_blob blob;
-    if ((rc = srv__model_encode(e, &blob, d)) < 0)
-        goto fail;
-    srv__model_install(e, &blob);
-    if ((rc = srv__admin_load(e, d)) < 0)
-        goto fail;
-    if (e->stopped && (rc = srv__round_abandon(e, d)) < 0)
-        goto fail;
-    e->finished = e->stopped || (!e->open && e->next_round >= (uint32_t)cfg->rounds);
     *out = e;
     return 0;
 fail:
+    strata_model_free(x);
     srv_engine_free(e);
     return rc;
 }
 
 void srv_engine_set_waiters(srv_engine *e, srv_waiter_fn suspend, srv_waiter_fn resume)
 {
-    e->suspend = suspend;
-    e->resume = resume;
+    srv__waiters_set(e->waiters, suspend, resume);
+}
+
+/* The round thread: opens a round once min_clients are registered (unless
+ * paused or finished), closes it when due and no group commit is in
+ * flight, wakes expired long-polls; runs until e->stopping. */
+static void *round_thread(void *arg)
+{
+    srv_engine *e = arg;
+    pthread_mutex_lock(&e->mu);
+    while (!e->stopping) {
+        int64_t now = strata_clock_unix_ms();
+        srv__round_maybe_open(e->rounds, srv__admin_paused(e->admin));
+        if (!srv__uploads_busy(e->uploads) && srv__close_due(e->rounds, now))
+            srv__close_round(e->close, e->rounds);
+        srv__waiters_wake_expired(e->waiters, strata_clock_unix_ms());
+        struct timespec ts = strata_clock_abstime_in(TICK_MS);
+        if (!e->stopping)
+            pthread_cond_timedwait(&e->cv, &e->mu, &ts);
+    }
+    pthread_mutex_unlock(&e->mu);
+    return NULL;
 }
 
 int srv_engine_start(srv_engine *e)
 {
-    if (pthread_create(&e->thread, NULL, srv__round_thread, e) != 0)
+    if (pthread_create(&e->thread, NULL, round_thread, e) != 0)
         return STRATA_ENOMEM;
     e->started = 1;
     return 0;
@@ -266,7 +363,7 @@ void srv_engine_stop(srv_engine *e)
     pthread_mutex_lock(&e->mu);
     e->stopping = 1;
     pthread_cond_broadcast(&e->cv);
-    srv__waiters_wake_all(e);
+    srv__waiters_close(e->waiters);
     pthread_mutex_unlock(&e->mu);
     if (e->started)
         pthread_join(e->thread, NULL);
@@ -277,33 +374,28 @@ void srv_engine_free(srv_engine *e)
 {
     if (e == NULL)
         return;
-    if (e->store != NULL) {
-        srv__metrics_flush(e);
-        srv__registry_flush_seen(e);
-    }
-    srv__round_reset(e);
+    if (e->store != NULL && e->met != NULL)
+        srv__metrics_flush(e->met, e->store);
+    if (e->reg != NULL)
+        srv__registry_flush_seen(e->reg);
+    srv__admin_free(e->admin);
+    srv__uploads_free(e->uploads);
+    srv__rounds_free(e->rounds);
+    srv__close_free(e->close);
+    srv__downlink_free(e->downlink);
+    srv__models_free(e->models);
+    srv__budgets_free(e->budgets);
+    srv__registry_free(e->reg);
+    srv__eval_free(e->eval);
+    srv__waiters_free(e->waiters);
+    srv__metrics_free(e->met);
+    strata_store_close(e->rstore);
     strata_store_close(e->wstore);
     strata_store_close(e->store);
-    strata_dataset_cleanup(&e->test);
-    free(e->eval_idx);
-    strata_model_free(e->model);
-    strata_model_free(e->eval_model);
-    strata_model_free(e->xhat);
-    free(e->recipe);
-    strata_tensor_list_cleanup(&e->xhat_rollback);
-    strata_policy_free(e->policy);
-    strata_agg_free(e->agg);
-    strata_server_opt_free(e->opt);
-    strata_server_opt_free(e->opt_next);
-    strata_tensor_list_cleanup(&e->rollback);
     free(e->numel);
     free(e->names);
-    srv__registry_cleanup(e);
-    srv__models_cleanup(e);
-    free(e->waiters);
     pthread_mutex_destroy(&e->mu);
     pthread_cond_destroy(&e->cv);
-    pthread_cond_destroy(&e->commit_cv);
     free(e);
 }
 

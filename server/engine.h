@@ -4,15 +4,23 @@
  * these calls and their typed results (result.h) into responses; the unit
  * tests drive the same calls directly.
  *
- * The engine is split by concept (each file says what it owns):
- *   engine.c    composition: open, start, stop, free;
- *   registry.c  registration, tokens, admin token, rate buckets;
- *   round.c     round lifecycle, the round thread, resume, long-poll waiters;
- *   upload.c    the upload pipeline and group commit;
- *   models.c    model distribution (cache, versions, ETags);
- *   metrics.c   counters and the /metrics text;
- *   admin.c     pause / resume / stop and the configuration view;
- *   views.c     the rounds and status views.
+ * The engine is split by concept; each module owns its state in its own
+ * structure (docs/architecture.md has the map, engine_internal.h the
+ * composition):
+ *   engine.c, engine_api.c  composition: open, the round thread, stop, free,
+ *                           and each call below handed to its module;
+ *   registry.c   registration, tokens, admin token, rate buckets, selection;
+ *   round.c      the open round: opening, tasks, skips, the accept step;
+ *   resume.c     the rounds of the state directory at start-up;
+ *   close.c      closing a round in steps (close_model.c computes);
+ *   upload.c     the upload pipeline and group commit;
+ *   models.c     model distribution (the published version, ETags, chains);
+ *   downlink.c   x̂ and the deltas; eval.c the test split and evaluation;
+ *   budgets.c    the budget policy (lgreco.c its closed loop);
+ *   metrics.c    counters, gauges and the /metrics text;
+ *   waiters.c    parked long-polls;
+ *   admin.c      pause / resume / stop and the configuration view;
+ *   views.c      the rounds and status views.
  *
  * Threads: every srv_engine_* call below is thread-safe (one engine mutex
  * around the shared state) unless it says otherwise; none calls back into

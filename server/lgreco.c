@@ -1,6 +1,8 @@
 /* The coordinator's side of the lgreco loop (see lgreco.h). */
 #include "lgreco.h"
 
+#include "budgets_internal.h"
+
 #include "strata/log.h"
 
 #include <jansson.h>
@@ -8,25 +10,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-int srv__lgreco_candidates(const srv_engine *e, uint32_t r, strata_budget **out, size_t *n)
-{
-    *out = NULL;
-    *n = 0;
-    uint32_t every = e->policy != NULL ? strata_policy_lgreco_every(e->policy) : 0;
-    if (every == 0 || r % every != 0 || r + 1 >= (uint32_t)e->cfg->rounds)
-        return 0; /* the last round's table would serve no round */
-    strata_budget *c = malloc(STRATA_LGRECO_MAX_TABLE * sizeof(*c));
-    if (c == NULL)
-        return STRATA_ENOMEM;
-    *n = strata_policy_lgreco_candidates(e->policy, e->cfg->density, c);
-    if (*n == 0) {
-        free(c);
-        return 0;
-    }
-    *out = c;
-    return 0;
-}
 
 /* Reads meta's error table: its shape and, when table is not NULL, its
  * values (rows x cols, with cols == want_cols when want_cols > 0). */
@@ -100,11 +83,14 @@ int srv__lgreco_check(const srv_lgreco_scan *s, size_t ncands, char *msg, size_t
     return STRATA_EPROTO;
 }
 
-int srv__lgreco_table(const srv_engine *e, size_t ncands, const char *meta, double *table,
-                      char *msg, size_t mlen)
+/* Reads the error table of a stored update's metadata into table (nlayers x
+ * ncands) with the checks of srv__lgreco_scan and srv__lgreco_check.
+ * Returns 0, or STRATA_EPROTO with the reason in msg. */
+static int read_table(size_t nlayers, size_t ncands, const char *meta, double *table, char *msg,
+                      size_t mlen)
 {
     srv_lgreco_scan s;
-    scan(meta, e->nlayers, ncands, table, &s);
+    scan(meta, nlayers, ncands, table, &s);
     return srv__lgreco_check(&s, ncands, msg, mlen);
 }
 
@@ -139,10 +125,12 @@ static void combine(const double *all, const double *w, size_t m, size_t cells, 
     }
 }
 
-int srv__lgreco_solve(srv_engine *e, uint32_t r, const uint64_t *ids, const double *w,
-                      const int *kept, size_t n, strata_diag *d)
+int srv__lgreco_solve(srv_budgets *B, strata_store *s, const strata_payload_limits *lim, uint32_t r,
+                      size_t ncands, const uint64_t *ids, const double *w, const int *kept,
+                      size_t n, int *solved, strata_diag *d)
 {
-    size_t nc = e->ncands, cells = e->nlayers * nc, m = 0;
+    *solved = 0;
+    size_t nc = ncands, cells = B->c.nlayers * nc, m = 0;
     if (n > 0 && cells > SIZE_MAX / sizeof(double) / n)
         return strata_diag_set(d, STRATA_ENOMEM, "out of memory (the error tables)");
     double *all = calloc(n * cells + 1, sizeof(double)), *ws = calloc(n + 1, sizeof(double));
@@ -159,9 +147,9 @@ int srv__lgreco_solve(srv_engine *e, uint32_t r, const uint64_t *ids, const doub
         size_t len = 0;
         strata_payload *p = NULL;
         char msg[256] = "";
-        rc = strata_store_update_read(e->wstore, r, ids[i], &buf, &len, d);
-        if (rc == 0 && (rc = strata_payload_decode(buf, len, &e->limits, &p, d)) == 0 &&
-            srv__lgreco_table(e, nc, p->metadata_json, all + m * cells, msg, sizeof(msg)) < 0)
+        rc = strata_store_update_read(s, r, ids[i], &buf, &len, d);
+        if (rc == 0 && (rc = strata_payload_decode(buf, len, lim, &p, d)) == 0 &&
+            read_table(B->c.nlayers, nc, p->metadata_json, all + m * cells, msg, sizeof(msg)) < 0)
             rc = strata_diag_set(d, STRATA_EPROTO, "client %llu: %s", (unsigned long long)ids[i],
                                  msg);
         if (rc == 0)
@@ -175,15 +163,15 @@ int srv__lgreco_solve(srv_engine *e, uint32_t r, const uint64_t *ids, const doub
     /* A table the policy cannot use (its errors overflowed) leaves the last
      * allocation in place: the round closes all the same. */
     strata_diag pd = {{0}};
-    if (strata_policy_set_lgreco_table(e->policy, table, e->numel, e->nlayers, e->cfg->density,
+    if (strata_policy_set_lgreco_table(B->policy, table, B->c.numel, B->c.nlayers, B->c.density,
                                        &pd) < 0) {
         strata_log_warn("round %u: lgreco keeps its allocation: the clients' tables give no "
                         "usable table (%s)",
                         r, pd.msg);
         goto out;
     }
-    e->lg_solved = 1;
-    strata_lgreco_report rep = strata_policy_lgreco_report(e->policy);
+    *solved = 1;
+    strata_lgreco_report rep = strata_policy_lgreco_report(B->policy);
     strata_log_info("round %u: lgreco solved %zu tables: estimated %.0f bytes per update "
                     "(uniform %.0f), error %.4g within %.4g%s",
                     r, m, rep.bytes, rep.uniform_bytes, rep.chosen_error, rep.error_budget,
@@ -196,23 +184,21 @@ out:
     return rc;
 }
 
-void srv__lgreco_summary(const srv_engine *e, strata_round_summary *s, char (*specs)[64],
-                         char **ptrs)
+void srv__lgreco_summary(const srv_budgets *B, uint32_t next, strata_round_summary *s,
+                         char (*specs)[64], char **ptrs)
 {
-    if (!e->lg_solved || e->policy == NULL)
+    if (B->policy == NULL)
         return;
-    strata_budget *b = calloc(e->nlayers + 1, sizeof(*b));
-    uint32_t next =
-        e->next_round + 1 < (uint32_t)e->cfg->rounds ? e->next_round + 1 : e->next_round;
-    if (b == NULL || strata_policy_budgets(e->policy, e->numel, e->nlayers, e->cfg->density, next,
-                                           (uint32_t)e->cfg->rounds, b, NULL) < 0) {
+    strata_budget *b = calloc(B->c.nlayers + 1, sizeof(*b));
+    if (b == NULL || strata_policy_budgets(B->policy, B->c.numel, B->c.nlayers, B->c.density, next,
+                                           (uint32_t)B->c.rounds, b, NULL) < 0) {
         free(b);
         return;
     }
-    for (size_t l = 0; l < e->nlayers; l++)
+    for (size_t l = 0; l < B->c.nlayers; l++)
         ptrs[l] = strata_budget_format(&b[l], 1, specs[l], 64);
     free(b);
-    strata_lgreco_report rep = strata_policy_lgreco_report(e->policy);
+    strata_lgreco_report rep = strata_policy_lgreco_report(B->policy);
     s->has_lgreco = 1;
     s->lg_fell_back = rep.fell_back;
     s->lg_error_budget = rep.error_budget;
@@ -222,25 +208,25 @@ void srv__lgreco_summary(const srv_engine *e, strata_round_summary *s, char (*sp
     s->lg_allocation = ptrs;
 }
 
-int srv__lgreco_restore(srv_engine *e, strata_diag *d)
+int srv__lgreco_restore(srv_budgets *B, strata_store *st, uint32_t next_round, strata_diag *d)
 {
-    if (e->policy == NULL || strata_policy_lgreco_every(e->policy) == 0)
+    if (B->policy == NULL || strata_policy_lgreco_every(B->policy) == 0)
         return 0;
     int rc = 0;
-    for (uint32_t r = e->next_round; r-- > 0 && rc == 0;) {
+    for (uint32_t r = next_round; r-- > 0 && rc == 0;) {
         strata_store_round rd;
         memset(&rd, 0, sizeof(rd));
         int found = 0;
-        if ((rc = strata_store_round_get(e->store, r, &rd, &found, d)) < 0)
+        if ((rc = strata_store_round_get(st, r, &rd, &found, d)) < 0)
             break;
         strata_round_summary s;
         int has = 0;
         if (found && rd.summary_json != NULL &&
             strata_round_summary_decode(rd.summary_json, strlen(rd.summary_json), NULL, &s, NULL) ==
                 0) {
-            has = s.has_lgreco && s.num_layers == e->nlayers;
-            strata_budget *b = has ? calloc(e->nlayers + 1, sizeof(*b)) : NULL;
-            for (size_t l = 0; b != NULL && l < e->nlayers; l++)
+            has = s.has_lgreco && s.num_layers == B->c.nlayers;
+            strata_budget *b = has ? calloc(B->c.nlayers + 1, sizeof(*b)) : NULL;
+            for (size_t l = 0; b != NULL && l < B->c.nlayers; l++)
                 strata_budget_parse(s.lg_allocation[l], 1, &b[l], NULL);
             if (b != NULL) {
                 strata_lgreco_report rep = {.solved = 1,
@@ -250,8 +236,8 @@ int srv__lgreco_restore(srv_engine *e, strata_diag *d)
                                             .bytes = s.lg_bytes,
                                             .uniform_bytes = s.lg_uniform_bytes};
                 strata_diag pd = {{0}};
-                if (strata_policy_restore_lgreco(e->policy, b, e->numel, e->nlayers,
-                                                 e->cfg->density, &rep, &pd) == 0)
+                if (strata_policy_restore_lgreco(B->policy, b, B->c.numel, B->c.nlayers,
+                                                 B->c.density, &rep, &pd) == 0)
                     strata_log_info("lgreco: the allocation solved at round %u is back in use", r);
                 else
                     strata_log_warn("lgreco: the allocation of round %u cannot be restored: %s", r,

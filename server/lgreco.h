@@ -1,16 +1,12 @@
-/* The coordinator's side of the lgreco policy (docs/algorithm.md "lgreco"):
- * which rounds ask the clients for error tables, the check of a table in an
- * upload's metadata, the solve when such a round closes, and putting the
- * last allocation back after a restart. */
+/* The coordinator's side of the lgreco policy (lgreco.c; docs/algorithm.md
+ * "lgreco"; the candidates of a round are budgets.h's): the check of a
+ * table in an upload's metadata, the solve when a round that asked for
+ * tables closes, the lgreco part of its summary, and putting the last
+ * allocation back after a restart. */
 #ifndef SRV_LGRECO_H
 #define SRV_LGRECO_H
 
-#include "engine_internal.h"
-
-/* The error-table candidates of round r into a new array *out (*n entries;
- * NULL and 0 when the round asks for none: not lgreco, or r is not a
- * multiple of lgreco_every). Errors: STRATA_ENOMEM. */
-int srv__lgreco_candidates(const srv_engine *e, uint32_t r, strata_budget **out, size_t *n);
+#include "budgets.h"
 
 /* What an upload's metadata holds of an error table, read once before the
  * engine lock is taken (srv__lgreco_scan) and checked against the open
@@ -31,31 +27,30 @@ void srv__lgreco_scan(const char *meta, size_t nlayers, srv_lgreco_scan *out);
  * Returns 0, or STRATA_EPROTO with the reason in msg. */
 int srv__lgreco_check(const srv_lgreco_scan *s, size_t ncands, char *msg, size_t mlen);
 
-/* Reads the error table of a stored update's metadata into table (nlayers x
- * ncands) with the checks of srv__lgreco_scan and srv__lgreco_check.
- * Returns 0, or STRATA_EPROTO with the reason in msg. */
-int srv__lgreco_table(const srv_engine *e, size_t ncands, const char *meta, double *table,
-                      char *msg, size_t mlen);
+/* At the close of round r, which asked for tables of ncands candidates:
+ * the tables of the n updates (client ids, weights; those with kept[i] == 0
+ * are left out), read from the store through s (a connection the caller may
+ * use now; each payload decoded with lim) and combined (one or two: their
+ * sample-weighted mean; more: the coordinate-wise median, which one lying
+ * client cannot steer), solved by the policy. A combined table the policy
+ * refuses (errors that overflowed) keeps the last allocation, logged.
+ * *solved is 1 when the policy took a new allocation. Called without the
+ * lock (the round's updates are final). Errors: those of reading the
+ * store, STRATA_EPROTO (a stored table that is not one), STRATA_ENOMEM. */
+int srv__lgreco_solve(srv_budgets *B, strata_store *s, const strata_payload_limits *lim, uint32_t r,
+                      size_t ncands, const uint64_t *ids, const double *w, const int *kept,
+                      size_t n, int *solved, strata_diag *d);
 
-/* At the close of round r, which asked for tables: the tables of the n
- * updates (client ids, weights; those with kept[i] == 0 are left out), read
- * from the store and combined (one or two: their sample-weighted mean;
- * more: the coordinate-wise median, which one lying client cannot steer),
- * solved by the policy. A combined table the policy refuses (errors that
- * overflowed) keeps the last allocation, logged. Called without the lock
- * (the round's updates are final). Sets e->lg_solved when it solved.
- * Errors: those of reading the store, STRATA_ENOMEM. */
-int srv__lgreco_solve(srv_engine *e, uint32_t r, const uint64_t *ids, const double *w,
-                      const int *kept, size_t n, strata_diag *d);
+/* Fills the lgreco part of a closed round's summary when its close solved
+ * a table: the report and the allocation of round next (the round after
+ * it, or the last), as specifications in specs (nlayers entries of 64
+ * bytes) pointed to by ptrs. */
+void srv__lgreco_summary(const srv_budgets *B, uint32_t next, strata_round_summary *s,
+                         char (*specs)[64], char **ptrs);
 
-/* Fills the lgreco part of a closed round's summary (the report and the
- * allocation of the next round, as specifications in specs, nlayers
- * entries of 64 bytes) when the round's close solved a table. */
-void srv__lgreco_summary(const srv_engine *e, strata_round_summary *s, char (*specs)[64],
-                         char **ptrs);
-
-/* After a restart: puts back the allocation of the last round whose close
- * solved a table (its summary's "lgreco"), if any. Errors: the store's. */
-int srv__lgreco_restore(srv_engine *e, strata_diag *d);
+/* After a restart: puts back the allocation of the last round before
+ * next_round whose close solved a table (its summary's "lgreco"), if any.
+ * Errors: the store's. */
+int srv__lgreco_restore(srv_budgets *B, strata_store *s, uint32_t next_round, strata_diag *d);
 
 #endif

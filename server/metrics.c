@@ -1,16 +1,24 @@
-/* The coordinator's counters and the /metrics text (see metrics.h and
- * srv_engine_metrics in engine.h).
+/* The coordinator's counters and gauges and the /metrics text (see
+ * metrics.h): this file alone touches struct srv_metrics.
  *
  * May call: the store (counters), result.c, libstrata (buf, log). */
 #include "metrics.h"
 
-#include "engine_internal.h"
-
 #include "strata/buf.h"
 #include "strata/log.h"
 
+#include <stdatomic.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+
+struct srv_metrics {
+    _Atomic int64_t ctr[SRV_CTR_COUNT], pending[SRV_CTR_COUNT];
+    /* The gauges of the last round closed with a new model (all but agg_s
+     * restored from the store at start-up); under the engine lock. */
+    double acc, loss, agg_s, round_s;
+    size_t eval_samples; /* test images behind acc and loss */
+};
 
 static const char *const NAMES[SRV_CTR_COUNT] = {
     [SRV_CTR_ROUNDS] = "rounds_completed_total",
@@ -109,10 +117,40 @@ static const srv_counter UPD_OF[SRV_OUTCOME_COUNT] = {
     [SRV_E_UNAVAILABLE] = SRV_CTR_UPD_UNAVAILABLE,
 };
 
-void srv__ctr_add(srv_engine *e, srv_counter c, int64_t d)
+int srv__metrics_new(srv_metrics **out)
 {
-    atomic_fetch_add(&e->ctr[c], d);
-    atomic_fetch_add(&e->pending[c], d);
+    *out = calloc(1, sizeof(**out));
+    return *out != NULL ? STRATA_OK : STRATA_ENOMEM;
+}
+
+void srv__metrics_free(srv_metrics *m)
+{
+    free(m);
+}
+
+void srv__ctr_add(srv_metrics *m, srv_counter c, int64_t d)
+{
+    atomic_fetch_add(&m->ctr[c], d);
+    atomic_fetch_add(&m->pending[c], d);
+}
+
+void srv__ctr_set(srv_metrics *m, srv_counter c, int64_t v)
+{
+    atomic_store(&m->ctr[c], v);
+}
+
+void srv__metrics_set_round(srv_metrics *m, double accuracy, double loss, size_t eval_samples,
+                            double round_s)
+{
+    m->acc = accuracy;
+    m->loss = loss;
+    m->eval_samples = eval_samples;
+    m->round_s = round_s;
+}
+
+void srv__metrics_set_agg(srv_metrics *m, double agg_s)
+{
+    m->agg_s = agg_s;
 }
 
 int srv__metrics_derived(srv_counter c)
@@ -121,68 +159,51 @@ int srv__metrics_derived(srv_counter c)
            c == SRV_CTR_QUARANTINED_NORM || c == SRV_CTR_QUARANTINED_NON_FINITE;
 }
 
-void srv__metrics_flush(srv_engine *e)
+void srv__metrics_flush(srv_metrics *m, strata_store *s)
 {
     strata_store_counter deltas[SRV_CTR_COUNT];
     size_t n = 0;
     int64_t taken[SRV_CTR_COUNT];
     for (int c = 0; c < SRV_CTR_COUNT; c++) {
-        taken[c] = srv__metrics_derived(c) ? 0 : atomic_exchange(&e->pending[c], 0);
+        taken[c] = srv__metrics_derived(c) ? 0 : atomic_exchange(&m->pending[c], 0);
         if (taken[c] != 0) {
             snprintf(deltas[n].name, sizeof(deltas[n].name), "%s", NAMES[c]);
             deltas[n++].value = taken[c];
         }
     }
     strata_diag d = {{0}};
-    if (n > 0 && strata_store_counter_add_many(e->store, deltas, n, &d) < 0) {
+    if (n > 0 && strata_store_counter_add_many(s, deltas, n, &d) < 0) {
         strata_log_error("saving counters: %s", d.msg);
         for (int c = 0; c < SRV_CTR_COUNT; c++)
-            atomic_fetch_add(&e->pending[c], taken[c]);
+            atomic_fetch_add(&m->pending[c], taken[c]);
     }
 }
 
-int srv__metrics_load(srv_engine *e, strata_diag *d)
+int srv__metrics_load(srv_metrics *m, strata_store *s, strata_diag *d)
 {
     for (int c = 0; c < SRV_CTR_COUNT; c++) {
         int64_t v = 0;
-        int rc = strata_store_counter_get(e->store, NAMES[c], &v, d);
+        int rc = strata_store_counter_get(s, NAMES[c], &v, d);
         if (rc < 0)
             return rc;
-        e->ctr[c] = v;
+        atomic_store(&m->ctr[c], v);
     }
     return 0;
 }
 
-void srv_engine_count_bytes(srv_engine *e, uint64_t in, uint64_t out)
-{
-    if (in)
-        srv__ctr_add(e, SRV_CTR_BYTES_RX, (int64_t)in);
-    if (out)
-        srv__ctr_add(e, SRV_CTR_BYTES_TX, (int64_t)out);
-}
-
-void srv_engine_count_downlink(srv_engine *e, uint64_t len)
-{
-    pthread_mutex_lock(&e->mu);
-    e->downlink += len;
-    pthread_mutex_unlock(&e->mu);
-    srv__ctr_add(e, SRV_CTR_DOWNLINK, (int64_t)len);
-}
-
-void srv_engine_count_refused(srv_engine *e, srv_outcome o)
+srv_counter srv__metrics_refused_counter(srv_outcome o)
 {
     srv_counter c = o >= SRV_E_FIRST && o < SRV_OUTCOME_COUNT ? REQ_OF[o] : SRV_CTR_ROUNDS;
-    srv__ctr_add(e, c != SRV_CTR_ROUNDS ? c : SRV_CTR_REQ_OTHER, 1);
+    return c != SRV_CTR_ROUNDS ? c : SRV_CTR_REQ_OTHER;
 }
 
-void srv_engine_count_update_refused(srv_engine *e, srv_outcome o)
+srv_counter srv__metrics_update_refused_counter(srv_outcome o)
 {
     srv_counter c = o >= SRV_E_FIRST && o < SRV_OUTCOME_COUNT ? UPD_OF[o] : SRV_CTR_ROUNDS;
-    if (c != SRV_CTR_ROUNDS)
-        srv__ctr_add(e, c, 1);
+    return c != SRV_CTR_ROUNDS ? c : SRV_CTR_COUNT;
 }
 
-void srv_engine_metrics(srv_engine *e, srv_result *r)
+void srv__metrics_text(const srv_metrics *m, const srv_metrics_live *live, srv_result *r)
 {
     static const char *const help[][2] = {
         {"rounds_completed_total", "Rounds closed with a new model."},
@@ -210,7 +231,6 @@ void srv_engine_metrics(srv_engine *e, srv_result *r)
     strata_buf b;
     strata_buf_init(&b, 1 << 20);
     int rc = strata_buf_reserve(&b, 16384);
-    pthread_mutex_lock(&e->mu);
     char prev[64] = "";
     for (int c = 0; rc == 0 && c < SRV_CTR_COUNT; c++) {
         char base[64];
@@ -227,7 +247,7 @@ void srv_engine_metrics(srv_engine *e, srv_result *r)
         }
         if (rc == 0)
             rc = strata_buf_appendf(&b, "strata_%s %lld\n", NAMES[c],
-                                    (long long)atomic_load(&e->ctr[c]));
+                                    (long long)atomic_load(&m->ctr[c]));
     }
     if (rc == 0)
         rc = strata_buf_appendf(
@@ -254,10 +274,8 @@ void srv_engine_metrics(srv_engine *e, srv_result *r)
             "# TYPE strata_round gauge\nstrata_round %u\n"
             "# HELP strata_model_version Current global model version.\n"
             "# TYPE strata_model_version gauge\nstrata_model_version %llu\n",
-            e->paused, e->close_failures > 0, e->last_agg_s, e->last_round_s, e->last_acc,
-            e->last_loss, e->last_eval_samples, e->nclients, e->next_round,
-            (unsigned long long)e->version);
-    pthread_mutex_unlock(&e->mu);
+            live->paused, live->close_pending, m->agg_s, m->round_s, m->acc, m->loss,
+            m->eval_samples, live->clients, live->round, (unsigned long long)live->model_version);
     if (rc < 0) {
         strata_buf_cleanup(&b);
         srv_result_internal(r, "metrics text too long");

@@ -1,17 +1,17 @@
-/* Model distribution (see models.h and srv_engine_model in engine.h): the
- * current version served from memory, raw or as one zstd frame encoded once
- * per version with a reused context; older versions read back from their
- * checkpoint files and encoded on request; chains of deltas from the delta
- * files, compacted with a base where that is smaller. */
+/* Model distribution (see models.h): the published version served from
+ * memory, raw or as one zstd frame encoded once per version with a reused
+ * context; older versions read back from their checkpoint files and
+ * encoded on request; chains of deltas from the delta files, compacted with
+ * a base where that is smaller. This file alone touches struct
+ * srv_models. */
 #include "models.h"
-
-#include "engine_internal.h"
 
 #include "strata/checkpoint.h"
 #include "strata/downlink.h"
 #include "strata/fileio.h"
 #include "strata/log.h"
 #include "strata/safetensors.h"
+#include "strata/zframe.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -23,14 +23,54 @@
 /* Largest checkpoint file read back for an older version. */
 #define OLD_MODEL_MAX ((size_t)1 << 31)
 
-int srv__models_init(srv_engine *e)
+struct srv_models {
+    strata_store *store;                 /* borrowed; only its paths are used */
+    pthread_mutex_t *mu;                 /* the engine lock: guards the published version */
+    int deltas;                          /* --downlink: deltas are published */
+    long keep;                           /* --downlink-keep */
+    uint64_t version;                    /* the published version */
+    char digest[STRATA_DIGEST_HEX_SIZE]; /* the served model's digest */
+    srv_model_blob cache;                /* version `version`, raw and zstd */
+    strata_zctx *zctx;                   /* the cache's encoder: start-up and the round thread */
+    strata_zctx *old_zctx;               /* older versions' encoder, under old_mu */
+    pthread_mutex_t old_mu;              /* guards old_zctx only */
+    /* x̂ of the version chain bases were last made for, and its digest,
+     * read from its checkpoint by the first chain request for that
+     * version; under chain_mu, which also makes one compaction at a time. */
+    pthread_mutex_t chain_mu;
+    strata_tensor_list chain_xhat;
+    uint64_t chain_version;
+    char chain_digest[STRATA_DIGEST_HEX_SIZE];
+    /* Version 0's recipe (strata/recipe.h, GET /v1/models/0/init): set at
+     * start-up when version 0 is the seeded initialisation, else NULL;
+     * never changed afterwards (read without the lock). */
+    char *recipe;
+    size_t recipe_len;
+};
+
+int srv__models_new(strata_store *store, pthread_mutex_t *mu, int deltas, long keep,
+                    srv_models **out)
 {
-    pthread_mutex_init(&e->old_mu, NULL);
-    pthread_mutex_init(&e->chain_mu, NULL);
-    strata_tensor_list_init(&e->chain_xhat);
-    e->chain_digest[0] = '\0';
-    int rc = strata_zctx_new(&e->zctx);
-    return rc < 0 ? rc : strata_zctx_new(&e->old_zctx);
+    *out = NULL;
+    srv_models *M = calloc(1, sizeof(*M));
+    if (M == NULL)
+        return STRATA_ENOMEM;
+    M->store = store;
+    M->mu = mu;
+    M->deltas = deltas;
+    M->keep = keep;
+    pthread_mutex_init(&M->old_mu, NULL);
+    pthread_mutex_init(&M->chain_mu, NULL);
+    strata_tensor_list_init(&M->chain_xhat);
+    int rc = strata_zctx_new(&M->zctx);
+    if (rc == 0)
+        rc = strata_zctx_new(&M->old_zctx);
+    if (rc < 0) {
+        srv__models_free(M);
+        return rc;
+    }
+    *out = M;
+    return 0;
 }
 
 void srv__model_blob_cleanup(srv_model_blob *b)
@@ -40,49 +80,76 @@ void srv__model_blob_cleanup(srv_model_blob *b)
     memset(b, 0, sizeof(*b));
 }
 
-int srv__model_encode(srv_engine *e, srv_model_blob *out, strata_diag *d)
+int srv__models_encode(srv_models *M, strata_model *m, srv_model_blob *out, strata_diag *d)
 {
     memset(out, 0, sizeof(*out));
     strata_metadata meta;
     strata_metadata_init(&meta);
-    strata_model *m = srv__served_model(e);
     int rc = strata_checkpoint_metadata(m, &meta);
     if (rc == 0)
         rc = strata_safetensors_encode(strata_model_params(m), &meta, &out->raw, &out->raw_len);
     strata_metadata_cleanup(&meta);
     if (rc == 0)
-        rc = strata_zframe_compress(e->zctx, out->raw, out->raw_len, ZSTD_LEVEL, &out->zst,
+        rc = strata_zframe_compress(M->zctx, out->raw, out->raw_len, ZSTD_LEVEL, &out->zst,
                                     &out->zst_len, d);
     if (rc < 0)
         srv__model_blob_cleanup(out);
     return rc;
 }
 
-void srv__model_install(srv_engine *e, srv_model_blob *b)
+void srv__models_publish(srv_models *M, uint64_t version, srv_model_blob *b,
+                         const char digest[STRATA_DIGEST_HEX_SIZE])
 {
-    srv__model_blob_cleanup(&e->cache);
-    e->cache = *b;
+    srv__model_blob_cleanup(&M->cache);
+    M->cache = *b;
     memset(b, 0, sizeof(*b));
+    M->version = version;
+    memcpy(M->digest, digest, sizeof(M->digest));
 }
 
-void srv__models_cleanup(srv_engine *e)
+uint64_t srv__models_version(const srv_models *M)
 {
-    srv__model_blob_cleanup(&e->cache);
-    strata_zctx_free(e->zctx);
-    strata_zctx_free(e->old_zctx);
-    e->zctx = e->old_zctx = NULL;
-    pthread_mutex_destroy(&e->old_mu);
-    strata_tensor_list_cleanup(&e->chain_xhat);
-    pthread_mutex_destroy(&e->chain_mu);
+    return M->version;
+}
+
+void srv__models_digest(const srv_models *M, char out[STRATA_DIGEST_HEX_SIZE])
+{
+    memcpy(out, M->digest, STRATA_DIGEST_HEX_SIZE);
+}
+
+size_t srv__models_snapshot_bytes(const srv_models *M)
+{
+    return M->cache.zst_len;
+}
+
+void srv__models_set_recipe(srv_models *M, char *recipe, size_t len)
+{
+    free(M->recipe);
+    M->recipe = recipe;
+    M->recipe_len = len;
+}
+
+void srv__models_free(srv_models *M)
+{
+    if (M == NULL)
+        return;
+    srv__model_blob_cleanup(&M->cache);
+    strata_zctx_free(M->zctx);
+    strata_zctx_free(M->old_zctx);
+    pthread_mutex_destroy(&M->old_mu);
+    strata_tensor_list_cleanup(&M->chain_xhat);
+    pthread_mutex_destroy(&M->chain_mu);
+    free(M->recipe);
+    free(M);
 }
 
 /* An older version: its checkpoint file, compressed when asked. No lock. */
-static int read_old(srv_engine *e, uint64_t version, int want_zstd, uint8_t **out, size_t *len)
+static int read_old(srv_models *M, uint64_t version, int want_zstd, uint8_t **out, size_t *len)
 {
     *out = NULL;
     *len = 0;
     char path[4096];
-    int rc = strata_store_checkpoint_path(e->store, version, path, sizeof(path), NULL);
+    int rc = strata_store_checkpoint_path(M->store, version, path, sizeof(path), NULL);
     uint8_t *buf = NULL;
     size_t n = 0;
     if (rc == 0)
@@ -90,9 +157,9 @@ static int read_old(srv_engine *e, uint64_t version, int want_zstd, uint8_t **ou
     if (rc == 0 && want_zstd) {
         uint8_t *z = NULL;
         size_t zl = 0;
-        pthread_mutex_lock(&e->old_mu);
-        rc = strata_zframe_compress(e->old_zctx, buf, n, ZSTD_LEVEL, &z, &zl, NULL);
-        pthread_mutex_unlock(&e->old_mu);
+        pthread_mutex_lock(&M->old_mu);
+        rc = strata_zframe_compress(M->old_zctx, buf, n, ZSTD_LEVEL, &z, &zl, NULL);
+        pthread_mutex_unlock(&M->old_mu);
         free(buf);
         buf = z;
         n = zl;
@@ -106,21 +173,20 @@ static int read_old(srv_engine *e, uint64_t version, int want_zstd, uint8_t **ou
     return 0;
 }
 
-void srv_engine_model(srv_engine *e, uint64_t version, int want_zstd, const char *inm,
-                      srv_result *r)
+void srv__models_get(srv_models *M, uint64_t version, int want_zstd, const char *inm, srv_result *r)
 {
     char etag[32];
     snprintf(etag, sizeof(etag), "\"m%llu\"", (unsigned long long)version);
-    pthread_mutex_lock(&e->mu);
-    uint64_t cur = e->version;
+    pthread_mutex_lock(M->mu);
+    uint64_t cur = M->version;
     if (version > cur) {
-        pthread_mutex_unlock(&e->mu);
+        pthread_mutex_unlock(M->mu);
         srv_result_error(r, SRV_E_NOT_FOUND, "no model version %llu (latest is %llu)",
                          (unsigned long long)version, (unsigned long long)cur);
         return;
     }
     if (inm != NULL && (strcmp(inm, etag) == 0 || strcmp(inm, "*") == 0)) {
-        pthread_mutex_unlock(&e->mu);
+        pthread_mutex_unlock(M->mu);
         srv_result_take(r, SRV_NOT_MODIFIED, SRV_MEDIA_BINARY, NULL, 0);
         snprintf(r->etag, sizeof(r->etag), "%s", etag);
         return;
@@ -129,15 +195,15 @@ void srv_engine_model(srv_engine *e, uint64_t version, int want_zstd, const char
     size_t len = 0;
     int rc = 0;
     if (version == cur) {
-        len = want_zstd ? e->cache.zst_len : e->cache.raw_len;
+        len = want_zstd ? M->cache.zst_len : M->cache.raw_len;
         buf = malloc(len ? len : 1);
         if (buf != NULL)
-            memcpy(buf, want_zstd ? e->cache.zst : e->cache.raw, len);
+            memcpy(buf, want_zstd ? M->cache.zst : M->cache.raw, len);
         rc = buf ? 0 : STRATA_ENOMEM;
-        pthread_mutex_unlock(&e->mu);
+        pthread_mutex_unlock(M->mu);
     } else {
-        pthread_mutex_unlock(&e->mu);
-        rc = read_old(e, version, want_zstd, &buf, &len);
+        pthread_mutex_unlock(M->mu);
+        rc = read_old(M, version, want_zstd, &buf, &len);
         if (rc == STRATA_EIO || rc == STRATA_ESTATE) {
             srv_result_error(r, SRV_E_NOT_FOUND, "model version %llu is not kept",
                              (unsigned long long)version);
@@ -155,22 +221,22 @@ void srv_engine_model(srv_engine *e, uint64_t version, int want_zstd, const char
     snprintf(r->etag, sizeof(r->etag), "%s", etag);
 }
 
-void srv_engine_model_init(srv_engine *e, srv_result *r)
+void srv__models_init(srv_models *M, srv_result *r)
 {
-    if (e->recipe == NULL) {
+    if (M->recipe == NULL) {
         srv_result_error(r, SRV_E_NOT_FOUND,
-                         e->xhat == NULL ? "this coordinator publishes no deltas (--downlink "
-                                           "none): download /v1/models/0"
-                                         : "version 0 is not the seeded initialisation (see the "
-                                           "coordinator's log): download a snapshot");
+                         !M->deltas ? "this coordinator publishes no deltas (--downlink "
+                                      "none): download /v1/models/0"
+                                    : "version 0 is not the seeded initialisation (see the "
+                                      "coordinator's log): download a snapshot");
         return;
     }
-    pthread_mutex_lock(&e->mu);
-    uint64_t cur = e->version;
-    pthread_mutex_unlock(&e->mu);
+    pthread_mutex_lock(M->mu);
+    uint64_t cur = M->version;
+    pthread_mutex_unlock(M->mu);
     char path[4096];
     struct stat st;
-    if (cur > 0 && (strata_store_path(strata_store_dir(e->store), STRATA_STORE_FILE_DELTA, 1, 0,
+    if (cur > 0 && (strata_store_path(strata_store_dir(M->store), STRATA_STORE_FILE_DELTA, 1, 0,
                                       path, sizeof(path), NULL) < 0 ||
                     stat(path, &st) != 0)) {
         srv_result_error(r, SRV_E_NOT_FOUND,
@@ -178,13 +244,13 @@ void srv_engine_model_init(srv_engine *e, srv_result *r)
                          (unsigned long long)cur);
         return;
     }
-    uint8_t *buf = malloc(e->recipe_len);
+    uint8_t *buf = malloc(M->recipe_len);
     if (buf == NULL) {
         srv_result_internal(r, strata_strerror(STRATA_ENOMEM));
         return;
     }
-    memcpy(buf, e->recipe, e->recipe_len);
-    srv_result_take(r, SRV_OK, SRV_MEDIA_JSON, buf, e->recipe_len);
+    memcpy(buf, M->recipe, M->recipe_len);
+    srv_result_take(r, SRV_OK, SRV_MEDIA_JSON, buf, M->recipe_len);
     r->downlink = 1;
 }
 
@@ -202,50 +268,49 @@ void srv_engine_model_init(srv_engine *e, srv_result *r)
  * which comes from memory. NULL in *out when the plain chain is to be
  * served: compaction gains nothing or failed (logged: the plain chain is
  * still a correct answer, so no failure here fails the request). */
-static void chain_compact(srv_engine *e, uint64_t to, const char *to_digest, uint8_t *const *parts,
+static void chain_compact(srv_models *M, uint64_t to, const char *to_digest, uint8_t *const *parts,
                           const size_t *lens, size_t n, uint8_t **out, size_t *len)
 {
     strata_diag d = {{0}};
     int rc = 0;
-    pthread_mutex_lock(&e->chain_mu);
-    if (e->chain_digest[0] == '\0' || e->chain_version != to) {
+    pthread_mutex_lock(&M->chain_mu);
+    if (M->chain_digest[0] == '\0' || M->chain_version != to) {
         char path[4096];
-        strata_tensor_list_cleanup(&e->chain_xhat);
-        strata_tensor_list_init(&e->chain_xhat);
-        e->chain_digest[0] = '\0';
-        rc = strata_store_checkpoint_path(e->store, to, path, sizeof(path), &d);
+        strata_tensor_list_cleanup(&M->chain_xhat);
+        strata_tensor_list_init(&M->chain_xhat);
+        M->chain_digest[0] = '\0';
+        rc = strata_store_checkpoint_path(M->store, to, path, sizeof(path), &d);
         if (rc == 0)
-            rc = strata_safetensors_read(path, OLD_MODEL_MAX, &e->chain_xhat, NULL, &d);
+            rc = strata_safetensors_read(path, OLD_MODEL_MAX, &M->chain_xhat, NULL, &d);
         if (rc == 0) {
             if (to_digest != NULL)
-                memcpy(e->chain_digest, to_digest, sizeof(e->chain_digest));
+                memcpy(M->chain_digest, to_digest, sizeof(M->chain_digest));
             else
-                strata_downlink_digest(&e->chain_xhat, e->chain_digest);
-            e->chain_version = to;
+                strata_downlink_digest(&M->chain_xhat, M->chain_digest);
+            M->chain_version = to;
         }
     }
     if (rc == 0)
-        rc = strata_downlink_chain_compact((const uint8_t *const *)parts, lens, n, &e->chain_xhat,
-                                           e->chain_digest, ZSTD_LEVEL, out, len, &d);
-    pthread_mutex_unlock(&e->chain_mu);
+        rc = strata_downlink_chain_compact((const uint8_t *const *)parts, lens, n, &M->chain_xhat,
+                                           M->chain_digest, ZSTD_LEVEL, out, len, &d);
+    pthread_mutex_unlock(&M->chain_mu);
     if (rc < 0)
         strata_log_warn("model %llu: the chain of %zu deltas is served without a base: %s",
                         (unsigned long long)to, n, strata_diag_msg(&d, rc));
 }
 
-void srv_engine_model_delta(srv_engine *e, uint64_t to, uint64_t from, const char *inm,
-                            srv_result *r)
+void srv__models_delta(srv_models *M, uint64_t to, uint64_t from, const char *inm, srv_result *r)
 {
     char etag[48];
     snprintf(etag, sizeof(etag), "\"d%llu-%llu\"", (unsigned long long)from,
              (unsigned long long)to);
-    pthread_mutex_lock(&e->mu);
-    uint64_t cur = e->version;
-    size_t snapshot = e->cache.zst_len;
-    int on = e->xhat != NULL;
+    pthread_mutex_lock(M->mu);
+    uint64_t cur = M->version;
+    size_t snapshot = M->cache.zst_len;
+    int on = M->deltas;
     char cur_digest[STRATA_DIGEST_HEX_SIZE];
-    memcpy(cur_digest, e->digest, sizeof(cur_digest));
-    pthread_mutex_unlock(&e->mu);
+    memcpy(cur_digest, M->digest, sizeof(cur_digest));
+    pthread_mutex_unlock(M->mu);
     if (!on) {
         srv_result_error(r, SRV_E_NOT_FOUND,
                          "this coordinator publishes no deltas (--downlink none): download "
@@ -258,8 +323,7 @@ void srv_engine_model_delta(srv_engine *e, uint64_t to, uint64_t from, const cha
                          (unsigned long long)to, (unsigned long long)cur);
         return;
     }
-    if (to - from > STRATA_DOWNLINK_MAX_CHAIN ||
-        (e->cfg->downlink_keep > 0 && to - from > (uint64_t)e->cfg->downlink_keep)) {
+    if (to - from > STRATA_DOWNLINK_MAX_CHAIN || (M->keep > 0 && to - from > (uint64_t)M->keep)) {
         srv_result_error(r, SRV_E_NOT_FOUND,
                          "the deltas from version %llu are not kept or too many for one "
                          "chain: download /v1/models/%llu",
@@ -278,7 +342,7 @@ void srv_engine_model_delta(srv_engine *e, uint64_t to, uint64_t from, const cha
     /* Reading stops as soon as the chain is no smaller than the snapshot. */
     for (size_t i = 0; rc == 0 && i < n && total < snapshot; i++) {
         char path[4096];
-        rc = strata_store_path(strata_store_dir(e->store), STRATA_STORE_FILE_DELTA, from + 1 + i, 0,
+        rc = strata_store_path(strata_store_dir(M->store), STRATA_STORE_FILE_DELTA, from + 1 + i, 0,
                                path, sizeof(path), NULL);
         if (rc == 0)
             rc = strata_file_read_all(path, DELTA_MAX, &parts[i], &lens[i], NULL);
@@ -293,7 +357,7 @@ void srv_engine_model_delta(srv_engine *e, uint64_t to, uint64_t from, const cha
     size_t len = 0;
     int plain = rc == 0 && !missing && total < snapshot;
     if (plain && n >= 2 && n < STRATA_DOWNLINK_MAX_CHAIN)
-        chain_compact(e, to, to == cur ? cur_digest : NULL, parts, lens, n, &chain, &len);
+        chain_compact(M, to, to == cur ? cur_digest : NULL, parts, lens, n, &chain, &len);
     if (rc == 0 && plain && chain == NULL)
         rc = strata_downlink_chain_encode((const uint8_t *const *)parts, lens, n, &chain, &len);
     for (size_t i = 0; parts != NULL && i < n; i++)

@@ -1,19 +1,32 @@
-/* Model distribution's internals (models.c): the encoded current version
- * (safetensors, and the same as one zstd frame) and its replacement when a
- * round closes. Its public call, srv_engine_model, is declared in engine.h.
+/* Model distribution (models.c): the published model version (its number,
+ * its digest, and its bytes encoded once: safetensors and the same as one
+ * zstd frame), older versions read back from their checkpoints, chains of
+ * downlink deltas (compacted with a base where that is smaller), version
+ * 0's recipe, and the ETags ("m<version>", "d<from>-<to>", quoted).
  *
- * models.c owns: the cache, older versions read back from their
- * checkpoints, ETags ("m<version>", quoted). It may call the store
- * (checkpoint paths), libstrata (checkpoint metadata, safetensors, zframe,
- * fileio) and result.h. It is the server's only zstd user (through
- * strata/zframe.h). */
+ * models.c owns all of it in its own structure (srv_models). The engine
+ * lock guards the published version; the answers to model requests copy
+ * what they need under it and read files without it. A close publishes a
+ * new version (srv__models_publish); nothing here calls back into the
+ * rounds. It is the server's only zstd user (through strata/zframe.h).
+ *
+ * May call: the store (checkpoint and delta paths), libstrata (checkpoint
+ * metadata, safetensors, zframe, downlink chains, fileio, log) and
+ * result.h. */
 #ifndef STRATA_SERVER_MODELS_H
 #define STRATA_SERVER_MODELS_H
 
-#include "engine.h"
+#include "result.h"
+#include "store.h"
 
+#include "strata/downlink.h"
+#include "strata/model.h"
+
+#include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
+
+typedef struct srv_models srv_models;
 
 /* One encoded model version: raw safetensors and one zstd frame of it. */
 typedef struct srv_model_blob {
@@ -21,23 +34,47 @@ typedef struct srv_model_blob {
     size_t raw_len, zst_len;
 } srv_model_blob;
 
-/* Creates the encoders. Start-up. Errors: STRATA_ENOMEM. */
-int srv__models_init(srv_engine *e);
+/* Makes the (empty) distribution of the state directory of store: deltas
+ * says whether the coordinator publishes downlink deltas (--downlink),
+ * keep is --downlink-keep. store and mu are borrowed. Errors:
+ * STRATA_ENOMEM. */
+int srv__models_new(strata_store *store, pthread_mutex_t *mu, int deltas, long keep,
+                    srv_models **out);
 
-/* Encodes e's model (with its checkpoint metadata) into *out (zeroed on
- * entry; free with srv__model_blob_cleanup). Reads the model without the
- * lock: only the round thread and start-up may call it. Errors: the
- * encoders', STRATA_ENOMEM. */
-int srv__model_encode(srv_engine *e, srv_model_blob *out, strata_diag *d);
+/* Frees M. Accepts NULL. */
+void srv__models_free(srv_models *M);
 
-/* Makes *b (taken; zeroed) the cache of the current version. Lock held
- * (or start-up). */
-void srv__model_install(srv_engine *e, srv_model_blob *b);
+/* Encodes m (the served model, with its checkpoint metadata) into *out
+ * (zeroed on entry; free with srv__model_blob_cleanup). Uses the encoder
+ * of the published version: only the round thread and start-up may call
+ * it. Errors: the encoders', STRATA_ENOMEM. */
+int srv__models_encode(srv_models *M, strata_model *m, srv_model_blob *out, strata_diag *d);
+
+/* Publishes version (b taken and zeroed; digest is the served model's):
+ * requests get it from now on. Lock held (or start-up). */
+void srv__models_publish(srv_models *M, uint64_t version, srv_model_blob *b,
+                         const char digest[STRATA_DIGEST_HEX_SIZE]);
+
+/* The published version, its digest (copied into out) and the size of its
+ * zstd snapshot. Lock held, or the round thread (the only writer). */
+uint64_t srv__models_version(const srv_models *M);
+void srv__models_digest(const srv_models *M, char out[STRATA_DIGEST_HEX_SIZE]);
+size_t srv__models_snapshot_bytes(const srv_models *M);
+
+/* Makes recipe (len bytes, taken) version 0's recipe, served by
+ * srv__models_init. Start-up. */
+void srv__models_set_recipe(srv_models *M, char *recipe, size_t len);
 
 /* Frees a blob's buffers and zeroes it. */
 void srv__model_blob_cleanup(srv_model_blob *b);
 
-/* Frees the cache and the encoders. */
-void srv__models_cleanup(srv_engine *e);
+/* srv_engine_model, srv_engine_model_delta and srv_engine_model_init
+ * (engine.h says what each answers). Each takes the lock to read the
+ * published version and reads files without it. */
+void srv__models_get(srv_models *M, uint64_t version, int want_zstd, const char *if_none_match,
+                     srv_result *r);
+void srv__models_delta(srv_models *M, uint64_t to, uint64_t from, const char *if_none_match,
+                       srv_result *r);
+void srv__models_init(srv_models *M, srv_result *r);
 
 #endif

@@ -1,8 +1,6 @@
 /* Typed results (see result.h): building them, and the JSON bodies the
- * engine's modules hand over (srv__result_json, engine_internal.h). */
-#include "result.h"
-
-#include "engine_internal.h"
+ * engine's modules hand over (result_internal.h). */
+#include "result_internal.h"
 
 #include "strata/log.h"
 

@@ -1,97 +1,164 @@
-/* The round lifecycle's internals (round.c and close.c). Their public calls
- * (srv_engine_task, srv_engine_skip, srv_engine_waiter_gone) are declared
- * in engine.h.
+/* The rounds (round.c, close.c, resume.c): the open round's state and its
+ * life cycle. Round R trains model version R and its close produces
+ * version R + 1 (unless it fails).
  *
- * round.c owns: client selection (live clients first, stragglers benched),
- * opening a round (its task), skips, the round thread, resuming the open
- * round after a restart, and the parked long-polls (waiters). It owns the
- * two wire documents the coordinator stores about a round: the task JSON
- * and the round summary JSON, each built by one function and parsed by one
- * function here. close.c owns closing a round: when it is due, the
- * screening and quarantine of outlying updates, aggregation, the server
- * optimiser's step, the finiteness checks, too few updates, checkpoint,
- * evaluation, summary, stragglers, retries of a close that failed. Both may
- * call the store, aggregate.h, robust.h, models.h (to install a new
- * version), metrics.h and libstrata. */
+ * round.c owns the open round in its own structure (srv_rounds,
+ * round_internal.h, which only round.c, close.c and resume.c include):
+ * its selection, what each selected client answered, the FedAvg aggregate
+ * of its accepted updates and their norms, its task, its deadline, its
+ * bytes, and whether it is open, closing or the federation finished. The
+ * engine lock guards it; while a round closes (close.c) the round thread
+ * reads its final updates, selection and norms without the lock (uploads
+ * and skips for it are refused meanwhile).
+ *
+ * round.c: opening (selection through registry.h, budgets through
+ * budgets.h, the task document through round_doc.h), answering task
+ * requests (parking long-polls in waiters.h), skips, the accept step of an
+ * upload, abandoning the open round (admin stop), the live view of the open
+ * round. close.c: when a round is due to close, and closing it in steps
+ * (close.h). resume.c: the rounds of the state directory at start-up.
+ *
+ * May call: the store, aggregate.h, registry.h, budgets.h, models.h (the
+ * published version and digest), metrics.h, waiters.h, round_doc.h and
+ * libstrata. Nothing here calls upload.c or admin.c: they call in. */
 #ifndef STRATA_SERVER_ROUND_H
 #define STRATA_SERVER_ROUND_H
 
-#include "engine.h"
-#include "strata/summary.h"
+#include "budgets.h"
+#include "metrics.h"
+#include "models.h"
+#include "registry.h"
+#include "result.h"
+#include "store.h"
+#include "waiters.h"
 
+#include "robust.h"
+
+#include "strata/payload.h"
+
+#include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
 
-struct json_t;
+typedef struct srv_rounds srv_rounds;
 
-/* Encodes a round summary with the summary codec (strata/summary.h). When
- * s->has_densities, the densities of the open round's budgets (lock held)
- * are filled in under the model's layer names; s's layer fields are left
- * empty again on return. *out is a new string (free()). Errors: as
- * strata_round_summary_encode. */
-int srv__summary_text(const srv_engine *e, strata_round_summary *s, char **out, strata_diag *d);
+/* What a selected client has answered for the open round. */
+enum { SRV_REPORT_NONE = 0, SRV_REPORT_UPDATE = 1, SRV_REPORT_SKIPPED = 2 };
 
-/* What the counters and gauges need to know of a stored round summary. */
-typedef struct srv_summary_facts {
-    int stopped;                   /* closed unaggregated by an operator */
-    int failed;                    /* closed without a new model */
-    size_t quarantined_norm;       /* updates quarantined by the screening rule */
-    size_t quarantined_non_finite; /* ... and to keep the result finite */
-    int evaluated;                 /* the model was evaluated: the next four are set */
-    double accuracy, loss;
-    size_t eval_samples; /* 0 in summaries written before the key existed */
-    uint64_t duration_ms;
-} srv_summary_facts;
+/* What the rounds are given at start-up (copied; pointers borrowed). */
+typedef struct srv_rounds_config {
+    long rounds, min_clients, clients_per_round, min_updates, seed;
+    double fraction, over_select, round_deadline; /* round_deadline in seconds */
+    /* the task's local-training settings */
+    long local_epochs, batch, max_steps;
+    double lr, momentum, weight_decay, prox_mu;
+    strata_robust_method method; /* FedAvg streams accepted updates into the aggregate */
+    double clip_norm;
+    int downlink; /* --downlink: tasks say the model comes as deltas */
+    /* the model's layout */
+    size_t nlayers, total_params;
+    char **names; /* borrowed from the model */
+    const strata_tensor_list *layout;
+    strata_payload_limits limits;
+    strata_store *store; /* used under the engine lock */
+    pthread_mutex_t *mu;
+    pthread_cond_t *wake; /* wakes the round thread */
+    srv_metrics *met;
+    srv_registry *reg;
+    srv_waiters *waiters;
+    srv_models *models;
+    srv_budgets *budgets;
+} srv_rounds_config;
 
-/* Reads *f from a stored summary text (zeroed on error). Errors: as
- * strata_round_summary_decode. */
-int srv__summary_facts(const char *text, srv_summary_facts *f);
+/* No round open yet (srv__round_resume restores the state directory's).
+ * Errors: STRATA_ENOMEM, the aggregate's. */
+int srv__rounds_new(const srv_rounds_config *c, srv_rounds **out);
+
+/* Frees R. Accepts NULL. */
+void srv__rounds_free(srv_rounds *R);
+
+/* ---- resume.c ---- */
 
 /* Resumes the state directory's rounds at start-up: an open round whose
- * model version is older than the latest checkpoint was aggregated before a
+ * model version is older than the published one was aggregated before a
  * crash and is closed (summary marked recovered); otherwise its task and
  * selection are restored and its acknowledged updates replayed in the order
  * they were accepted (into the FedAvg aggregate; a robust rule reads them
  * at close). Then counts rounds completed and updates accepted from the
- * store. Start-up only. Errors: the store's, STRATA_EPROTO (unreadable
- * task), STRATA_ENOMEM. */
-int srv__round_resume(srv_engine *e, strata_diag *d);
+ * store (metrics.h's derived counters) and restores the gauges of the last
+ * evaluated round (test_n: the test images of a summary that does not say).
+ * Start-up only. Errors: the store's, STRATA_EPROTO (unreadable task),
+ * STRATA_ENOMEM. */
+int srv__round_resume(srv_rounds *R, size_t test_n, strata_diag *d);
+
+/* ---- round.c: the round thread and the engine's composition ---- */
+
+/* Opens the next round when one is due (not paused, not finished, enough
+ * clients registered, no retry pending), or notes a failed open for a retry
+ * after the close's backoff. Lock held. */
+void srv__round_maybe_open(srv_rounds *R, int paused);
 
 /* Closes the open round without aggregating it (admin stop); no-op when
- * none is open. Lock held. Errors: the store's. */
-int srv__round_abandon(srv_engine *e, strata_diag *d);
+ * none is open. Lock held, no close attempt running. Errors: the store's. */
+int srv__round_abandon(srv_rounds *R, strata_diag *d);
 
-/* The summary of the open round as far as it is known (no statistics).
- * Lock held. */
-strata_round_summary srv__summary_of_open(const srv_engine *e);
+/* Ends the federation: no round opens any more; by_operator says it was
+ * stopped (tasks are refused with that reason). Lock held. */
+void srv__round_finish(srv_rounds *R, int by_operator);
 
-/* The wait before the next attempt at a close or an open that failed,
- * after k earlier failures: 1, 2, 4, 8, 16, then 30 seconds (in ms). */
-int64_t srv__retry_backoff_ms(unsigned k);
+/* The open round, or the next to open; whether one is open, closing, the
+ * federation finished, a close attempt running, a failed close waiting for
+ * its retry. Lock held (or the round thread). */
+uint32_t srv__round_current(const srv_rounds *R);
+int srv__round_is_open(const srv_rounds *R);
+int srv__round_closing(const srv_rounds *R);
+int srv__round_finished(const srv_rounds *R);
+int srv__round_close_busy(const srv_rounds *R);
+int srv__round_close_pending(const srv_rounds *R);
 
-/* 1 when the open round should be closed now (close.c): every selected
- * client answered, enough updates arrived (over-selection), or the deadline
- * passed; for a round whose close failed, when its retry is due. Never
- * while a group commit is in flight. Lock held. */
-int srv__round_ready_to_close(const srv_engine *e, int64_t now);
+/* srv_engine_task (engine.h). Takes the lock. */
+void srv__round_task(srv_rounds *R, uint64_t client_id, int64_t deadline_ms, void *waiter,
+                     int *parked, srv_result *r);
 
-/* Closes the open round (close.c). Called by the round thread with the lock
- * held; drops it for everything but the store's records (uploads for the
- * round are refused meanwhile). The model moves on only when the store has
- * recorded the close; otherwise it is put back, the round stays closing and
- * the close is tried again later with the same updates on the same
- * model. */
-void srv__round_close(srv_engine *e);
+/* srv_engine_skip's decision for client_id and round (reason borrowed, may
+ * be NULL: logged). Lock held, no group commit in flight. */
+void srv__round_skip(srv_rounds *R, uint64_t client_id, uint32_t round, const char *reason,
+                     srv_result *r);
 
-/* Forgets the open round's state (selection, task, aggregate). Lock held. */
-void srv__round_reset(srv_engine *e);
+/* Counts len bytes of a model body sent: the downlink bytes of the open
+ * round (or, between rounds, of the next one). Lock held. */
+void srv__round_count_downlink(srv_rounds *R, uint64_t len);
 
-/* Wakes every parked connection. Lock held. */
-void srv__waiters_wake_all(srv_engine *e);
+/* The summary text of a stored round record rd that has no stored summary
+ * (the open round, or a closed one without one), made now from the record
+ * and, for the open round, its live bytes and budgets: *text is new
+ * (free()), or NULL when out of memory. Lock held. */
+void srv__round_live_summary(const srv_rounds *R, const strata_store_round *rd, char **text);
 
-/* The round thread: opens a round once min_clients are registered (unless
- * paused or finished), closes it when ready, wakes expired waiters; runs
- * until e->stopping. arg is the engine. */
-void *srv__round_thread(void *arg);
+/* ---- round.c: what an upload needs (upload.c) ---- */
+
+/* The index of client_id among the open round's selected clients, or -1
+ * (none open, or not selected). Lock held. */
+ptrdiff_t srv__round_find(const srv_rounds *R, uint64_t client_id);
+
+/* What selected client k answered (SRV_REPORT_*). Lock held. */
+int srv__round_report(const srv_rounds *R, ptrdiff_t k);
+
+/* The open round's task: the model version it trains, its per-layer
+ * budgets (nlayers) and the number of its error-table candidates. Lock
+ * held. */
+uint64_t srv__round_task_version(const srv_rounds *R);
+const strata_budget *srv__round_task_budgets(const srv_rounds *R, size_t *ncands);
+
+/* 1 when the open round may close before its deadline: every selected
+ * client answered, or enough updates arrived. Lock held. */
+int srv__round_full(const srv_rounds *R);
+
+/* The one accept step of an update the store just acknowledged (not a
+ * duplicate) from selected client k: FedAvg streams it into the aggregate
+ * and records its L2 norm for the close's screening (a robust rule reads
+ * and measures the stored update at close instead); k is marked reported
+ * and len counted as uplink. Lock held. */
+void srv__round_accept(srv_rounds *R, const strata_payload *p, ptrdiff_t k, size_t len);
 
 #endif

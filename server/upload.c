@@ -1,4 +1,5 @@
 /* The upload pipeline (see upload.h and srv_engine_upload in engine.h).
+ * This file alone touches struct srv_uploads.
  *
  * An upload is decoded once (strata_payload_decode, the model's limits) and
  * validated once against the round's task under the lock. When it looks
@@ -12,8 +13,10 @@
  * update passes through accept_update exactly once. */
 #include "upload.h"
 
-#include "engine_internal.h"
 #include "lgreco.h"
+#include "result_internal.h"
+
+#include "aggregate.h"
 
 #include "strata/log.h"
 
@@ -23,7 +26,7 @@
 #include <string.h>
 
 /* An upload whose payload file is prepared, waiting for a group commit. */
-struct srv_pending_upload {
+typedef struct srv_pending_upload {
     strata_store_pending *pend;
     const strata_payload *p;
     uint32_t round;
@@ -38,14 +41,60 @@ struct srv_pending_upload {
     char msg[256];     /* the error, when rc < 0 */
     pthread_cond_t cv; /* its uploader waits here (one wake-up per upload) */
     struct srv_pending_upload *next;
+} srv_pending_upload;
+
+struct srv_uploads {
+    srv_uploads_config c;
+    /* Prepared uploads queue here; one uploader at a time (committing)
+     * commits all queued ones in one transaction. */
+    srv_pending_upload *queue, *queue_tail;
+    int committing;
+    int quiescing; /* an admin stop waits: no new batch starts */
+    pthread_cond_t commit_cv;
 };
+
+int srv__uploads_new(const srv_uploads_config *c, srv_uploads **out)
+{
+    *out = calloc(1, sizeof(**out));
+    if (*out == NULL)
+        return STRATA_ENOMEM;
+    (*out)->c = *c;
+    pthread_cond_init(&(*out)->commit_cv, NULL);
+    return 0;
+}
+
+void srv__uploads_free(srv_uploads *U)
+{
+    if (U == NULL)
+        return;
+    pthread_cond_destroy(&U->commit_cv);
+    free(U);
+}
+
+int srv__uploads_busy(const srv_uploads *U)
+{
+    return U->committing;
+}
+
+void srv__uploads_wait(srv_uploads *U)
+{
+    while (U->committing)
+        pthread_cond_wait(&U->commit_cv, U->c.mu);
+}
+
+void srv__uploads_quiesce(srv_uploads *U)
+{
+    U->quiescing = 1;
+    srv__uploads_wait(U);
+    U->quiescing = 0;
+}
 
 /* Checks what a decoded update must satisfy whatever its round: the
  * header's round is the URL's, the sample count is a usable weight, and the
  * layers are the model's, in order, with the model's sizes. No lock needed
  * (it reads only what start-up fixed). Returns 0, or STRATA_EPROTO with the
  * reason in msg. */
-static int validate_frame(const srv_engine *e, const strata_payload *p, uint32_t round, char *msg,
+static int validate_frame(const srv_uploads *U, const strata_payload *p, uint32_t round, char *msg,
                           size_t mlen)
 {
     if (p->round != round) {
@@ -57,19 +106,19 @@ static int validate_frame(const srv_engine *e, const strata_payload *p, uint32_t
                  (unsigned long long)p->sample_count);
         return STRATA_EPROTO;
     }
-    if (p->num_layers != e->nlayers) {
-        snprintf(msg, mlen, "%zu layers, the model has %zu", p->num_layers, e->nlayers);
+    if (p->num_layers != U->c.nlayers) {
+        snprintf(msg, mlen, "%zu layers, the model has %zu", p->num_layers, U->c.nlayers);
         return STRATA_EPROTO;
     }
-    for (size_t i = 0; i < e->nlayers; i++) {
+    for (size_t i = 0; i < U->c.nlayers; i++) {
         const strata_clayer *l = &p->layers[i];
         if (l->layer_index != i) {
-            snprintf(msg, mlen, "layer %zu (%s) is missing", i, e->names[i]);
+            snprintf(msg, mlen, "layer %zu (%s) is missing", i, U->c.names[i]);
             return STRATA_EPROTO;
         }
-        if (l->numel != e->numel[i]) {
-            snprintf(msg, mlen, "layer %zu (%s): %llu elements, expected %zu", i, e->names[i],
-                     (unsigned long long)l->numel, e->numel[i]);
+        if (l->numel != U->c.numel[i]) {
+            snprintf(msg, mlen, "layer %zu (%s): %llu elements, expected %zu", i, U->c.names[i],
+                     (unsigned long long)l->numel, U->c.numel[i]);
             return STRATA_EPROTO;
         }
     }
@@ -79,18 +128,21 @@ static int validate_frame(const srv_engine *e, const strata_payload *p, uint32_t
 /* Checks an update that passed validate_frame against the open round's
  * task: model version, and each layer's compressor, value format and
  * budget. Lock held. Returns 0, or STRATA_EPROTO with the reason in msg. */
-static int validate_task(const srv_engine *e, const strata_payload *p, const srv_lgreco_scan *ls,
+static int validate_task(const srv_uploads *U, const strata_payload *p, const srv_lgreco_scan *ls,
                          char *msg, size_t mlen)
 {
-    if (p->model_version != e->version) {
+    uint64_t version = srv__round_task_version(U->c.rounds);
+    size_t ncands = 0;
+    const strata_budget *budgets = srv__round_task_budgets(U->c.rounds, &ncands);
+    if (p->model_version != version) {
         snprintf(msg, mlen, "header model_version %llu, the round's model is version %llu",
-                 (unsigned long long)p->model_version, (unsigned long long)e->version);
+                 (unsigned long long)p->model_version, (unsigned long long)version);
         return STRATA_EPROTO;
     }
-    for (size_t i = 0; i < e->nlayers; i++) {
+    for (size_t i = 0; i < U->c.nlayers; i++) {
         const strata_clayer *l = &p->layers[i];
-        const strata_budget *b = &e->budgets[i];
-        const char *nm = e->names[i];
+        const strata_budget *b = &budgets[i];
+        const char *nm = U->c.names[i];
         if (l->comp != b->comp) {
             snprintf(msg, mlen, "layer %zu (%s): compressor %s, the task says %s", i, nm,
                      strata_comp_name(l->comp), strata_comp_name(b->comp));
@@ -118,42 +170,27 @@ static int validate_task(const srv_engine *e, const strata_payload *p, const srv
             return STRATA_EPROTO;
         }
     }
-    return srv__lgreco_check(ls, e->ncands, msg, mlen);
+    return srv__lgreco_check(ls, ncands, msg, mlen);
 }
 
 /* The one accept step: an update the store just acknowledged (not a
- * duplicate) of the selected client k joins the round. FedAvg streams it
- * into the aggregate and records its L2 norm for the close's screening; a
- * robust rule reads (and measures) the stored update at close instead.
- * Lock held. */
-static void accept_update(srv_engine *e, const strata_payload *p, uint32_t round, ptrdiff_t k,
-                          size_t len)
+ * duplicate) of the selected client k joins the round (srv__round_accept)
+ * and is counted. Lock held. */
+static void accept_update(srv_uploads *U, const strata_payload *p, ptrdiff_t k, size_t len)
 {
-    if (e->method == STRATA_ROBUST_FEDAVG) {
-        strata_diag d = {{0}};
-        int rc = strata_agg_add_clipped(e->agg, p->layers, p->num_layers, (double)p->sample_count,
-                                        e->cfg->clip_norm, &e->norms[k], &d);
-        if (rc < 0) /* the validation and the decoder make this unreachable */
-            strata_log_error("round %u: stored update not aggregated: %s", round,
-                             strata_diag_msg(&d, rc));
-    }
-    e->reported[k] = SRV_REPORT_UPDATE;
-    e->nreported++;
-    e->uplink += len;
-    srv__ctr_add(e, SRV_CTR_ACCEPTED, 1);
-    srv__ctr_add(e, SRV_CTR_UPLINK, (int64_t)len);
+    srv__round_accept(U->c.rounds, p, k, len);
+    srv__ctr_add(U->c.met, SRV_CTR_ACCEPTED, 1);
+    srv__ctr_add(U->c.met, SRV_CTR_UPLINK, (int64_t)len);
 }
 
-/* Whether the round thread may close the open round now that an update or
- * a batch was decided: every selected client answered, or enough updates
- * arrived (srv__round_ready_to_close's tests; the deadline wakes it on its
- * own). Waking it for every update instead costs two context switches and
- * a turn of the engine lock per upload. Lock held. */
-static void wake_round_thread_if_full(srv_engine *e)
+/* Wakes the round thread when it may close the open round now that an
+ * update or a batch was decided (srv__round_full; the deadline wakes it on
+ * its own). Waking it for every update instead costs two context switches
+ * and a turn of the engine lock per upload. Lock held. */
+static void wake_round_thread_if_full(srv_uploads *U)
 {
-    if (e->nreported + e->nskipped >= e->nselected ||
-        (e->nreported > 0 && e->nreported >= e->enough))
-        pthread_cond_broadcast(&e->cv);
+    if (srv__round_full(U->c.rounds))
+        pthread_cond_broadcast(U->c.wake);
 }
 
 static void receipt_result(srv_result *r, uint32_t round, const strata_store_receipt *rc)
@@ -164,11 +201,11 @@ static void receipt_result(srv_result *r, uint32_t round, const strata_store_rec
 }
 
 /* Answers a store refusal, counted; msg is the store's explanation. */
-static void verdict_result(srv_engine *e, srv_result *r, uint32_t round, strata_store_verdict v,
+static void verdict_result(srv_uploads *U, srv_result *r, uint32_t round, strata_store_verdict v,
                            const char *msg)
 {
     if (v == STRATA_STORE_REJECT_CONFLICT) {
-        srv__ctr_add(e, SRV_CTR_UPD_CONFLICT, 1);
+        srv__ctr_add(U->c.met, SRV_CTR_UPD_CONFLICT, 1);
         if (msg[0] != '\0')
             srv_result_error(r, SRV_E_CONFLICT, "%s", msg);
         else
@@ -176,13 +213,13 @@ static void verdict_result(srv_engine *e, srv_result *r, uint32_t round, strata_
                              "an update with other content is stored for round %u; it is kept",
                              round);
     } else if (v == STRATA_STORE_REJECT_NOT_SELECTED) {
-        srv__ctr_add(e, SRV_CTR_UPD_NOT_SELECTED, 1);
+        srv__ctr_add(U->c.met, SRV_CTR_UPD_NOT_SELECTED, 1);
         srv_result_error(r, SRV_E_NOT_SELECTED, "this client was not selected for round %u", round);
     } else if (v == STRATA_STORE_REJECT_ROUND_CLOSED) {
-        srv__ctr_add(e, SRV_CTR_UPD_ROUND_CLOSED, 1);
+        srv__ctr_add(U->c.met, SRV_CTR_UPD_ROUND_CLOSED, 1);
         srv_result_error(r, SRV_E_ROUND_CLOSED, "round %u is closed", round);
     } else {
-        srv__ctr_add(e, SRV_CTR_UPD_ROUND_NOT_OPEN, 1);
+        srv__ctr_add(U->c.met, SRV_CTR_UPD_ROUND_NOT_OPEN, 1);
         srv_result_error(r, SRV_E_ROUND_NOT_OPEN, "round %u has not opened", round);
     }
 }
@@ -191,14 +228,14 @@ static void verdict_result(srv_engine *e, srv_result *r, uint32_t round, strata_
  * make the update durable (storage full or failing): nothing was
  * acknowledged, so the client is told to retry later, and the detail (paths,
  * SQLite's words) goes to the log only. */
-static void stored_result(srv_engine *e, srv_result *r, uint32_t round, int rc,
+static void stored_result(srv_uploads *U, srv_result *r, uint32_t round, int rc,
                           const strata_store_receipt *rec, strata_store_verdict v, const char *msg)
 {
     if (rc == STRATA_ESTATE) {
-        verdict_result(e, r, round, v, msg);
+        verdict_result(U, r, round, v, msg);
     } else if (rc < 0) {
         strata_log_error("round %u: an update could not be stored: %s", round, msg);
-        srv__ctr_add(e, SRV_CTR_UPD_UNAVAILABLE, 1);
+        srv__ctr_add(U->c.met, SRV_CTR_UPD_UNAVAILABLE, 1);
         srv_result_error(r, SRV_E_UNAVAILABLE,
                          "the coordinator cannot store updates now; retry later");
         r->retry_after = SRV_UNAVAILABLE_RETRY_S;
@@ -226,32 +263,33 @@ static void decided(srv_pending_upload *q)
  * batch and waiter). The round cannot start closing while a batch is in
  * flight (ready_to_close), so every acknowledged update is aggregated. An
  * upload no longer acceptable is handed back untaken. */
-static void group_commit(srv_engine *e, srv_pending_upload *u)
+static void group_commit(srv_uploads *U, srv_pending_upload *u)
 {
     u->next = NULL;
-    if (e->queue_tail != NULL)
-        e->queue_tail->next = u;
+    if (U->queue_tail != NULL)
+        U->queue_tail->next = u;
     else
-        e->queue = u;
-    e->queue_tail = u;
+        U->queue = u;
+    U->queue_tail = u;
     while (!u->done) {
-        if (e->committing) {
-            pthread_cond_wait(&u->cv, &e->mu);
+        if (U->committing) {
+            pthread_cond_wait(&u->cv, U->c.mu);
             continue;
         }
-        e->committing = 1;
+        U->committing = 1;
         srv_pending_upload *batch[SRV_BATCH_MAX];
         strata_store_pending *pp[SRV_BATCH_MAX];
         size_t n = 0;
-        while (e->queue != NULL && n < SRV_BATCH_MAX) {
-            srv_pending_upload *q = e->queue;
-            e->queue = q->next;
-            if (e->queue == NULL)
-                e->queue_tail = NULL;
-            q->k = e->open && q->round == e->next_round && !e->closing && !e->stopping_round
-                       ? srv__id_find(e->selected, e->nselected, q->client_id)
+        while (U->queue != NULL && n < SRV_BATCH_MAX) {
+            srv_pending_upload *q = U->queue;
+            U->queue = q->next;
+            if (U->queue == NULL)
+                U->queue_tail = NULL;
+            q->k = q->round == srv__round_current(U->c.rounds) &&
+                           !srv__round_closing(U->c.rounds) && !U->quiescing
+                       ? srv__round_find(U->c.rounds, q->client_id)
                        : -1;
-            if (q->k < 0 || e->reported[q->k]) {
+            if (q->k < 0 || srv__round_report(U->c.rounds, q->k)) {
                 decided(q); /* untaken: its uploader answers alone */
                 continue;
             }
@@ -263,9 +301,9 @@ static void group_commit(srv_engine *e, srv_pending_upload *u)
             strata_store_verdict vs[SRV_BATCH_MAX];
             int results[SRV_BATCH_MAX];
             strata_diag d = {{0}};
-            pthread_mutex_unlock(&e->mu);
-            int rc = strata_store_update_commit_many(e->wstore, pp, n, recs, vs, results, &d);
-            pthread_mutex_lock(&e->mu);
+            pthread_mutex_unlock(U->c.mu);
+            int rc = strata_store_update_commit_many(U->c.wstore, pp, n, recs, vs, results, &d);
+            pthread_mutex_lock(U->c.mu);
             for (size_t i = 0; i < n; i++) {
                 srv_pending_upload *q = batch[i];
                 q->pend = NULL; /* the commit took it */
@@ -275,103 +313,105 @@ static void group_commit(srv_engine *e, srv_pending_upload *u)
                 q->v = vs[i];
                 if (rc < 0)
                     snprintf(q->msg, sizeof(q->msg), "%s", strata_diag_msg(&d, rc));
-                if (q->rc == 0 && !q->rec.duplicate && !e->reported[q->k])
-                    accept_update(e, q->p, q->round, q->k, q->len);
+                if (q->rc == 0 && !q->rec.duplicate && !srv__round_report(U->c.rounds, q->k))
+                    accept_update(U, q->p, q->k, q->len);
                 if (q != u)
                     decided(q);
                 else
                     q->done = 1;
             }
         }
-        e->committing = 0;
-        if (e->queue != NULL) /* the next committer */
-            pthread_cond_signal(&e->queue->cv);
-        pthread_cond_broadcast(&e->commit_cv); /* those waiting for no commit in flight */
-        wake_round_thread_if_full(e);
+        U->committing = 0;
+        if (U->queue != NULL) /* the next committer */
+            pthread_cond_signal(&U->queue->cv);
+        pthread_cond_broadcast(&U->commit_cv); /* those waiting for no commit in flight */
+        wake_round_thread_if_full(U);
     }
 }
 
 /* Decides an upload that no batch took, alone (lock held on entry and
  * exit): pend is its prepared file or NULL (taken by a commit, or freed by
  * the caller when still set on return via *pend). */
-static void upload_alone(srv_engine *e, uint64_t cid, uint32_t round, const strata_payload *p,
+static void upload_alone(srv_uploads *U, uint64_t cid, uint32_t round, const strata_payload *p,
                          const srv_lgreco_scan *ls, const uint8_t *body, size_t len,
                          strata_store_pending **pend, srv_result *r)
 {
     /* Never beside a group commit, so the store's order stays the
      * aggregation's. */
-    while (e->committing)
-        pthread_cond_wait(&e->commit_cv, &e->mu);
+    srv__uploads_wait(U);
     strata_diag d = {{0}};
     strata_store_receipt rec;
     strata_store_verdict v = STRATA_STORE_ACCEPTED;
     char msg[512];
-    ptrdiff_t k =
-        e->open && round == e->next_round ? srv__id_find(e->selected, e->nselected, cid) : -1;
-    if (k >= 0 && e->reported[k] == SRV_REPORT_SKIPPED) {
-        srv__ctr_add(e, SRV_CTR_UPD_CONFLICT, 1);
+    srv_rounds *R = U->c.rounds;
+    int open = srv__round_is_open(R), closing = srv__round_closing(R);
+    uint32_t current = srv__round_current(R);
+    ptrdiff_t k = open && round == current ? srv__round_find(R, cid) : -1;
+    int reported = k >= 0 ? srv__round_report(R, k) : SRV_REPORT_NONE;
+    if (reported == SRV_REPORT_SKIPPED) {
+        srv__ctr_add(U->c.met, SRV_CTR_UPD_CONFLICT, 1);
         srv_result_error(r, SRV_E_CONFLICT,
                          "this client said it cannot contribute to round %u; it takes no update "
                          "for it now",
                          round);
         return;
     }
-    if (e->open && round == e->next_round && !e->closing && (k < 0 || !e->reported[k])) {
+    if (open && round == current && !closing && !reported) {
         if (k < 0) {
-            verdict_result(e, r, round, STRATA_STORE_REJECT_NOT_SELECTED, "");
+            verdict_result(U, r, round, STRATA_STORE_REJECT_NOT_SELECTED, "");
             return;
         }
-        if (validate_task(e, p, ls, msg, sizeof(msg)) < 0) {
-            srv__ctr_add(e, SRV_CTR_UPD_INVALID, 1);
+        if (validate_task(U, p, ls, msg, sizeof(msg)) < 0) {
+            srv__ctr_add(U->c.met, SRV_CTR_UPD_INVALID, 1);
             srv_result_error(r, SRV_E_INVALID_UPDATE, "%s", msg);
             return;
         }
-        int rc = *pend != NULL ? strata_store_update_commit(e->store, *pend, &rec, &v, &d)
-                               : strata_store_update_put(e->store, round, cid, body, len,
+        int rc = *pend != NULL ? strata_store_update_commit(U->c.store, *pend, &rec, &v, &d)
+                               : strata_store_update_put(U->c.store, round, cid, body, len,
                                                          p->sample_count, &rec, &v, &d);
         *pend = NULL; /* the commit took it */
         if (rc == 0 && !rec.duplicate) {
-            accept_update(e, p, round, k, len);
-            wake_round_thread_if_full(e);
+            accept_update(U, p, k, len);
+            wake_round_thread_if_full(U);
         }
-        stored_result(e, r, round, rc, &rec, v, strata_diag_msg(&d, rc));
-    } else if (e->closing && round == e->next_round && (k < 0 || !e->reported[k])) {
-        verdict_result(e, r, round,
+        stored_result(U, r, round, rc, &rec, v, strata_diag_msg(&d, rc));
+    } else if (closing && round == current && !reported) {
+        verdict_result(U, r, round,
                        k < 0 ? STRATA_STORE_REJECT_NOT_SELECTED : STRATA_STORE_REJECT_ROUND_CLOSED,
                        "");
-    } else if (!e->open && round >= e->next_round) {
-        verdict_result(e, r, round, STRATA_STORE_REJECT_UNKNOWN_ROUND, "");
+    } else if (!open && round >= current) {
+        verdict_result(U, r, round, STRATA_STORE_REJECT_UNKNOWN_ROUND, "");
     } else {
         /* A closed round (or a repeat for the open one): the store answers
          * duplicates with the original receipt and refuses the rest. */
-        int rc =
-            strata_store_update_put(e->store, round, cid, body, len, p->sample_count, &rec, &v, &d);
-        stored_result(e, r, round, rc, &rec, v, strata_diag_msg(&d, rc));
+        int rc = strata_store_update_put(U->c.store, round, cid, body, len, p->sample_count, &rec,
+                                         &v, &d);
+        stored_result(U, r, round, rc, &rec, v, strata_diag_msg(&d, rc));
     }
 }
 
-void srv_engine_upload(srv_engine *e, uint64_t cid, uint32_t round, const uint8_t *body, size_t len,
-                       srv_result *r)
+void srv__uploads_upload(srv_uploads *U, uint64_t cid, uint32_t round, const uint8_t *body,
+                         size_t len, srv_result *r)
 {
     strata_diag d = {{0}};
     strata_payload *p = NULL;
-    int rc = len > 0 ? strata_payload_decode(body, len, &e->limits, &p, &d) : STRATA_EPROTO;
+    int rc = len > 0 ? strata_payload_decode(body, len, &U->c.limits, &p, &d) : STRATA_EPROTO;
     if (rc == STRATA_ETOOBIG) {
         /* The decoder's limits are the model's sizes: a well-formed payload
          * that is larger than the model does not match it. */
-        srv__ctr_add(e, SRV_CTR_UPD_INVALID, 1);
+        srv__ctr_add(U->c.met, SRV_CTR_UPD_INVALID, 1);
         srv_result_error(r, SRV_E_INVALID_UPDATE, "larger than the model: %s",
                          strata_diag_msg(&d, rc));
         return;
     }
     if (rc < 0) {
-        srv__ctr_add(e, SRV_CTR_UPD_BAD_PAYLOAD, 1);
+        srv__ctr_add(U->c.met, SRV_CTR_UPD_BAD_PAYLOAD, 1);
         srv_result_error(r, SRV_E_BAD_PAYLOAD, "%s",
                          len == 0 ? "empty body" : strata_diag_msg(&d, rc));
         return;
     }
     if (p->client_id != cid) {
-        srv__ctr_add(e, SRV_CTR_UPD_FORBIDDEN, 1);
+        srv__ctr_add(U->c.met, SRV_CTR_UPD_FORBIDDEN, 1);
         srv_result_error(r, SRV_E_FORBIDDEN,
                          "the payload is for client %llu; this token belongs to client %llu",
                          (unsigned long long)p->client_id, (unsigned long long)cid);
@@ -379,44 +419,45 @@ void srv_engine_upload(srv_engine *e, uint64_t cid, uint32_t round, const uint8_
         return;
     }
     char msg[512];
-    if (validate_frame(e, p, round, msg, sizeof(msg)) < 0) {
-        srv__ctr_add(e, SRV_CTR_UPD_INVALID, 1);
+    if (validate_frame(U, p, round, msg, sizeof(msg)) < 0) {
+        srv__ctr_add(U->c.met, SRV_CTR_UPD_INVALID, 1);
         srv_result_error(r, SRV_E_INVALID_UPDATE, "%s", msg);
         strata_payload_free(p);
         return;
     }
     srv_lgreco_scan ls; /* the metadata's error table, read before the lock */
-    srv__lgreco_scan(p->metadata_json, e->nlayers, &ls);
+    srv__lgreco_scan(p->metadata_json, U->c.nlayers, &ls);
     /* The slow half of the durable write (the payload file, written and
      * fsync'ed) runs before the lock when the upload looks acceptable, so
      * uploads overlap their fsyncs; the commit under the lock decides. When
      * it is not needed after all, or fails here, it is discarded and the
      * checks of upload_alone answer as they would without it. */
     strata_store_pending *pend = NULL;
-    pthread_mutex_lock(&e->mu);
-    ptrdiff_t k = e->open && round == e->next_round && !e->closing
-                      ? srv__id_find(e->selected, e->nselected, cid)
+    pthread_mutex_lock(U->c.mu);
+    ptrdiff_t k = round == srv__round_current(U->c.rounds) && !srv__round_closing(U->c.rounds)
+                      ? srv__round_find(U->c.rounds, cid)
                       : -1;
-    int candidate = k >= 0 && !e->reported[k] && validate_task(e, p, &ls, msg, sizeof(msg)) == 0;
-    pthread_mutex_unlock(&e->mu);
-    if (candidate && strata_store_update_prepare(e->store, round, cid, body, len, p->sample_count,
+    int candidate = k >= 0 && !srv__round_report(U->c.rounds, k) &&
+                    validate_task(U, p, &ls, msg, sizeof(msg)) == 0;
+    pthread_mutex_unlock(U->c.mu);
+    if (candidate && strata_store_update_prepare(U->c.store, round, cid, body, len, p->sample_count,
                                                  &pend, &d) < 0)
         pend = NULL;
-    pthread_mutex_lock(&e->mu);
+    pthread_mutex_lock(U->c.mu);
     int taken = 0;
     if (pend != NULL) {
         srv_pending_upload u = {.pend = pend, .p = p, .round = round, .client_id = cid, .len = len};
         pthread_cond_init(&u.cv, NULL);
-        group_commit(e, &u);
+        group_commit(U, &u);
         pthread_cond_destroy(&u.cv);
         pend = u.pend; /* NULL when taken */
         taken = u.taken;
         if (taken)
-            stored_result(e, r, round, u.rc, &u.rec, u.v, u.msg);
+            stored_result(U, r, round, u.rc, &u.rec, u.v, u.msg);
     }
     if (!taken)
-        upload_alone(e, cid, round, p, &ls, body, len, &pend, r);
-    pthread_mutex_unlock(&e->mu);
+        upload_alone(U, cid, round, p, &ls, body, len, &pend, r);
+    pthread_mutex_unlock(U->c.mu);
     strata_store_pending_free(pend);
     strata_payload_free(p);
 }

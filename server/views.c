@@ -1,16 +1,15 @@
-/* The read views: GET /v1/rounds, /v1/rounds/{r} and /v1/status. A closed
- * round shows its stored summary; the open round (and a closed one without
- * a summary) a summary made now from the store's record and the round's
- * live counters.
+/* The read views: GET /v1/rounds, /v1/rounds/{r} and /v1/status (see
+ * engine.h). A closed round shows its stored summary; the open round (and a
+ * closed one without a summary) a summary made now from the store's record
+ * and the round's live counters (round.h).
  *
- * May call: the store (rounds), round.h (the summary document), admin.c
- * (the state name), config.h and jansson. */
+ * May call: the store (rounds), round.h, admin.h (the state name),
+ * models.h, registry.h, config.h and jansson. */
 #include "engine_internal.h"
 
-#include "strata/clock.h"
+#include "result_internal.h"
 
 #include <jansson.h>
-#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -22,24 +21,9 @@ static json_t *round_json(srv_engine *e, const strata_store_round *rd)
         if (j != NULL)
             return j;
     }
-    int cur = e->open && rd->round == e->next_round;
-    int64_t dur = strata_clock_unix_ms() - rd->opened_unix_ms;
-    strata_round_summary s = {.round = rd->round,
-                              .state = rd->state == STRATA_STORE_ROUND_OPEN ? STRATA_ROUND_OPEN
-                                                                            : STRATA_ROUND_CLOSED,
-                              .model_version = rd->model_version,
-                              .selected = rd->n_selected,
-                              .participants = rd->n_updates,
-                              .has_stats = 1,
-                              .accuracy = NAN,
-                              .loss = NAN,
-                              .uplink_bytes = cur ? e->uplink : 0,
-                              .downlink_bytes = cur ? e->downlink : 0,
-                              .dense_uplink_bytes = rd->n_updates * e->total_params * 4,
-                              .duration_ms = dur > 0 ? (uint64_t)dur : 0,
-                              .has_densities = cur};
     char *t = NULL;
-    json_t *j = srv__summary_text(e, &s, &t, NULL) == 0 ? json_loads(t, 0, NULL) : NULL;
+    srv__round_live_summary(e->rounds, rd, &t);
+    json_t *j = t != NULL ? json_loads(t, 0, NULL) : NULL;
     free(t);
     return j;
 }
@@ -89,11 +73,12 @@ void srv_engine_status(srv_engine *e, srv_result *r)
     json_t *cfg = cj ? json_loads(cj, 0, NULL) : NULL;
     free(cj);
     pthread_mutex_lock(&e->mu);
-    const char *state = srv__state_name(e);
-    json_t *j = json_pack("{s:s,s:I,s:I,s:I,s:I,s:o}", "state", state, "round",
-                          (json_int_t)e->next_round, "total_rounds", (json_int_t)e->cfg->rounds,
-                          "model_version", (json_int_t)e->version, "registered_clients",
-                          (json_int_t)e->nclients, "config", cfg ? cfg : json_object());
+    const char *state = srv__admin_state_name(e->admin);
+    json_t *j = json_pack(
+        "{s:s,s:I,s:I,s:I,s:I,s:o}", "state", state, "round",
+        (json_int_t)srv__round_current(e->rounds), "total_rounds", (json_int_t)e->total_rounds,
+        "model_version", (json_int_t)srv__models_version(e->models), "registered_clients",
+        (json_int_t)srv__registry_count(e->reg), "config", cfg ? cfg : json_object());
     pthread_mutex_unlock(&e->mu);
     srv__result_json(r, SRV_OK, j);
 }

@@ -1,0 +1,147 @@
+/* The engine's request calls (engine.h): each srv_engine_* call handed to
+ * the module that answers it, with the lock taken here where the answer
+ * composes two modules. The read views are views.c's.
+ *
+ * May call: registry.h, round.h, upload.h, models.h, admin.h, metrics.h,
+ * waiters.h, request.h and result_internal.h. */
+#include "engine_internal.h"
+
+#include "result_internal.h"
+
+/* ---- registry ---- */
+
+int srv_engine_auth(srv_engine *e, const char *authorization, uint64_t *client_id, srv_result *r)
+{
+    return srv__registry_auth(e->reg, authorization, client_id, r);
+}
+
+int srv_engine_admin_auth(srv_engine *e, const char *authorization, srv_result *r)
+{
+    return srv__registry_admin_auth(e->reg, authorization, r);
+}
+
+void srv_engine_register(srv_engine *e, const char *peer, const uint8_t *body, size_t len,
+                         srv_result *r)
+{
+    srv__registry_register(e->reg, peer, body, len, r);
+}
+
+int srv_engine_rate_take(srv_engine *e, uint64_t client_id, srv_result *r)
+{
+    return srv__registry_rate_take(e->reg, client_id, r);
+}
+
+/* ---- rounds ---- */
+
+int srv_engine_task(srv_engine *e, uint64_t client_id, int64_t deadline_ms, void *waiter,
+                    int *parked, srv_result *r)
+{
+    srv__round_task(e->rounds, client_id, deadline_ms, waiter, parked, r);
+    return STRATA_OK;
+}
+
+void srv_engine_skip(srv_engine *e, uint64_t client_id, uint32_t round, const uint8_t *body,
+                     size_t len, srv_result *r)
+{
+    srv_reason_req rq;
+    strata_diag pd = {{0}};
+    int prc = srv_request_reason(body, len, &e->jlim, &rq, &pd);
+    if (prc < 0) {
+        srv__result_bad_body(r, prc, &pd);
+        return;
+    }
+    pthread_mutex_lock(&e->mu);
+    /* A batch in flight may hold this client's update: decide after it. */
+    srv__uploads_wait(e->uploads);
+    srv__round_skip(e->rounds, client_id, round, rq.has_reason ? rq.reason : NULL, r);
+    pthread_mutex_unlock(&e->mu);
+}
+
+void srv_engine_waiter_gone(srv_engine *e, void *waiter)
+{
+    pthread_mutex_lock(&e->mu);
+    srv__waiters_gone(e->waiters, waiter);
+    pthread_mutex_unlock(&e->mu);
+}
+
+/* ---- uploads ---- */
+
+void srv_engine_upload(srv_engine *e, uint64_t client_id, uint32_t round, const uint8_t *body,
+                       size_t len, srv_result *r)
+{
+    srv__uploads_upload(e->uploads, client_id, round, body, len, r);
+}
+
+/* ---- models ---- */
+
+void srv_engine_model_init(srv_engine *e, srv_result *r)
+{
+    srv__models_init(e->models, r);
+}
+
+void srv_engine_model_delta(srv_engine *e, uint64_t to, uint64_t from, const char *if_none_match,
+                            srv_result *r)
+{
+    srv__models_delta(e->models, to, from, if_none_match, r);
+}
+
+void srv_engine_model(srv_engine *e, uint64_t version, int want_zstd, const char *if_none_match,
+                      srv_result *r)
+{
+    srv__models_get(e->models, version, want_zstd, if_none_match, r);
+}
+
+/* ---- admin ---- */
+
+void srv_engine_admin(srv_engine *e, const char *action, const uint8_t *body, size_t len,
+                      srv_result *r)
+{
+    srv__admin_action(e->admin, action, body, len, r);
+}
+
+void srv_engine_admin_config(srv_engine *e, srv_result *r)
+{
+    srv__admin_config_view(e->admin, r);
+}
+
+/* ---- metrics ---- */
+
+void srv_engine_metrics(srv_engine *e, srv_result *r)
+{
+    pthread_mutex_lock(&e->mu);
+    srv_metrics_live live = {.paused = srv__admin_paused(e->admin),
+                             .close_pending = srv__round_close_pending(e->rounds),
+                             .clients = srv__registry_count(e->reg),
+                             .round = srv__round_current(e->rounds),
+                             .model_version = srv__models_version(e->models)};
+    srv__metrics_text(e->met, &live, r);
+    pthread_mutex_unlock(&e->mu);
+}
+
+void srv_engine_count_bytes(srv_engine *e, uint64_t in, uint64_t out)
+{
+    if (in)
+        srv__ctr_add(e->met, SRV_CTR_BYTES_RX, (int64_t)in);
+    if (out)
+        srv__ctr_add(e->met, SRV_CTR_BYTES_TX, (int64_t)out);
+}
+
+void srv_engine_count_downlink(srv_engine *e, uint64_t len)
+{
+    pthread_mutex_lock(&e->mu);
+    srv__round_count_downlink(e->rounds, len);
+    pthread_mutex_unlock(&e->mu);
+    srv__ctr_add(e->met, SRV_CTR_DOWNLINK, (int64_t)len);
+}
+
+void srv_engine_count_refused(srv_engine *e, srv_outcome o)
+{
+    srv__ctr_add(e->met, srv__metrics_refused_counter(o), 1);
+}
+
+void srv_engine_count_update_refused(srv_engine *e, srv_outcome o)
+{
+    srv_counter c = srv__metrics_update_refused_counter(o);
+    if (c != SRV_CTR_COUNT)
+        srv__ctr_add(e->met, c, 1);
+}
