@@ -14,6 +14,7 @@
 
 #include "strata/checkpoint.h"
 #include "strata/clock.h"
+#include "strata/log.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -291,6 +292,10 @@ int srv_engine_open(const srv_config *cfg, srv_engine **out, strata_diag *d)
         (rc = strata_store_open_secondary(e->store, &e->wstore, d)) < 0 ||
         (rc = strata_store_open_secondary(e->store, &e->rstore, d)) < 0)
         goto fail;
+    strata_log_info("state directory %s (%s store; %zu temporary files of an interrupted write "
+                    "removed)",
+                    strata_store_dir(e->store), strata_store_backend(e->store),
+                    strata_store_recovered_files(e->store));
     if ((rc = srv__eval_new(cfg->data, cfg->eval_samples, cfg->rounds, &e->eval, d)) < 0 ||
         (rc = load_model(e, &x, &version, d)) < 0 || (rc = srv__eval_prepare(e->eval, x, d)) < 0 ||
         (rc = derive_limits(e, x)) < 0)

@@ -126,6 +126,8 @@ int strata_store_client_add(strata_store *s, const uint8_t token_hash[STRATA_STO
     int rc = enter(s, "client add", diag);
     if (rc < 0)
         return rc;
+    if (token_hash == NULL || client_id == NULL)
+        return strata_diag_set(diag, STRATA_EINVAL, "client add: NULL argument");
     return s->ops->client_add(s, token_hash, name, registration_id, client_id, existed, diag);
 }
 
@@ -154,6 +156,8 @@ int strata_store_client_get(strata_store *s, uint64_t client_id, strata_store_cl
     int rc = enter(s, "client get", diag);
     if (rc < 0)
         return rc;
+    if (out == NULL || found == NULL)
+        return strata_diag_set(diag, STRATA_EINVAL, "client get: NULL argument");
     return s->ops->client_get(s, client_id, out, found, diag);
 }
 
@@ -162,14 +166,22 @@ int strata_store_client_count(strata_store *s, uint64_t *count, strata_diag *dia
     if (count != NULL)
         *count = 0;
     int rc = enter(s, "client count", diag);
-    return rc < 0 ? rc : s->ops->client_count(s, count, diag);
+    if (rc < 0)
+        return rc;
+    if (count == NULL)
+        return strata_diag_set(diag, STRATA_EINVAL, "client count: NULL argument");
+    return s->ops->client_count(s, count, diag);
 }
 
 int strata_store_clients_seen(strata_store *s, const uint64_t *ids, const int64_t *seen_ms,
                               size_t n, strata_diag *diag)
 {
     int rc = enter(s, "clients seen", diag);
-    return rc < 0 ? rc : s->ops->clients_seen(s, ids, seen_ms, n, diag);
+    if (rc < 0)
+        return rc;
+    if (n > 0 && (ids == NULL || seen_ms == NULL))
+        return strata_diag_set(diag, STRATA_EINVAL, "clients seen: NULL argument");
+    return n == 0 ? STRATA_OK : s->ops->clients_seen(s, ids, seen_ms, n, diag);
 }
 
 /* ---- Rounds ------------------------------------------------------------- */
@@ -200,6 +212,8 @@ int strata_store_round_open(strata_store *s, uint32_t round, uint64_t model_vers
     int rc = enter(s, "round open", diag);
     if (rc < 0)
         return rc;
+    if (selected == NULL && n > 0)
+        return strata_diag_set(diag, STRATA_EINVAL, "round open: NULL argument");
     return s->ops->round_open(s, round, model_version, selected, n, deadline_unix_ms, task_json,
                               diag);
 }
@@ -212,7 +226,11 @@ int strata_store_round_get(strata_store *s, uint32_t round, strata_store_round *
     if (found != NULL)
         *found = 0;
     int rc = enter(s, "round get", diag);
-    return rc < 0 ? rc : s->ops->round_get(s, round, out, found, diag);
+    if (rc < 0)
+        return rc;
+    if (out == NULL || found == NULL)
+        return strata_diag_set(diag, STRATA_EINVAL, "round get: NULL argument");
+    return s->ops->round_get(s, round, out, found, diag);
 }
 
 int strata_store_round_close(strata_store *s, uint32_t round, const char *summary_json,
@@ -229,7 +247,11 @@ int strata_store_last_round(strata_store *s, uint32_t *round, int *found, strata
     if (found != NULL)
         *found = 0;
     int rc = enter(s, "last round", diag);
-    return rc < 0 ? rc : s->ops->last_round(s, round, found, diag);
+    if (rc < 0)
+        return rc;
+    if (round == NULL || found == NULL)
+        return strata_diag_set(diag, STRATA_EINVAL, "last round: NULL argument");
+    return s->ops->last_round(s, round, found, diag);
 }
 
 int strata_store_round_list(strata_store *s, uint32_t from, size_t limit, strata_store_round **out,
@@ -240,7 +262,11 @@ int strata_store_round_list(strata_store *s, uint32_t from, size_t limit, strata
     if (n != NULL)
         *n = 0;
     int rc = enter(s, "round list", diag);
-    return rc < 0 ? rc : s->ops->round_list(s, from, limit, out, n, diag);
+    if (rc < 0)
+        return rc;
+    if (out == NULL || n == NULL || limit == 0)
+        return strata_diag_set(diag, STRATA_EINVAL, "round list: NULL argument or zero limit");
+    return s->ops->round_list(s, from, limit, out, n, diag);
 }
 
 /* ---- Updates ------------------------------------------------------------ */
@@ -496,7 +522,11 @@ int strata_store_latest_model_version(strata_store *s, uint64_t *model_version, 
     if (found != NULL)
         *found = 0;
     int rc = enter(s, "latest model version", diag);
-    return rc < 0 ? rc : s->ops->latest_model_version(s, model_version, found, diag);
+    if (rc < 0)
+        return rc;
+    if (model_version == NULL || found == NULL)
+        return strata_diag_set(diag, STRATA_EINVAL, "latest model version: NULL argument");
+    return s->ops->latest_model_version(s, model_version, found, diag);
 }
 
 /* ---- Counters ----------------------------------------------------------- */
@@ -505,7 +535,11 @@ int strata_store_counter_add_many(strata_store *s, const strata_store_counter *d
                                   strata_diag *diag)
 {
     int rc = enter(s, "counter add", diag);
-    return rc < 0 ? rc : s->ops->counter_add_many(s, deltas, n, diag);
+    if (rc < 0)
+        return rc;
+    if (deltas == NULL && n > 0)
+        return strata_diag_set(diag, STRATA_EINVAL, "counter add: NULL argument");
+    return s->ops->counter_add_many(s, deltas, n, diag);
 }
 
 int strata_store_counter_add(strata_store *s, const char *name, int64_t delta, strata_diag *diag)
@@ -529,5 +563,9 @@ int strata_store_counter_get(strata_store *s, const char *name, int64_t *value, 
     if (value != NULL)
         *value = 0;
     int rc = enter(s, "counter get", diag);
-    return rc < 0 ? rc : s->ops->counter_get(s, name, value, diag);
+    if (rc < 0)
+        return rc;
+    if (value == NULL)
+        return strata_diag_set(diag, STRATA_EINVAL, "counter get: NULL argument");
+    return s->ops->counter_get(s, name, value, diag);
 }

@@ -7,8 +7,9 @@
  * store.c does what every backend would do the same way: argument checks
  * that need no state, zeroing the out-parameters and clearing diag, the
  * receipt ids and hashes of prepared updates, freeing lists. So an
- * operation below is called with non-NULL s and out-parameters already
- * zeroed, and implements only what the stored state decides. Each
+ * operation below is called with non-NULL s and pointer arguments (those
+ * the contract allows to be NULL excepted), out-parameters already zeroed
+ * and diag cleared, and implements only what the stored state decides. Each
  * operation's contract is the function of store.h with the same name. */
 #ifndef STRATA_SERVER_STORE_BACKEND_H
 #define STRATA_SERVER_STORE_BACKEND_H

@@ -93,13 +93,6 @@ int strata__sqlite_client_add(strata_store *base, const uint8_t token_hash[STRAT
                               int *existed, strata_diag *diag)
 {
     sq_store *s = (sq_store *)base;
-    strata__store_diag_clear(diag);
-    if (client_id != NULL)
-        *client_id = 0;
-    if (existed != NULL)
-        *existed = 0;
-    if (s == NULL || token_hash == NULL || client_id == NULL)
-        return strata_diag_set(diag, STRATA_EINVAL, "client add: NULL argument");
     if (name == NULL)
         name = "";
     size_t nlen = strlen(name);
@@ -158,13 +151,6 @@ int strata__sqlite_registration_find(strata_store *base, const char *registratio
                                      uint64_t *client_id, int *found, strata_diag *diag)
 {
     sq_store *s = (sq_store *)base;
-    strata__store_diag_clear(diag);
-    if (client_id != NULL)
-        *client_id = 0;
-    if (found != NULL)
-        *found = 0;
-    if (s == NULL || registration_id == NULL || client_id == NULL || found == NULL)
-        return strata_diag_set(diag, STRATA_EINVAL, "registration find: NULL argument");
     return registration_get(s, registration_id, client_id, found, diag);
 }
 
@@ -172,13 +158,6 @@ int strata__sqlite_client_get(strata_store *base, uint64_t client_id, strata_sto
                               int *found, strata_diag *diag)
 {
     sq_store *s = (sq_store *)base;
-    strata__store_diag_clear(diag);
-    if (out != NULL)
-        memset(out, 0, sizeof(*out));
-    if (found != NULL)
-        *found = 0;
-    if (s == NULL || out == NULL || found == NULL)
-        return strata_diag_set(diag, STRATA_EINVAL, "client get: NULL argument");
     if (!FITS_I64(client_id))
         return STRATA_OK;
     sqlite3_stmt *st = strata__store_stmt(s, S_CLIENT_BY_ID);
@@ -189,11 +168,6 @@ int strata__sqlite_client_get(strata_store *base, uint64_t client_id, strata_sto
 int strata__sqlite_client_count(strata_store *base, uint64_t *count, strata_diag *diag)
 {
     sq_store *s = (sq_store *)base;
-    strata__store_diag_clear(diag);
-    if (count != NULL)
-        *count = 0;
-    if (s == NULL || count == NULL)
-        return strata_diag_set(diag, STRATA_EINVAL, "client count: NULL argument");
     int64_t v;
     int rc = strata__store_query_int(s, S_CLIENT_COUNT, 0, 0, 0, &v, NULL, "count clients", diag);
     if (rc == STRATA_OK)
@@ -205,11 +179,6 @@ int strata__sqlite_clients_seen(strata_store *base, const uint64_t *ids, const i
                                 size_t n, strata_diag *diag)
 {
     sq_store *s = (sq_store *)base;
-    strata__store_diag_clear(diag);
-    if (s == NULL || (n > 0 && (ids == NULL || seen_ms == NULL)))
-        return strata_diag_set(diag, STRATA_EINVAL, "clients seen: NULL argument");
-    if (n == 0)
-        return STRATA_OK;
     int rc = strata__store_tx_begin_sync(s, 0, diag);
     if (rc < 0)
         return rc;

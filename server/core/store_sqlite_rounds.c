@@ -47,9 +47,6 @@ int strata__sqlite_round_open(strata_store *base, uint32_t round, uint64_t model
                               const char *task_json, strata_diag *diag)
 {
     sq_store *s = (sq_store *)base;
-    strata__store_diag_clear(diag);
-    if (s == NULL || (selected == NULL && n > 0))
-        return strata_diag_set(diag, STRATA_EINVAL, "round open: NULL argument");
     if (n == 0)
         return strata_diag_set(diag, STRATA_EINVAL, "round %" PRIu32 ": no client selected", round);
     if (!FITS_I64(model_version))
@@ -189,13 +186,6 @@ int strata__sqlite_round_get(strata_store *base, uint32_t round, strata_store_ro
                              int *found, strata_diag *diag)
 {
     sq_store *s = (sq_store *)base;
-    strata__store_diag_clear(diag);
-    if (out != NULL)
-        memset(out, 0, sizeof(*out));
-    if (found != NULL)
-        *found = 0;
-    if (s == NULL || out == NULL || found == NULL)
-        return strata_diag_set(diag, STRATA_EINVAL, "round get: NULL argument");
     sqlite3_stmt *st = strata__store_stmt(s, S_ROUND_GET);
     sqlite3_bind_int64(st, 1, round);
     int step = sqlite3_step(st), rc = STRATA_OK;
@@ -218,9 +208,6 @@ int strata__sqlite_round_close(strata_store *base, uint32_t round, const char *s
                                strata_diag *diag)
 {
     sq_store *s = (sq_store *)base;
-    strata__store_diag_clear(diag);
-    if (s == NULL)
-        return strata_diag_set(diag, STRATA_EINVAL, "round close: NULL argument");
     int rc = json_ok(s, summary_json, "round summary", diag);
     if (rc < 0)
         return rc;
@@ -252,13 +239,6 @@ int strata__sqlite_round_close(strata_store *base, uint32_t round, const char *s
 int strata__sqlite_last_round(strata_store *base, uint32_t *round, int *found, strata_diag *diag)
 {
     sq_store *s = (sq_store *)base;
-    strata__store_diag_clear(diag);
-    if (round != NULL)
-        *round = 0;
-    if (found != NULL)
-        *found = 0;
-    if (s == NULL || round == NULL || found == NULL)
-        return strata_diag_set(diag, STRATA_EINVAL, "last round: NULL argument");
     int64_t v;
     int is_null;
     int rc = strata__store_query_int(s, S_ROUND_MAX, 0, 0, 0, &v, &is_null, "last round", diag);
@@ -273,13 +253,6 @@ int strata__sqlite_round_list(strata_store *base, uint32_t from, size_t limit,
                               strata_store_round **out, size_t *n, strata_diag *diag)
 {
     sq_store *s = (sq_store *)base;
-    strata__store_diag_clear(diag);
-    if (out != NULL)
-        *out = NULL;
-    if (n != NULL)
-        *n = 0;
-    if (s == NULL || out == NULL || n == NULL || limit == 0)
-        return strata_diag_set(diag, STRATA_EINVAL, "round list: NULL argument or zero limit");
     if (limit > 100000)
         limit = 100000;
     strata_store_round *arr = calloc(limit, sizeof(*arr));
@@ -313,9 +286,6 @@ int strata__sqlite_round_list(strata_store *base, uint32_t from, size_t limit,
 int strata__sqlite_checkpoint_record(strata_store *base, uint64_t model_version, strata_diag *diag)
 {
     sq_store *s = (sq_store *)base;
-    strata__store_diag_clear(diag);
-    if (s == NULL)
-        return strata_diag_set(diag, STRATA_EINVAL, "checkpoint record: NULL argument");
     if (!FITS_I64(model_version))
         return strata_diag_set(diag, STRATA_EINVAL, "model version %" PRIu64 " is too large",
                                model_version);
@@ -345,13 +315,6 @@ int strata__sqlite_latest_model_version(strata_store *base, uint64_t *model_vers
                                         strata_diag *diag)
 {
     sq_store *s = (sq_store *)base;
-    strata__store_diag_clear(diag);
-    if (model_version != NULL)
-        *model_version = 0;
-    if (found != NULL)
-        *found = 0;
-    if (s == NULL || model_version == NULL || found == NULL)
-        return strata_diag_set(diag, STRATA_EINVAL, "latest model version: NULL argument");
     int64_t v;
     int is_null;
     int rc =
@@ -385,9 +348,6 @@ int strata__sqlite_counter_add_many(strata_store *base, const strata_store_count
                                     size_t n, strata_diag *diag)
 {
     sq_store *s = (sq_store *)base;
-    strata__store_diag_clear(diag);
-    if (s == NULL || (deltas == NULL && n > 0))
-        return strata_diag_set(diag, STRATA_EINVAL, "counter add: NULL argument");
     for (size_t i = 0; i < n; i++) {
         if (memchr(deltas[i].name, '\0', sizeof(deltas[i].name)) == NULL)
             return strata_diag_set(diag, STRATA_EINVAL, "counter name is not terminated");
@@ -426,11 +386,6 @@ int strata__sqlite_counter_get(strata_store *base, const char *name, int64_t *va
                                strata_diag *diag)
 {
     sq_store *s = (sq_store *)base;
-    strata__store_diag_clear(diag);
-    if (value != NULL)
-        *value = 0;
-    if (s == NULL || value == NULL)
-        return strata_diag_set(diag, STRATA_EINVAL, "counter get: NULL argument");
     int rc = counter_name_ok(name, diag);
     if (rc < 0)
         return rc;

@@ -191,13 +191,6 @@ int strata__sqlite_update_list(strata_store *base, uint32_t round, strata_store_
                                size_t *n, strata_diag *diag)
 {
     sq_store *s = (sq_store *)base;
-    strata__store_diag_clear(diag);
-    if (out != NULL)
-        *out = NULL;
-    if (n != NULL)
-        *n = 0;
-    if (s == NULL || out == NULL || n == NULL)
-        return strata_diag_set(diag, STRATA_EINVAL, "update list: NULL argument");
     strata_store_update *arr = NULL;
     size_t k = 0, cap = 0;
     sqlite3_stmt *st = strata__store_stmt(s, S_UPDATE_LIST);
@@ -236,13 +229,6 @@ int strata__sqlite_update_read(strata_store *base, uint32_t round, uint64_t clie
                                uint8_t **buf, size_t *len, strata_diag *diag)
 {
     sq_store *s = (sq_store *)base;
-    strata__store_diag_clear(diag);
-    if (buf != NULL)
-        *buf = NULL;
-    if (len != NULL)
-        *len = 0;
-    if (s == NULL || buf == NULL || len == NULL)
-        return strata_diag_set(diag, STRATA_EINVAL, "update read: NULL argument");
     if (!FITS_I64(client_id))
         return strata_diag_set(diag, STRATA_ESTATE,
                                "no update of client %" PRIu64 " for round %" PRIu32, client_id,

@@ -99,6 +99,14 @@ stored_payload() {
          WHERE u.round = $2 AND u.client_id = $3" >/dev/null && [ -s "$4" ]
 }
 
+# stored_payloads STATE DIR: writes every stored payload to
+# DIR/ROUND-CLIENT.bin, in one sqlite3 process (thousands of updates).
+stored_payloads() {
+    sqlite3 -readonly -batch "$1/state.db" \
+        "SELECT writefile('$2/' || u.round || '-' || u.client_id || '.bin', p.body)
+         FROM updates u JOIN payloads p ON p.seq = u.seq" >/dev/null
+}
+
 # stored_count STATE [ROUND]: the number of stored payloads (of ROUND).
 stored_count() {
     sqlite3 -readonly -batch "$1/state.db" \

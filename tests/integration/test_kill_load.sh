@@ -217,24 +217,6 @@ UNACKED=$((STORED - TOTAL_ACKS))
 # (c) every stored update can be resent: the same bytes with the client's
 # token get the stored receipt back, as a duplicate.
 
-# stored_payloads STATE DIR: writes the body of every update stored in STATE
-# to DIR/ROUND-CLIENT.bin. The one place that knows where the store keeps
-# the bodies: in state.db's payloads table (payloads.seq = updates.seq) or,
-# in a store without that table, in the files STATE/updates/ROUND/CLIENT.bin.
-# (One sqlite3 process for all of them: thousands of updates.)
-stored_payloads() {
-    local db="$1/state.db" has
-    has=$(sqlite3 -readonly -batch "$db" \
-        "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'payloads'") || return 1
-    if [ "$has" = 1 ]; then
-        sqlite3 -readonly -batch "$db" "SELECT writefile('$2/' || u.round || '-' || u.client_id ||
-            '.bin', p.body) FROM updates u JOIN payloads p ON p.seq = u.seq" >/dev/null
-    else
-        sqlite3 -readonly -batch "$db" "SELECT writefile('$2/' || round || '-' || client_id ||
-            '.bin', readfile('$1/updates/' || round || '/' || client_id || '.bin')) FROM updates" \
-            >/dev/null
-    fi
-}
 mkdir -p "$WORK/resend"
 stored_payloads "$STATE" "$WORK/resend" || die "cannot extract the stored payloads"
 # One curl process for every re-upload: a config entry per stored update.
