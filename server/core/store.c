@@ -7,14 +7,19 @@
  * rounds and lists. */
 #include "store_backend.h"
 
+#include "strata/fileio.h"
 #include "strata/hash.h"
+
+#include <jansson.h>
 
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/random.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -50,6 +55,41 @@ int strata__store_make_dir(const char *path, int *created, strata_diag *diag)
     return strata_diag_set(diag, STRATA_EIO, "mkdir %s: %s", path, strerror(errno));
 }
 
+int strata__store_lock_dir(const char *state_dir, int *lock_fd, strata_diag *diag)
+{
+    char path[4096];
+    int created, any = 0, rc = strata__store_make_dir(state_dir, &created, diag);
+    if (rc < 0)
+        return rc;
+    any |= created;
+    rc =
+        strata_store_path(state_dir, STRATA_STORE_FILE_CHECKPOINTS, 0, 0, path, sizeof(path), diag);
+    if (rc == 0)
+        rc = strata__store_make_dir(path, &created, diag);
+    if (rc < 0)
+        return rc;
+    any |= created;
+    if (any && (rc = strata_file_fsync_dir(state_dir, diag)) < 0)
+        return rc;
+    if ((rc = strata_store_path(state_dir, STRATA_STORE_FILE_LOCK, 0, 0, path, sizeof(path),
+                                diag)) < 0)
+        return rc;
+    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    if (fd < 0)
+        return strata_diag_set(diag, STRATA_EIO, "open %s: %s", path, strerror(errno));
+    if (flock(fd, LOCK_EX | LOCK_NB) < 0) {
+        if (errno == EWOULDBLOCK)
+            rc = strata_diag_set(diag, STRATA_ESTATE,
+                                 "state directory %s is in use by another store", state_dir);
+        else
+            rc = strata_diag_set(diag, STRATA_EIO, "lock %s: %s", path, strerror(errno));
+        close(fd);
+        return rc;
+    }
+    *lock_fd = fd;
+    return STRATA_OK;
+}
+
 int strata__store_recover_files(strata_store *s, strata_diag *diag)
 {
     char path[4096];
@@ -76,6 +116,43 @@ static int enter(const strata_store *s, const char *what, strata_diag *diag)
     if (s == NULL || s->ops == NULL)
         return strata_diag_set(diag, STRATA_EINVAL, "%s: NULL store", what);
     return STRATA_OK;
+}
+
+/* STRATA_EINVAL unless json is NULL or one valid JSON value. */
+static int json_ok(const char *json, const char *what, strata_diag *diag)
+{
+    if (json == NULL)
+        return STRATA_OK;
+    json_error_t err;
+    json_t *j = json_loads(json, JSON_DECODE_ANY, &err);
+    if (j == NULL)
+        return strata_diag_set(diag, STRATA_EINVAL, "%s is not valid JSON: %s", what, err.text);
+    json_decref(j);
+    return STRATA_OK;
+}
+
+/* STRATA_EINVAL unless name is 1 to STRATA_STORE_COUNTER_NAME_MAX bytes of
+ * printable ASCII without spaces. */
+static int counter_name_ok(const char *name, strata_diag *diag)
+{
+    if (name == NULL || name[0] == '\0')
+        return strata_diag_set(diag, STRATA_EINVAL, "counter name is empty");
+    size_t n = strlen(name);
+    if (n > STRATA_STORE_COUNTER_NAME_MAX)
+        return strata_diag_set(diag, STRATA_EINVAL, "counter name longer than %d bytes",
+                               STRATA_STORE_COUNTER_NAME_MAX);
+    for (size_t i = 0; i < n; i++) {
+        if (name[i] < 0x21 || name[i] > 0x7e)
+            return strata_diag_set(diag, STRATA_EINVAL,
+                                   "counter name contains a byte that is not printable ASCII");
+    }
+    return STRATA_OK;
+}
+
+static int cmp_u64(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
 }
 
 /* ---- Opening and closing ------------------------------------------------ */
@@ -128,6 +205,20 @@ int strata_store_client_add(strata_store *s, const uint8_t token_hash[STRATA_STO
         return rc;
     if (token_hash == NULL || client_id == NULL)
         return strata_diag_set(diag, STRATA_EINVAL, "client add: NULL argument");
+    if (name == NULL)
+        name = "";
+    size_t nlen = strlen(name);
+    if (nlen > STRATA_STORE_NAME_MAX)
+        return strata_diag_set(diag, STRATA_EINVAL, "client name longer than %d bytes",
+                               STRATA_STORE_NAME_MAX);
+    for (size_t i = 0; i < nlen; i++) {
+        if ((unsigned char)name[i] < 0x20 || name[i] == 0x7f)
+            return strata_diag_set(diag, STRATA_EINVAL, "client name contains a control character");
+    }
+    if (registration_id != NULL &&
+        (registration_id[0] == '\0' || strlen(registration_id) > STRATA_STORE_REGISTRATION_MAX))
+        return strata_diag_set(diag, STRATA_EINVAL, "registration id: 1 to %d bytes",
+                               STRATA_STORE_REGISTRATION_MAX);
     return s->ops->client_add(s, token_hash, name, registration_id, client_id, existed, diag);
 }
 
@@ -214,8 +305,31 @@ int strata_store_round_open(strata_store *s, uint32_t round, uint64_t model_vers
         return rc;
     if (selected == NULL && n > 0)
         return strata_diag_set(diag, STRATA_EINVAL, "round open: NULL argument");
-    return s->ops->round_open(s, round, model_version, selected, n, deadline_unix_ms, task_json,
-                              diag);
+    if (n == 0)
+        return strata_diag_set(diag, STRATA_EINVAL, "round %" PRIu32 ": no client selected", round);
+    if (!FITS_I64(model_version))
+        return strata_diag_set(diag, STRATA_EINVAL, "model version %" PRIu64 " is too large",
+                               model_version);
+    if (n > SIZE_MAX / sizeof(uint64_t))
+        return strata_diag_set(diag, STRATA_EINVAL, "too many selected clients");
+    if ((rc = json_ok(task_json, "task", diag)) < 0)
+        return rc;
+    uint64_t *sorted = malloc(n * sizeof(*sorted));
+    if (sorted == NULL)
+        return strata_diag_set(diag, STRATA_ENOMEM, "out of memory");
+    memcpy(sorted, selected, n * sizeof(*sorted));
+    qsort(sorted, n, sizeof(*sorted), cmp_u64);
+    for (size_t i = 1; i < n && rc == STRATA_OK; i++) {
+        if (sorted[i] == sorted[i - 1])
+            rc = strata_diag_set(diag, STRATA_EINVAL,
+                                 "round %" PRIu32 ": client %" PRIu64 " selected twice", round,
+                                 sorted[i]);
+    }
+    if (rc == STRATA_OK)
+        rc = s->ops->round_open(s, round, model_version, sorted, n, deadline_unix_ms, task_json,
+                                diag);
+    free(sorted);
+    return rc;
 }
 
 int strata_store_round_get(strata_store *s, uint32_t round, strata_store_round *out, int *found,
@@ -237,6 +351,8 @@ int strata_store_round_close(strata_store *s, uint32_t round, const char *summar
                              strata_diag *diag)
 {
     int rc = enter(s, "round close", diag);
+    if (rc == STRATA_OK)
+        rc = json_ok(summary_json, "round summary", diag);
     return rc < 0 ? rc : s->ops->round_close(s, round, summary_json, diag);
 }
 
@@ -511,7 +627,19 @@ int strata_store_checkpoint_path(const strata_store *s, uint64_t model_version, 
 int strata_store_checkpoint_record(strata_store *s, uint64_t model_version, strata_diag *diag)
 {
     int rc = enter(s, "checkpoint record", diag);
-    return rc < 0 ? rc : s->ops->checkpoint_record(s, model_version, diag);
+    if (rc < 0)
+        return rc;
+    if (!FITS_I64(model_version))
+        return strata_diag_set(diag, STRATA_EINVAL, "model version %" PRIu64 " is too large",
+                               model_version);
+    char path[4096];
+    rc = strata_store_checkpoint_path(s, model_version, path, sizeof(path), diag);
+    if (rc < 0)
+        return rc;
+    struct stat st;
+    if (stat(path, &st) < 0 || !S_ISREG(st.st_mode))
+        return strata_diag_set(diag, STRATA_ESTATE, "checkpoint %s does not exist", path);
+    return s->ops->checkpoint_record(s, model_version, (uint64_t)st.st_size, diag);
 }
 
 int strata_store_latest_model_version(strata_store *s, uint64_t *model_version, int *found,
@@ -539,7 +667,13 @@ int strata_store_counter_add_many(strata_store *s, const strata_store_counter *d
         return rc;
     if (deltas == NULL && n > 0)
         return strata_diag_set(diag, STRATA_EINVAL, "counter add: NULL argument");
-    return s->ops->counter_add_many(s, deltas, n, diag);
+    for (size_t i = 0; i < n; i++) {
+        if (memchr(deltas[i].name, '\0', sizeof(deltas[i].name)) == NULL)
+            return strata_diag_set(diag, STRATA_EINVAL, "counter name is not terminated");
+        if ((rc = counter_name_ok(deltas[i].name, diag)) < 0)
+            return rc;
+    }
+    return n == 0 ? STRATA_OK : s->ops->counter_add_many(s, deltas, n, diag);
 }
 
 int strata_store_counter_add(strata_store *s, const char *name, int64_t delta, strata_diag *diag)
@@ -547,11 +681,8 @@ int strata_store_counter_add(strata_store *s, const char *name, int64_t delta, s
     int rc = enter(s, "counter add", diag);
     if (rc < 0)
         return rc;
-    if (name == NULL || name[0] == '\0')
-        return strata_diag_set(diag, STRATA_EINVAL, "counter name is empty");
-    if (strlen(name) > STRATA_STORE_COUNTER_NAME_MAX)
-        return strata_diag_set(diag, STRATA_EINVAL, "counter name longer than %d bytes",
-                               STRATA_STORE_COUNTER_NAME_MAX);
+    if ((rc = counter_name_ok(name, diag)) < 0)
+        return rc;
     strata_store_counter c;
     snprintf(c.name, sizeof(c.name), "%s", name);
     c.value = delta;
@@ -567,5 +698,7 @@ int strata_store_counter_get(strata_store *s, const char *name, int64_t *value, 
         return rc;
     if (value == NULL)
         return strata_diag_set(diag, STRATA_EINVAL, "counter get: NULL argument");
+    if ((rc = counter_name_ok(name, diag)) < 0)
+        return rc;
     return s->ops->counter_get(s, name, value, diag);
 }

@@ -33,6 +33,8 @@ typedef struct strata_store_ops {
     int (*open_secondary)(const strata_store *primary, strata_store **out, strata_diag *diag);
     void (*close)(strata_store *s);
 
+    /* name (never NULL) and registration_id (NULL or 1 to
+     * STRATA_STORE_REGISTRATION_MAX bytes) checked. */
     int (*client_add)(strata_store *s, const uint8_t token_hash[STRATA_STORE_HASH_LEN],
                       const char *name, const char *registration_id, uint64_t *client_id,
                       int *existed, strata_diag *diag);
@@ -44,11 +46,14 @@ typedef struct strata_store_ops {
     int (*clients_seen)(strata_store *s, const uint64_t *ids, const int64_t *seen_ms, size_t n,
                         strata_diag *diag);
 
+    /* selected: n >= 1 ids (the backend checks that each is registered), sorted ascending without
+     * repeats; task_json valid JSON or NULL; model_version fits int64_t. */
     int (*round_open)(strata_store *s, uint32_t round, uint64_t model_version,
                       const uint64_t *selected, size_t n, int64_t deadline_unix_ms,
                       const char *task_json, strata_diag *diag);
     int (*round_get)(strata_store *s, uint32_t round, strata_store_round *out, int *found,
                      strata_diag *diag);
+    /* summary_json: valid JSON or NULL. */
     int (*round_close)(strata_store *s, uint32_t round, const char *summary_json,
                        strata_diag *diag);
     int (*last_round)(strata_store *s, uint32_t *round, int *found, strata_diag *diag);
@@ -66,10 +71,14 @@ typedef struct strata_store_ops {
     int (*update_read)(strata_store *s, uint32_t round, uint64_t client_id, uint8_t **buf,
                        size_t *len, strata_diag *diag);
 
-    int (*checkpoint_record)(strata_store *s, uint64_t model_version, strata_diag *diag);
+    /* The checkpoint file exists and has `bytes` bytes (store.c checked). */
+    int (*checkpoint_record)(strata_store *s, uint64_t model_version, uint64_t bytes,
+                             strata_diag *diag);
     int (*latest_model_version)(strata_store *s, uint64_t *model_version, int *found,
                                 strata_diag *diag);
 
+    /* Counter names checked (1 to STRATA_STORE_COUNTER_NAME_MAX bytes of
+     * printable ASCII); n >= 1. */
     int (*counter_add_many)(strata_store *s, const strata_store_counter *deltas, size_t n,
                             strata_diag *diag);
     int (*counter_get)(strata_store *s, const char *name, int64_t *value, strata_diag *diag);
@@ -95,12 +104,19 @@ int64_t strata__store_now_ms(void);
  * whether it made one. */
 int strata__store_make_dir(const char *path, int *created, strata_diag *diag);
 
+/* Makes the state directory's layout (state_dir and its checkpoints/,
+ * 0700; the directory fsync'ed when one was created) and takes its lock
+ * into *lock_fd (flock, exclusive). Errors: STRATA_ESTATE when another store
+ * holds the lock, STRATA_EIO. */
+int strata__store_lock_dir(const char *state_dir, int *lock_fd, strata_diag *diag);
+
 /* Open-time recovery of the files every backend keeps in the state
  * directory: removes the temporary files of interrupted checkpoint writes,
  * counting them in s->recovered. */
 int strata__store_recover_files(strata_store *s, strata_diag *diag);
 
-/* The SQLite backend's operations (store_sqlite.c). */
+/* The backends' operations (store_sqlite.c, store_pg.c). */
 extern const strata_store_ops strata__store_sqlite_ops;
+extern const strata_store_ops strata__store_pg_ops;
 
 #endif

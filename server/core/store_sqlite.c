@@ -103,7 +103,6 @@ static const char *const stmt_sql[N_STMT] = {
     [S_REGISTRATION_GET] = "SELECT client_id FROM registrations WHERE registration_id = ?1",
     [S_REGISTRATION_INSERT] =
         "INSERT INTO registrations(registration_id, client_id) VALUES(?1, ?2)",
-    [S_JSON_VALID] = "SELECT json_valid(?1)",
     [S_ROUND_MAX] = "SELECT max(round) FROM rounds",
     [S_ROUND_OPEN_ANY] = "SELECT round FROM rounds WHERE state = 0 LIMIT 1",
     [S_ROUND_INSERT] =
@@ -443,36 +442,9 @@ int strata_store_open(const char *state_dir, strata_store **out, strata_diag *di
     sq_store *s = store_alloc(state_dir);
     if (s == NULL)
         return strata_diag_set(diag, STRATA_ENOMEM, "out of memory");
-    char path[4096];
-    int created, any = 0, rc = strata__store_make_dir(state_dir, &created, diag);
+    int rc = strata__store_lock_dir(state_dir, &s->lock_fd, diag);
     if (rc < 0)
         goto fail;
-    rc =
-        strata_store_path(state_dir, STRATA_STORE_FILE_CHECKPOINTS, 0, 0, path, sizeof(path), diag);
-    if (rc == 0)
-        rc = strata__store_make_dir(path, &created, diag);
-    if (rc < 0)
-        goto fail;
-    any |= created;
-    if (any && (rc = strata_file_fsync_dir(state_dir, diag)) < 0)
-        goto fail;
-
-    if ((rc = strata_store_path(state_dir, STRATA_STORE_FILE_LOCK, 0, 0, path, sizeof(path),
-                                diag)) < 0)
-        goto fail;
-    s->lock_fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
-    if (s->lock_fd < 0) {
-        rc = strata_diag_set(diag, STRATA_EIO, "open %s: %s", path, strerror(errno));
-        goto fail;
-    }
-    if (flock(s->lock_fd, LOCK_EX | LOCK_NB) < 0) {
-        if (errno == EWOULDBLOCK)
-            rc = strata_diag_set(diag, STRATA_ESTATE,
-                                 "state directory %s is in use by another store", state_dir);
-        else
-            rc = strata_diag_set(diag, STRATA_EIO, "lock %s: %s", path, strerror(errno));
-        goto fail;
-    }
     rc = connect_db(s, 1, diag);
     if (rc == STRATA_OK)
         rc = private_db_files(s, diag);

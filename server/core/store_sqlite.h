@@ -26,7 +26,6 @@ enum {
     S_CLIENT_SET_TOKEN,
     S_REGISTRATION_GET,
     S_REGISTRATION_INSERT,
-    S_JSON_VALID,
     S_ROUND_MAX,
     S_ROUND_OPEN_ANY,
     S_ROUND_INSERT,
@@ -163,7 +162,8 @@ int strata__sqlite_update_list(strata_store *s, uint32_t round, strata_store_upd
                                size_t *n, strata_diag *diag);
 int strata__sqlite_update_read(strata_store *s, uint32_t round, uint64_t client_id, uint8_t **buf,
                                size_t *len, strata_diag *diag);
-int strata__sqlite_checkpoint_record(strata_store *s, uint64_t model_version, strata_diag *diag);
+int strata__sqlite_checkpoint_record(strata_store *s, uint64_t model_version, uint64_t bytes,
+                                     strata_diag *diag);
 int strata__sqlite_latest_model_version(strata_store *s, uint64_t *model_version, int *found,
                                         strata_diag *diag);
 int strata__sqlite_counter_add_many(strata_store *s, const strata_store_counter *deltas, size_t n,

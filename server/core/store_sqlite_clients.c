@@ -93,20 +93,7 @@ int strata__sqlite_client_add(strata_store *base, const uint8_t token_hash[STRAT
                               int *existed, strata_diag *diag)
 {
     sq_store *s = (sq_store *)base;
-    if (name == NULL)
-        name = "";
     size_t nlen = strlen(name);
-    if (nlen > STRATA_STORE_NAME_MAX)
-        return strata_diag_set(diag, STRATA_EINVAL, "client name longer than %d bytes",
-                               STRATA_STORE_NAME_MAX);
-    for (size_t i = 0; i < nlen; i++) {
-        if ((unsigned char)name[i] < 0x20 || name[i] == 0x7f)
-            return strata_diag_set(diag, STRATA_EINVAL, "client name contains a control character");
-    }
-    if (registration_id != NULL &&
-        (registration_id[0] == '\0' || strlen(registration_id) > STRATA_STORE_REGISTRATION_MAX))
-        return strata_diag_set(diag, STRATA_EINVAL, "registration id: 1 to %d bytes",
-                               STRATA_STORE_REGISTRATION_MAX);
     int rc = strata__store_tx_begin(s, diag);
     if (rc < 0)
         return rc;

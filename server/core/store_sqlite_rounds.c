@@ -23,58 +23,15 @@
 
 /* ---- Rounds ------------------------------------------------------------- */
 
-static int json_ok(sq_store *s, const char *json, const char *what, strata_diag *diag)
-{
-    if (json == NULL)
-        return STRATA_OK;
-    sqlite3_stmt *st = strata__store_stmt(s, S_JSON_VALID);
-    sqlite3_bind_text(st, 1, json, -1, SQLITE_STATIC);
-    int64_t v;
-    int rc = strata__store_query_int(s, S_JSON_VALID, 0, 0, 0, &v, NULL, "json_valid", diag);
-    if (rc == STRATA_OK && v != 1)
-        rc = strata_diag_set(diag, STRATA_EINVAL, "%s is not valid JSON", what);
-    return rc;
-}
-
-static int cmp_u64(const void *a, const void *b)
-{
-    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-    return x < y ? -1 : x > y;
-}
-
 int strata__sqlite_round_open(strata_store *base, uint32_t round, uint64_t model_version,
                               const uint64_t *selected, size_t n, int64_t deadline_unix_ms,
                               const char *task_json, strata_diag *diag)
 {
     sq_store *s = (sq_store *)base;
-    if (n == 0)
-        return strata_diag_set(diag, STRATA_EINVAL, "round %" PRIu32 ": no client selected", round);
-    if (!FITS_I64(model_version))
-        return strata_diag_set(diag, STRATA_EINVAL, "model version %" PRIu64 " is too large",
-                               model_version);
-    if (n > SIZE_MAX / sizeof(uint64_t))
-        return strata_diag_set(diag, STRATA_EINVAL, "too many selected clients");
-    int rc = json_ok(s, task_json, "task", diag);
+    const uint64_t *sorted = selected;
+    int rc = strata__store_tx_begin(s, diag);
     if (rc < 0)
         return rc;
-    uint64_t *sorted = malloc(n * sizeof(*sorted));
-    if (sorted == NULL)
-        return strata_diag_set(diag, STRATA_ENOMEM, "out of memory");
-    memcpy(sorted, selected, n * sizeof(*sorted));
-    qsort(sorted, n, sizeof(*sorted), cmp_u64);
-    for (size_t i = 1; i < n; i++) {
-        if (sorted[i] == sorted[i - 1]) {
-            uint64_t twice = sorted[i];
-            free(sorted);
-            return strata_diag_set(diag, STRATA_EINVAL,
-                                   "round %" PRIu32 ": client %" PRIu64 " selected twice", round,
-                                   twice);
-        }
-    }
-
-    rc = strata__store_tx_begin(s, diag);
-    if (rc < 0)
-        goto out;
     int64_t v;
     int is_null;
     rc = strata__store_query_int(s, S_ROUND_MAX, 0, 0, 0, &v, &is_null, "last round", diag);
@@ -131,7 +88,6 @@ int strata__sqlite_round_open(strata_store *base, uint32_t round, uint64_t model
 out:
     if (rc < 0)
         strata__store_tx_rollback(s);
-    free(sorted);
     return rc;
 }
 
@@ -208,10 +164,7 @@ int strata__sqlite_round_close(strata_store *base, uint32_t round, const char *s
                                strata_diag *diag)
 {
     sq_store *s = (sq_store *)base;
-    int rc = json_ok(s, summary_json, "round summary", diag);
-    if (rc < 0)
-        return rc;
-    rc = strata__store_tx_begin(s, diag);
+    int rc = strata__store_tx_begin(s, diag);
     if (rc < 0)
         return rc;
     sqlite3_stmt *st = strata__store_stmt(s, S_ROUND_CLOSE);
@@ -283,25 +236,16 @@ int strata__sqlite_round_list(strata_store *base, uint32_t from, size_t limit,
 
 /* ---- Checkpoints -------------------------------------------------------- */
 
-int strata__sqlite_checkpoint_record(strata_store *base, uint64_t model_version, strata_diag *diag)
+int strata__sqlite_checkpoint_record(strata_store *base, uint64_t model_version, uint64_t bytes,
+                                     strata_diag *diag)
 {
     sq_store *s = (sq_store *)base;
-    if (!FITS_I64(model_version))
-        return strata_diag_set(diag, STRATA_EINVAL, "model version %" PRIu64 " is too large",
-                               model_version);
-    char path[4096];
-    int rc = strata_store_checkpoint_path(base, model_version, path, sizeof(path), diag);
-    if (rc < 0)
-        return rc;
-    struct stat st;
-    if (stat(path, &st) < 0 || !S_ISREG(st.st_mode))
-        return strata_diag_set(diag, STRATA_ESTATE, "checkpoint %s does not exist", path);
-    rc = strata__store_tx_begin(s, diag);
+    int rc = strata__store_tx_begin(s, diag);
     if (rc < 0)
         return rc;
     sqlite3_stmt *q = strata__store_stmt(s, S_CKPT_RECORD);
     sqlite3_bind_int64(q, 1, (int64_t)model_version);
-    sqlite3_bind_int64(q, 2, (int64_t)st.st_size);
+    sqlite3_bind_int64(q, 2, (int64_t)bytes);
     sqlite3_bind_int64(q, 3, strata__store_now_ms());
     rc = strata__store_exec_stmt(s, S_CKPT_RECORD, diag, "record checkpoint");
     if (rc == STRATA_OK)
@@ -328,35 +272,10 @@ int strata__sqlite_latest_model_version(strata_store *base, uint64_t *model_vers
 
 /* ---- Counters ----------------------------------------------------------- */
 
-static int counter_name_ok(const char *name, strata_diag *diag)
-{
-    if (name == NULL || name[0] == '\0')
-        return strata_diag_set(diag, STRATA_EINVAL, "counter name is empty");
-    size_t n = strlen(name);
-    if (n > STRATA_STORE_COUNTER_NAME_MAX)
-        return strata_diag_set(diag, STRATA_EINVAL, "counter name longer than %d bytes",
-                               STRATA_STORE_COUNTER_NAME_MAX);
-    for (size_t i = 0; i < n; i++) {
-        if (name[i] < 0x21 || name[i] > 0x7e)
-            return strata_diag_set(diag, STRATA_EINVAL,
-                                   "counter name contains a byte that is not printable ASCII");
-    }
-    return STRATA_OK;
-}
-
 int strata__sqlite_counter_add_many(strata_store *base, const strata_store_counter *deltas,
                                     size_t n, strata_diag *diag)
 {
     sq_store *s = (sq_store *)base;
-    for (size_t i = 0; i < n; i++) {
-        if (memchr(deltas[i].name, '\0', sizeof(deltas[i].name)) == NULL)
-            return strata_diag_set(diag, STRATA_EINVAL, "counter name is not terminated");
-        int rc = counter_name_ok(deltas[i].name, diag);
-        if (rc < 0)
-            return rc;
-    }
-    if (n == 0)
-        return STRATA_OK;
     int rc = strata__store_tx_begin_sync(s, 0, diag);
     for (size_t i = 0; rc == STRATA_OK && i < n; i++) {
         const char *name = deltas[i].name;
@@ -386,9 +305,6 @@ int strata__sqlite_counter_get(strata_store *base, const char *name, int64_t *va
                                strata_diag *diag)
 {
     sq_store *s = (sq_store *)base;
-    int rc = counter_name_ok(name, diag);
-    if (rc < 0)
-        return rc;
     sqlite3_stmt *st = strata__store_stmt(s, S_COUNTER_GET);
     sqlite3_bind_text(st, 1, name, -1, SQLITE_STATIC);
     return strata__store_query_int(s, S_COUNTER_GET, 0, 0, 0, value, NULL, "read counter", diag);
