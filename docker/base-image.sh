@@ -25,8 +25,8 @@ MIRROR=${STRATA_DEBIAN_MIRROR:-http://deb.debian.org/debian}
 PACKAGES=(
     build-essential cmake pkg-config
     libmicrohttpd-dev libcurl4-openssl-dev libjansson-dev libzstd-dev
-    libopenblas-openmp-dev libdnnl-dev libsqlite3-dev zlib1g-dev libcunit1-dev
-    libmicrohttpd12 libcurl4 libjansson4 libzstd1 libopenblas0-openmp libdnnl2 libsqlite3-0
+    libopenblas-openmp-dev libdnnl-dev libsqlite3-dev libpq-dev zlib1g-dev libcunit1-dev
+    libmicrohttpd12 libcurl4 libjansson4 libzstd1 libopenblas0-openmp libdnnl2 libsqlite3-0 libpq5
     zlib1g libgomp1 ca-certificates curl
 )
 

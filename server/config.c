@@ -24,6 +24,10 @@ const char srv_config_usage[] =
     "  --config FILE.json        a JSON object with any of the keys below in snake_case\n"
     "                            (\"clients_per_round\": 10); options given here override it\n"
     "  --state-dir DIR           durable state (SQLite, updates, checkpoints); required\n"
+    "  --database URL            keep clients, rounds, updates and counters in this\n"
+    "                            PostgreSQL database (a libpq URI or connection string)\n"
+    "                            instead of SQLite in --state-dir, which then holds the\n"
+    "                            checkpoints only (none: SQLite)\n"
     "  --model SPEC              mlp, cnn, resnet or an architecture JSON file; required\n"
     "  --data DIR                data set directory; its test split is the held-out set; required\n"
     "  --host ADDR               IPv4 address to bind (127.0.0.1)\n"
@@ -117,6 +121,7 @@ const char srv_config_usage[] =
 #define OFF(f) offsetof(srv_config, f)
 static const strata_opt OPTS[] = {
     {"state_dir", STRATA_OPT_STRING, OFF(state_dir), 0, 0, "DIR", NULL},
+    {"database", STRATA_OPT_STRING, OFF(database), 0, 0, "URL", NULL},
     {"model", STRATA_OPT_STRING, OFF(model), 0, 0, "mlp|cnn|resnet|ARCH.json", NULL},
     {"data", STRATA_OPT_STRING, OFF(data), 0, 0, "DIR", NULL},
     {"host", STRATA_OPT_STRING, OFF(host), 0, 0, "ADDR", NULL},
@@ -383,8 +388,9 @@ int srv_config_usage_check(strata_diag *d)
 /* Keys left out of the public view: where files are, and credentials. */
 static int is_private(const char *key)
 {
-    static const char *const keys[] = {"state_dir",        "data",     "enrolment_secret_file",
-                                       "admin_token_file", "tls_cert", "tls_key"};
+    static const char *const keys[] = {
+        "state_dir",        "database", "data",   "enrolment_secret_file",
+        "admin_token_file", "tls_cert", "tls_key"};
     for (size_t i = 0; i < sizeof(keys) / sizeof(keys[0]); i++)
         if (strcmp(key, keys[i]) == 0)
             return 1;

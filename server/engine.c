@@ -288,7 +288,9 @@ int srv_engine_open(const srv_config *cfg, srv_engine **out, strata_diag *d)
     if ((rc = strata_robust_parse(cfg->aggregator, &method, d)) < 0 ||
         (rc = strata_robust_check(method, cfg->trim_fraction, cfg->clip_norm, d)) < 0)
         goto fail;
-    if ((rc = strata_store_open(cfg->state_dir, &e->store, d)) < 0 ||
+    if ((rc = cfg->database != NULL
+                  ? strata_store_open_database(cfg->database, cfg->state_dir, &e->store, d)
+                  : strata_store_open(cfg->state_dir, &e->store, d)) < 0 ||
         (rc = strata_store_open_secondary(e->store, &e->wstore, d)) < 0 ||
         (rc = strata_store_open_secondary(e->store, &e->rstore, d)) < 0)
         goto fail;

@@ -88,6 +88,25 @@ typedef struct strata_store strata_store;
  * (strata_store_close). */
 int strata_store_open(const char *state_dir, strata_store **out, strata_diag *diag);
 
+/* Opens the store in the PostgreSQL database that `database` names (a libpq
+ * connection string or URI, e.g. "postgresql://strata@db:5432/strata" or
+ * "host=/run/pg port=5432 dbname=strata"; the tables live in the first
+ * schema of the connection's search_path), with state_dir holding the files
+ * that are not in the database yet (checkpoints, admin.token; created when
+ * missing, like strata_store_open's). Takes a session advisory lock on the
+ * database's store (waiting up to STRATA_STORE_PG_LOCK_WAIT_MS for a holder
+ * that just died) and the directory lock, creates or migrates the schema in
+ * one transaction and recovers the directory's temporary files. Every write
+ * transaction takes a transaction advisory lock first, so writers are
+ * serialised as SQLite's are; commits wait for the server's WAL flush
+ * (synchronous_commit on). Errors: STRATA_ESTATE when another store holds
+ * the lock, the schema is newer or the schema is not a Strata store's,
+ * STRATA_EIO for connection and SQL failures (with PostgreSQL's message). */
+int strata_store_open_database(const char *database, const char *state_dir, strata_store **out,
+                               strata_diag *diag);
+
+#define STRATA_STORE_PG_LOCK_WAIT_MS 3000
+
 /* Opens another connection to primary's state directory for use by another
  * thread of the same process; no lock is taken and no recovery runs. Every
  * secondary must be closed before its primary. */
@@ -100,7 +119,7 @@ void strata_store_close(strata_store *s);
 /* The state directory (borrowed; lives as long as s). */
 const char *strata_store_dir(const strata_store *s);
 
-/* The name of s's backend ("sqlite"; borrowed, static). */
+/* The name of s's backend ("sqlite" or "postgresql"; borrowed, static). */
 const char *strata_store_backend(const strata_store *s);
 
 /* The files and folders of a state directory. */

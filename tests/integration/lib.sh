@@ -88,27 +88,57 @@ metric() { get /metrics | sed -n "s/^$1 //p"; }
 alive() { kill -0 "$1" 2>/dev/null; }
 exited() { ! alive "$1"; }
 
-# stored_payload STATE ROUND CLIENT OUT: writes the payload the coordinator
-# stored for CLIENT's update of ROUND (its row in STATE/state.db, the
-# payloads table) to OUT; fails when there is none. Read-only on the
-# database, so it may run while the coordinator does.
-stored_payload() {
-    rm -f "$4"
-    sqlite3 -readonly -batch "$1/state.db" \
-        "SELECT writefile('$4', p.body) FROM updates u JOIN payloads p ON p.seq = u.seq
-         WHERE u.round = $2 AND u.client_id = $3" >/dev/null && [ -s "$4" ]
+# The store the tests read: SQLite in STATE/state.db, or, with
+# STRATA_TEST_DATABASE (a libpq connection string; see
+# tests/integration/test_kill_load_postgres.sh), that PostgreSQL database.
+# STORE_ARGS are the coordinator's options that choose it.
+STORE_ARGS=()
+[ -z "${STRATA_TEST_DATABASE:-}" ] || STORE_ARGS=(--database "$STRATA_TEST_DATABASE")
+
+# store_query STATE SQL: the rows of SQL, columns separated by one space.
+# Read-only, so it may run while the coordinator does.
+store_query() {
+    if [ -n "${STRATA_TEST_DATABASE:-}" ]; then
+        psql "$STRATA_TEST_DATABASE" -X -A -t -q -F ' ' -v ON_ERROR_STOP=1 -c "$2"
+    else
+        sqlite3 -readonly -batch -noheader -separator ' ' "$1/state.db" "$2"
+    fi
 }
 
-# stored_payloads STATE DIR: writes every stored payload to
-# DIR/ROUND-CLIENT.bin, in one sqlite3 process (thousands of updates).
+# stored_payloads STATE DIR [ROUND CLIENT]: writes every stored payload (or
+# CLIENT's of ROUND) to DIR/ROUND-CLIENT.bin, in one process (thousands of
+# updates).
 stored_payloads() {
-    sqlite3 -readonly -batch "$1/state.db" \
-        "SELECT writefile('$2/' || u.round || '-' || u.client_id || '.bin', p.body)
-         FROM updates u JOIN payloads p ON p.seq = u.seq" >/dev/null
+    local where=""
+    [ -z "${3:-}" ] || where=" WHERE u.round = $3 AND u.client_id = $4"
+    if [ -n "${STRATA_TEST_DATABASE:-}" ]; then
+        store_query "$1" "SELECT u.round, u.client_id, encode(p.body, 'hex') FROM updates u
+            JOIN payloads p ON p.seq = u.seq$where" |
+            python3 -c 'import sys
+for line in sys.stdin:
+    r, c, h = line.split()
+    with open("%s/%s-%s.bin" % (sys.argv[1], r, c), "wb") as f:
+        f.write(bytes.fromhex(h))' "$2"
+    else
+        sqlite3 -readonly -batch "$1/state.db" \
+            "SELECT writefile('$2/' || u.round || '-' || u.client_id || '.bin', p.body)
+             FROM updates u JOIN payloads p ON p.seq = u.seq$where" >/dev/null
+    fi
+}
+
+# stored_payload STATE ROUND CLIENT OUT: writes the payload the coordinator
+# stored for CLIENT's update of ROUND to OUT; fails when there is none.
+stored_payload() {
+    rm -f "$4"
+    local d
+    d=$(mktemp -d) || return 1
+    stored_payloads "$1" "$d" "$2" "$3" && [ -s "$d/$2-$3.bin" ] && mv "$d/$2-$3.bin" "$4"
+    local rc=$?
+    rm -rf "$d"
+    return $rc
 }
 
 # stored_count STATE [ROUND]: the number of stored payloads (of ROUND).
 stored_count() {
-    sqlite3 -readonly -batch "$1/state.db" \
-        "SELECT count(*) FROM updates u JOIN payloads p ON p.seq = u.seq${2:+ WHERE u.round = $2}"
+    store_query "$1" "SELECT count(*) FROM updates u JOIN payloads p ON p.seq = u.seq${2:+ WHERE u.round = $2}"
 }

@@ -5,8 +5,9 @@
 # through outages) is killed (SIGKILL) at random moments, at least 10 times,
 # and restarted each time with the same state directory and port. Between
 # two kills the bench must record new acknowledgements. Then, with the bench
-# and the coordinator stopped, the store (STATE/state.db, read with sqlite3)
-# must hold:
+# and the coordinator stopped, the store (STATE/state.db, read with sqlite3,
+# or the PostgreSQL database of STRATA_TEST_DATABASE, read with psql: see
+# test_kill_load_postgres.sh) must hold:
 #  (a) every acknowledged upload (bench_load --acks: round, client, receipt,
 #      duplicate) as exactly one row of updates, with that receipt;
 #  (b) no (round, client_id) twice in updates;
@@ -29,7 +30,7 @@ fi
 SERVER=${STRATA_SERVER_BIN:-$BUILD/strata-server}
 BENCH="$BUILD/bench_load"
 for x in "$SERVER" "$BENCH"; do [ -x "$x" ] || fail "no $x"; done
-for x in curl sqlite3; do command -v "$x" >/dev/null || fail "$x is required"; done
+for x in curl sqlite3 psql python3; do command -v "$x" >/dev/null || fail "$x is required"; done
 export OMP_WAIT_POLICY=passive
 T_START=$SECONDS
 DEADLINE=$((SECONDS + 110)) # every wait_until stops here
@@ -88,7 +89,7 @@ launch_server() {
     local try k u
     for ((try = 0; try < 40; try++)); do
         S_N=$((S_N + 1))
-        "$SERVER" --state-dir "$STATE" --model mlp --data "$DATA" --port "$PORT" \
+        "$SERVER" --state-dir "$STATE" ${STORE_ARGS[@]+"${STORE_ARGS[@]}"} --model mlp --data "$DATA" --port "$PORT" \
             --rounds $ROUNDS --min-clients $NC --policy uniform --density 0.01 \
             --enrolment-secret "$SECRET" --upload-rate 1000000 --threads 1 \
             >"$WORK/server.$S_N.out" 2>"$WORK/server.$S_N.err" &
@@ -195,10 +196,9 @@ acks
 TOTAL_ACKS=$ACKED
 [ "$TOTAL_ACKS" -gt 0 ] || die "no acknowledgement at all"
 
-DB="$STATE/state.db"
-q() { sqlite3 -readonly -batch -noheader -separator ' ' "$DB" "$1"; }
+q() { store_query "$STATE" "$1"; }
 q "SELECT round, client_id, receipt FROM updates ORDER BY round, client_id" >"$WORK/stored.txt" ||
-    die "cannot read $DB"
+    die "cannot read the store"
 STORED=$(wc -l <"$WORK/stored.txt")
 # (b) no (round, client_id) twice
 twice=$(q "SELECT round, client_id, count(*) FROM updates GROUP BY round, client_id HAVING count(*) > 1")

@@ -1,17 +1,25 @@
 /* The store's conformance suite: every case below runs against every backend
- * of BACKENDS, through the interface of store.h alone (registration, rounds,
- * updates and receipts, group commits, counters, checkpoints, concurrent
- * connections, and recovery after the process is killed). What only one
- * backend has (its files, its schema, its migrations) is tested beside it,
- * e.g. test_store_sqlite.c.
+ * of STORE_BACKENDS, through the interface of store.h alone (registration,
+ * rounds, updates and receipts, group commits, counters, checkpoints,
+ * concurrent connections, and recovery after the process is killed). What
+ * only one backend has (its files, its schema, its migrations) is tested
+ * beside it, e.g. test_store_sqlite.c.
  *
- * A backend joins the suite with one line in BACKENDS and its open function:
- * it makes a fresh store in a temporary location, opens the store at that
- * location again (after a close, or after the process that had it open was
- * killed), opens a secondary connection, and removes the location. Each
- * backend is one CUnit suite; every case gets a fresh store (the fixture F)
- * from the suite's set-up. */
+ * A backend joins the suite with one line in STORE_BACKENDS and its
+ * functions (store_backends.c): it makes a fresh store in a temporary
+ * location, opens the store at that location again (after a close, or after
+ * the process that had it open was killed), opens a secondary connection,
+ * and removes the location. Each backend is one CUnit suite; every case gets
+ * a fresh store (the fixture F) from the suite's set-up.
+ *
+ *   test_store_conformance                     every backend that can run here
+ *                                              (PostgreSQL: with STRATA_TEST_PG_URL)
+ *   test_store_conformance --backend NAME      that backend's suite only
+ *
+ * The ctest entry unit.test_store_conformance_postgresql runs the second
+ * form inside tests/unit/with_postgres.sh, which provides a PostgreSQL. */
 #include "store.h"
+#include "store_backends.h"
 #include "test_util.h"
 
 #include "strata/hash.h"
@@ -31,54 +39,12 @@
 #include <time.h>
 #include <unistd.h>
 
-/* ---- The backends ------------------------------------------------------- */
-
-typedef enum {
-    STORE_FRESH,    /* a new, empty store in a new temporary location: *loc is set (malloc'ed) */
-    STORE_REOPEN,   /* the primary connection of the store at *loc, again */
-    STORE_SECONDARY /* another connection to primary's store */
-} open_how;
-
-typedef struct backend {
-    const char *name; /* what strata_store_backend answers */
-    /* Opens a connection as `how` says into *out; primary is only used by
-     * STORE_SECONDARY, loc by STORE_FRESH (set) and STORE_REOPEN (read). */
-    int (*open)(open_how how, char **loc, const strata_store *primary, strata_store **out,
-                strata_diag *diag);
-    /* Removes everything at loc (no connection is open) and frees loc.
-     * Accepts NULL. */
-    void (*remove)(char *loc);
-} backend;
-
-/* SQLite: a state directory under $TMPDIR. */
-static int sqlite_open(open_how how, char **loc, const strata_store *primary, strata_store **out,
-                       strata_diag *diag)
-{
-    if (how == STORE_SECONDARY)
-        return strata_store_open_secondary(primary, out, diag);
-    if (how == STORE_FRESH && (*loc = strata_test_tmpdir()) == NULL)
-        return strata_diag_set(diag, STRATA_EIO, "cannot make a temporary directory");
-    return strata_store_open(*loc, out, diag);
-}
-
-static void sqlite_remove(char *loc)
-{
-    strata_test_rmtree(loc);
-    free(loc);
-}
-
-static const backend BACKENDS[] = {
-    {"sqlite", sqlite_open, sqlite_remove},
-};
-
-#define N_BACKENDS (sizeof(BACKENDS) / sizeof(BACKENDS[0]))
-
 /* ---- The fixture: a fresh store per case -------------------------------- */
 
 #define MAX_SECONDARIES 16
 
 typedef struct fixture {
-    const backend *b;
+    const store_backend *b;
     char *loc;
     strata_store *s; /* the primary connection; NULL while closed */
     strata_store *sec[MAX_SECONDARIES];
@@ -86,9 +52,9 @@ typedef struct fixture {
 } fixture;
 
 static fixture F;
-static char suite_names[N_BACKENDS][64];
+static char suite_names[STORE_N_BACKENDS][64];
 
-static strata_store *fx_open(fixture *f, open_how how, const strata_store *primary)
+static strata_store *fx_open(fixture *f, store_open_how how, const strata_store *primary)
 {
     strata_store *s = NULL;
     strata_diag d;
@@ -99,7 +65,7 @@ static strata_store *fx_open(fixture *f, open_how how, const strata_store *prima
 }
 
 /* Makes a fresh store for backend b into *f. */
-static void fx_fresh(fixture *f, const backend *b)
+static void fx_fresh(fixture *f, const store_backend *b)
 {
     memset(f, 0, sizeof(*f));
     f->b = b;
@@ -145,18 +111,18 @@ static void fx_remove(fixture *f)
 }
 
 /* The backend of the running suite. */
-static const backend *current_backend(void)
+static const store_backend *current_backend(void)
 {
     CU_pSuite suite = CU_get_current_suite();
-    for (size_t i = 0; suite != NULL && i < N_BACKENDS; i++)
+    for (size_t i = 0; suite != NULL && i < STORE_N_BACKENDS; i++)
         if (strcmp(suite->pName, suite_names[i]) == 0)
-            return &BACKENDS[i];
+            return &STORE_BACKENDS[i];
     return NULL;
 }
 
 static void case_setup(void)
 {
-    const backend *b = current_backend();
+    const store_backend *b = current_backend();
     memset(&F, 0, sizeof(F));
     if (b != NULL)
         fx_fresh(&F, b);
@@ -1831,8 +1797,34 @@ static void test_crash_mixed(void)
 
 /* ---- The runner --------------------------------------------------------- */
 
-int main(void)
+static int usage(const char *argv0)
 {
+    fprintf(stderr, "usage: %s [--backend NAME]\n  NAME:", argv0);
+    for (size_t i = 0; i < STORE_N_BACKENDS; i++)
+        fprintf(stderr, " %s", STORE_BACKENDS[i].name);
+    fprintf(stderr, "\n");
+    return 2;
+}
+
+int main(int argc, char **argv)
+{
+    /* With --backend, that backend's suite (which must be able to run);
+     * else every backend that can run here. */
+    const store_backend *only = NULL;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--backend") != 0 || i + 1 == argc)
+            return usage(argv[0]);
+        only = store_backend_find(argv[++i]);
+        if (only == NULL) {
+            fprintf(stderr, "%s: unknown backend %s\n", argv[0], argv[i]);
+            return usage(argv[0]);
+        }
+    }
+    if (only != NULL && only->unmet() != NULL) {
+        fprintf(stderr, "%s: the %s backend cannot run: %s\n", argv[0], only->name, only->unmet());
+        return 1;
+    }
+
     static CU_TestInfo cases[] = {
         {"clients: ids, token hashes, names, registration ids, last seen", test_clients},
         {"rounds: open, get, close, list, last; refusals", test_rounds},
@@ -1854,11 +1846,18 @@ int main(void)
         {"SIGKILL during mixed puts and group commits", test_crash_mixed},
         CU_TEST_INFO_NULL,
     };
-    CU_SuiteInfo suites[N_BACKENDS + 1];
-    for (size_t i = 0; i < N_BACKENDS; i++) {
-        snprintf(suite_names[i], sizeof(suite_names[i]), "store conformance: %s", BACKENDS[i].name);
-        suites[i] = (CU_SuiteInfo){suite_names[i], NULL, NULL, case_setup, case_teardown, cases};
+    CU_SuiteInfo suites[STORE_N_BACKENDS + 1];
+    size_t n = 0;
+    for (size_t i = 0; i < STORE_N_BACKENDS; i++) {
+        const store_backend *b = &STORE_BACKENDS[i];
+        snprintf(suite_names[i], sizeof(suite_names[i]), "store conformance: %s", b->name);
+        if (only != NULL ? b != only : b->unmet() != NULL) {
+            if (only == NULL)
+                fprintf(stderr, "%s: skipping the %s backend: %s\n", argv[0], b->name, b->unmet());
+            continue;
+        }
+        suites[n++] = (CU_SuiteInfo){suite_names[i], NULL, NULL, case_setup, case_teardown, cases};
     }
-    suites[N_BACKENDS] = (CU_SuiteInfo)CU_SUITE_INFO_NULL;
+    suites[n] = (CU_SuiteInfo)CU_SUITE_INFO_NULL;
     return strata_test_run(suites);
 }

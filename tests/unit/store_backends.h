@@ -1,0 +1,51 @@
+/* The store's backends as the tests use them (test_store_conformance.c):
+ * each makes a fresh store in a new temporary location, opens the store at
+ * that location again (after a close, or after the process that had it open
+ * was killed), opens a secondary connection, and removes the location.
+ *
+ * A location is one malloc'ed string, meaningful to its backend only:
+ *
+ *   sqlite       the state directory, under $TMPDIR
+ *   postgresql   "<schema> <directory>": a schema of the database that
+ *                $STRATA_TEST_PG_URL names, made for this store alone
+ *                (sc_<pid>_<n>; its name has no space), and the state
+ *                directory under $TMPDIR for the files outside the
+ *                database (everything after the first space)
+ *
+ * A location is plain bytes, so a child forked by the test opens the store
+ * at its parent's location as the parent does. */
+#ifndef STRATA_TEST_STORE_BACKENDS_H
+#define STRATA_TEST_STORE_BACKENDS_H
+
+#include "store.h"
+
+typedef enum {
+    STORE_FRESH,    /* a new, empty store in a new temporary location: *loc is set (malloc'ed) */
+    STORE_REOPEN,   /* the primary connection of the store at *loc, again */
+    STORE_SECONDARY /* another connection to primary's store */
+} store_open_how;
+
+typedef struct store_backend {
+    const char *name; /* what strata_store_backend answers */
+    /* NULL when the backend can run here, else why not (static). */
+    const char *(*unmet)(void);
+    /* Opens a connection as `how` says into *out; primary is only used by
+     * STORE_SECONDARY, loc by STORE_FRESH (set) and STORE_REOPEN (read).
+     * STORE_FRESH may set *loc even when the open fails: remove it then. */
+    int (*open)(store_open_how how, char **loc, const strata_store *primary, strata_store **out,
+                strata_diag *diag);
+    /* Removes everything at loc (no connection is open) and frees loc.
+     * Accepts NULL. */
+    void (*remove)(char *loc);
+} store_backend;
+
+/* Every backend: SQLite, then PostgreSQL (which needs STRATA_TEST_PG_URL,
+ * a libpq connection string or URI of a database where it may create and
+ * drop schemas; tests/unit/with_postgres.sh runs a command with one set). */
+#define STORE_N_BACKENDS 2
+extern const store_backend STORE_BACKENDS[STORE_N_BACKENDS];
+
+/* The backend called name, or NULL. */
+const store_backend *store_backend_find(const char *name);
+
+#endif
