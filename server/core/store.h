@@ -3,10 +3,10 @@
  * checkpoint records and counters. Every caller (the engine, the HTTP
  * layer's handlers, the round close, strata-sim's report) reaches durable
  * state only through the functions below; each dispatches to the handle's
- * backend (an operations table, store_backend.h). The backend today is
- * SQLite in a state directory (strata_store_open); the interface is what a
- * second backend implements, and tests/unit/test_store_conformance.c runs
- * the same cases against every backend.
+ * backend (an operations table, store_backend.h): SQLite in a state
+ * directory (strata_store_open, the embedded default) or a PostgreSQL
+ * database (strata_store_open_database), and
+ * tests/unit/test_store_conformance.c runs the same cases against both.
  *
  * A state directory holds
  *
