@@ -15,11 +15,16 @@
 
 const char srv_config_usage[] =
     "usage: strata-server --state-dir DIR --model mlp|cnn|resnet|ARCH.json --data DIR [options]\n"
+    "       strata-server migrate --state-dir DIR --database URL\n"
     "\n"
     "The Strata federation coordinator: runs rounds of federated averaging over the\n"
     "REST API of schemas/api.md and prints 'strata-server: listening on\n"
     "http://HOST:PORT' once ready. SIGINT or SIGTERM stops it cleanly; a restart\n"
     "with the same --state-dir resumes the run.\n"
+    "\n"
+    "migrate copies the SQLite store of a stopped coordinator's --state-dir into the\n"
+    "empty store of a PostgreSQL --database and checks every payload; the run then\n"
+    "continues with both options given (the checkpoints stay in --state-dir).\n"
     "\n"
     "  --config FILE.json        a JSON object with any of the keys below in snake_case\n"
     "                            (\"clients_per_round\": 10); options given here override it\n"

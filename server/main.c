@@ -90,9 +90,49 @@ static void fresh_undo(const char *dir, const fresh_state *f)
     }
 }
 
+/* strata-server migrate --state-dir DIR --database URL: the SQLite store of
+ * DIR into PostgreSQL (strata_store_migrate). */
+static int migrate(int argc, char **argv)
+{
+    const char *dir = NULL, *db = NULL;
+    for (int i = 2; i < argc; i++) {
+        if (strcmp(argv[i], "--state-dir") == 0 && i + 1 < argc)
+            dir = argv[++i];
+        else if (strcmp(argv[i], "--database") == 0 && i + 1 < argc)
+            db = argv[++i];
+        else {
+            strata_log_error("migrate: unexpected argument '%s' (usage: strata-server migrate "
+                             "--state-dir DIR --database URL)",
+                             argv[i]);
+            return 2;
+        }
+    }
+    if (dir == NULL || db == NULL) {
+        strata_log_error("migrate: --state-dir and --database are required");
+        return 2;
+    }
+    umask(077);
+    strata_store_migrated m;
+    strata_diag d = {{0}};
+    int rc = strata_store_migrate(dir, db, &m, &d);
+    if (rc < 0) {
+        strata_log_error("migrate: %s; the database is unchanged", strata_diag_msg(&d, rc));
+        return 1;
+    }
+    strata_log_info("migrated %s into PostgreSQL: %llu clients, %llu rounds, %llu updates "
+                    "(every payload read back and checked), %llu checkpoint records, %llu "
+                    "counters; start strata-server with --state-dir %s --database URL",
+                    dir, (unsigned long long)m.clients, (unsigned long long)m.rounds,
+                    (unsigned long long)m.updates, (unsigned long long)m.checkpoints,
+                    (unsigned long long)m.counters, dir);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     strata_log_setup("strata-server", STRATA_LOG_INFO, STRATA_LOG_TEXT);
+    if (argc > 1 && strcmp(argv[1], "migrate") == 0)
+        return migrate(argc, argv);
     srv_config cfg;
     srv_config_init(&cfg);
     strata_diag d = {{0}};

@@ -107,6 +107,26 @@ int strata_store_open_database(const char *database, const char *state_dir, stra
 
 #define STRATA_STORE_PG_LOCK_WAIT_MS 3000
 
+/* What strata_store_migrate copied. */
+typedef struct strata_store_migrated {
+    uint64_t clients, rounds, updates, checkpoints, counters;
+} strata_store_migrated;
+
+/* Moves the SQLite store of state_dir into the PostgreSQL database
+ * `database` (as strata_store_open_database names it; its store must hold
+ * no client and no round): brings the SQLite store to the current schema,
+ * then, holding the directory's lock, copies every client, registration,
+ * round, selection, update with its payload, checkpoint record and counter
+ * in one PostgreSQL transaction (ids, receipts, hashes and times kept),
+ * and reads every payload back through the store, checking its SHA-256.
+ * state.db is left as it was (but for a schema migration); the checkpoint
+ * files stay in state_dir, which the PostgreSQL store keeps using. out (may
+ * be NULL) receives the counts. Errors: STRATA_ESTATE (no SQLite store,
+ * a non-empty database store, a lock held), STRATA_EIO; on error the
+ * database is left as it was. */
+int strata_store_migrate(const char *state_dir, const char *database, strata_store_migrated *out,
+                         strata_diag *diag);
+
 /* Opens another connection to primary's state directory for use by another
  * thread of the same process; no lock is taken and no recovery runs. Every
  * secondary must be closed before its primary. */
