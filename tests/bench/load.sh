@@ -31,7 +31,11 @@
 # LOAD_KNEE_MS (100), LOAD_SERVER_THREADS (2, the server's --threads),
 # LOAD_HTTP_THREADS (unset: the server's default --http-threads), LOAD_GOAL
 # (1000 uploads/s), LOAD_BENCH_TIMEOUT (600 s per bench run),
-# LOAD_BUILD_JOBS (nproc, for the baseline build). The servers run with
+# LOAD_BUILD_JOBS (nproc, for the baseline build), LOAD_DATABASE (unset:
+# SQLite in the run's state directory; a libpq key=value connection string:
+# the current server keeps its store in PostgreSQL, in a schema
+# strata_load made afresh for each run; run it inside
+# tests/unit/with_postgres.sh for a throw-away cluster). The servers run with
 # OMP_WAIT_POLICY=passive. Loopback only; every process started here is
 # stopped by PID on exit; every wait is bounded.
 # Exits 0 when every run had 0 errors and the current server's median met
@@ -117,7 +121,14 @@ fi
 # ---- one run: one coordinator, one bench_load ------------------------------------
 
 start_server() { # start_server BIN DIR ROUNDS: sets SPID and URL
-    OMP_WAIT_POLICY=passive "$1" --state-dir "$2/state" --model "$MODEL" --data "$DATA" \
+    local db=()
+    if [ -n "${LOAD_DATABASE:-}" ] && [ "$1" = "$SERVER" ]; then
+        psql "$LOAD_DATABASE" -X -q -v ON_ERROR_STOP=1 -c "SET client_min_messages = warning" \
+            -c "DROP SCHEMA IF EXISTS strata_load CASCADE" -c "CREATE SCHEMA strata_load" ||
+            fail "cannot make the schema strata_load in LOAD_DATABASE"
+        db=(--database "$LOAD_DATABASE options='-c search_path=strata_load'")
+    fi
+    OMP_WAIT_POLICY=passive "$1" --state-dir "$2/state" ${db[@]+"${db[@]}"} --model "$MODEL" --data "$DATA" \
         --port 0 --rounds "$3" --min-clients "$CLIENTS" --round-deadline 600 --policy uniform \
         --density "$DENSITY" --enrolment-secret "$SECRET" --threads "$THREADS" \
         --max-connections "$MAXCONN" ${HTTP[@]+"${HTTP[@]}"} >"$2/server.out" 2>"$2/server.err" &
@@ -242,7 +253,8 @@ if [ -n "$RATES" ]; then
     done
 fi
 
-errors=$(cat "$WORK/results" "$WORK/sweep" 2>/dev/null | awk '{ s += $6 } END { print s + 0 }')
+errors=$({ cat "$WORK/results" && { cat "$WORK/sweep" 2>/dev/null || true; }; } |
+    awk '{ s += $6 } END { print s + 0 }')
 [ "$errors" -eq 0 ] || fail "$errors errors"
 cur=$(awk '$1 == "current" { print $2 }' "$WORK/results" | sort -g |
     awk '{ v[NR] = $1 } END { print NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }')
