@@ -702,3 +702,68 @@ int strata_store_counter_get(strata_store *s, const char *name, int64_t *value, 
         return rc;
     return s->ops->counter_get(s, name, value, diag);
 }
+
+/* ---- Leadership --------------------------------------------------------- */
+
+int strata_store_lead(strata_store *s, const char *holder, int64_t lease_ms,
+                      strata_store_leader *out, strata_diag *diag)
+{
+    if (out != NULL)
+        memset(out, 0, sizeof(*out));
+    int rc = enter(s, "lead", diag);
+    if (rc < 0)
+        return rc;
+    size_t n = holder != NULL ? strlen(holder) : 0;
+    if (n == 0 || n >= sizeof(out->holder))
+        return strata_diag_set(diag, STRATA_EINVAL,
+                               "lead: the holder's name must be 1 to %zu bytes",
+                               sizeof(out->holder) - 1);
+    for (size_t i = 0; i < n; i++)
+        if (holder[i] < 0x21 || holder[i] > 0x7e)
+            return strata_diag_set(diag, STRATA_EINVAL,
+                                   "lead: the holder's name must be printable ASCII");
+    if (lease_ms < 100 || lease_ms > 3600000)
+        return strata_diag_set(diag, STRATA_EINVAL,
+                               "lead: a lease of %" PRId64 " ms is not in [100, 3600000]",
+                               lease_ms);
+    if (s->ops->lead == NULL) {
+        if (out != NULL) {
+            out->epoch = 1;
+            snprintf(out->holder, sizeof(out->holder), "%s", holder);
+            out->expires_in_ms = lease_ms;
+        }
+        return STRATA_OK;
+    }
+    strata_store_leader tmp;
+    return s->ops->lead(s, holder, lease_ms, out != NULL ? out : &tmp, diag);
+}
+
+int strata_store_renew(strata_store *s, int64_t lease_ms, strata_diag *diag)
+{
+    int rc = enter(s, "renew", diag);
+    if (rc < 0)
+        return rc;
+    if (lease_ms < 100 || lease_ms > 3600000)
+        return strata_diag_set(diag, STRATA_EINVAL,
+                               "renew: a lease of %" PRId64 " ms is not in [100, 3600000]",
+                               lease_ms);
+    return s->ops->renew != NULL ? s->ops->renew(s, lease_ms, diag) : STRATA_OK;
+}
+
+int strata_store_leader_get(strata_store *s, strata_store_leader *out, strata_diag *diag)
+{
+    if (out != NULL)
+        memset(out, 0, sizeof(*out));
+    int rc = enter(s, "leader get", diag);
+    if (rc < 0)
+        return rc;
+    if (out == NULL)
+        return strata_diag_set(diag, STRATA_EINVAL, "leader get: NULL argument");
+    if (s->ops->leader_get == NULL) {
+        out->epoch = 1;
+        snprintf(out->holder, sizeof(out->holder), "%s", "this process");
+        out->expires_in_ms = INT64_MAX;
+        return STRATA_OK;
+    }
+    return s->ops->leader_get(s, out, diag);
+}

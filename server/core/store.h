@@ -93,19 +93,20 @@ int strata_store_open(const char *state_dir, strata_store **out, strata_diag *di
  * "host=/run/pg port=5432 dbname=strata"; the tables live in the first
  * schema of the connection's search_path), with state_dir holding the files
  * that are not in the database yet (checkpoints, admin.token; created when
- * missing, like strata_store_open's). Takes a session advisory lock on the
- * database's store (waiting up to STRATA_STORE_PG_LOCK_WAIT_MS for a holder
- * that just died) and the directory lock, creates or migrates the schema in
- * one transaction and recovers the directory's temporary files. Every write
- * transaction takes a transaction advisory lock first, so writers are
- * serialised as SQLite's are; commits wait for the server's WAL flush
- * (synchronous_commit on). Errors: STRATA_ESTATE when another store holds
- * the lock, the schema is newer or the schema is not a Strata store's,
- * STRATA_EIO for connection and SQL failures (with PostgreSQL's message). */
+ * missing, like strata_store_open's). Takes the directory lock, creates or
+ * migrates the schema in one transaction and recovers the directory's
+ * temporary files. Several processes may open one database's store; the one
+ * that may write as the coordinator is the leader (strata_store_lead), and
+ * a leader's writes are fenced by its epoch. Every write transaction takes
+ * a transaction advisory lock first, so writers are serialised as SQLite's
+ * are; commits wait for the server's WAL flush (synchronous_commit on); a
+ * session idle in a transaction for 5 s is ended by the server (a paused
+ * process cannot hold the write lock). Errors: STRATA_ESTATE when the
+ * directory is locked, the schema is newer or the schema is not a Strata
+ * store's, STRATA_EIO for connection and SQL failures (with PostgreSQL's
+ * message). */
 int strata_store_open_database(const char *database, const char *state_dir, strata_store **out,
                                strata_diag *diag);
-
-#define STRATA_STORE_PG_LOCK_WAIT_MS 3000
 
 /* What strata_store_migrate copied. */
 typedef struct strata_store_migrated {
@@ -395,6 +396,39 @@ void strata_store_update_list_free(strata_store_update *updates, size_t n);
  * (corruption). */
 int strata_store_update_read(strata_store *s, uint32_t round, uint64_t client_id, uint8_t **buf,
                              size_t *len, strata_diag *diag);
+
+/* ---- Leadership --------------------------------------------------------- */
+
+/* Who leads the store: the coordinator that may write to it. */
+typedef struct strata_store_leader {
+    int64_t epoch;         /* raised by every change of leader; 0: none yet */
+    char holder[64];       /* the leader's name (strata_store_lead's holder) */
+    int64_t expires_in_ms; /* its lease's time left (<= 0: expired) */
+} strata_store_leader;
+
+/* Makes s (and every secondary opened from it afterwards) the store's
+ * leader under the name holder (1 to 63 printable ASCII bytes) for
+ * lease_ms (100 to 3,600,000) milliseconds, when no other leader's lease
+ * runs: none yet, its lease expired, or its session ended (it died). The
+ * epoch goes up by one; from then on every write transaction of s and of
+ * its secondaries first checks, in the same transaction, that the store's
+ * epoch is still this one, and fails with STRATA_ESTATE ("fenced")
+ * otherwise, so that a leader that was paused or cut off past its lease
+ * never writes again. *out (may be NULL) receives the leader after the
+ * call. Errors: STRATA_ESTATE when another leader's lease runs (*out says
+ * whose and for how long), STRATA_EIO. The SQLite backend, whose
+ * directory lock already makes its opener the one writer, always grants
+ * it (epoch 1). The times are the database server's clock. */
+int strata_store_lead(strata_store *s, const char *holder, int64_t lease_ms,
+                      strata_store_leader *out, strata_diag *diag);
+
+/* Renews the lease of s's leadership for lease_ms from now. Errors:
+ * STRATA_ESTATE when s does not lead (never did, or was fenced: another
+ * leader took over), STRATA_EIO. */
+int strata_store_renew(strata_store *s, int64_t lease_ms, strata_diag *diag);
+
+/* The store's current leader (epoch 0 and an empty holder when none). */
+int strata_store_leader_get(strata_store *s, strata_store_leader *out, strata_diag *diag);
 
 /* ---- Checkpoints ------------------------------------------------------ */
 

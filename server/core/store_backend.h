@@ -82,6 +82,13 @@ typedef struct strata_store_ops {
     int (*counter_add_many)(strata_store *s, const strata_store_counter *deltas, size_t n,
                             strata_diag *diag);
     int (*counter_get)(strata_store *s, const char *name, int64_t *value, strata_diag *diag);
+
+    /* Leadership (NULL for a backend whose opener is always the one
+     * writer: store.c then answers epoch 1). holder and lease_ms checked. */
+    int (*lead)(strata_store *s, const char *holder, int64_t lease_ms, strata_store_leader *out,
+                strata_diag *diag);
+    int (*renew)(strata_store *s, int64_t lease_ms, strata_diag *diag);
+    int (*leader_get)(strata_store *s, strata_store_leader *out, strata_diag *diag);
 } strata_store_ops;
 
 /* What every backend's handle starts with (a backend's own structure has

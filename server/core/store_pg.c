@@ -67,9 +67,22 @@ static const char schema_v1[] =
     "CREATE TABLE counters(name text PRIMARY KEY, value bigint NOT NULL);"
     "INSERT INTO schema_version(version) VALUES(1);";
 
-/* migrations[v] raises version v to v + 1 (none yet: version 1 is the
- * first). A newer build appends here. */
-static const char *const migrations[STRATA__PG_SCHEMA_VERSION] = {NULL};
+/* migrations[v] raises version v to v + 1; a newer build appends here.
+ * Version 2: the leader's lease (one row: its epoch, name, expiry in the
+ * database server's milliseconds, and whether it holds the session lock). */
+static const char *const migrations[STRATA__PG_SCHEMA_VERSION] = {
+    NULL,
+    "CREATE TABLE leader("
+    " id smallint PRIMARY KEY CHECK(id = 1),"
+    " epoch bigint NOT NULL CHECK(epoch > 0),"
+    " holder text NOT NULL,"
+    " expires_ms bigint NOT NULL,"
+    " locked boolean NOT NULL);"
+    "UPDATE schema_version SET version = 2;",
+};
+
+/* The database server's clock in Unix milliseconds (SQL). */
+#define NOW_MS "(extract(epoch FROM clock_timestamp()) * 1000)::bigint"
 
 #define ROUND_COLUMNS                                                                              \
     "round, model_version, state, opened_ms, deadline_ms, closed_ms, task, summary,"               \
@@ -138,6 +151,16 @@ static const char *const stmt_sql[N_PG_STMT] = {
                       " OR ($2::bigint <= 0 AND c.value::numeric >= -9223372036854775808"
                       " - $2::bigint) RETURNING value",
     [P_COUNTER_GET] = "SELECT value FROM counters WHERE name = $1",
+    [P_LEADER_GET] = "SELECT epoch, holder, expires_ms - " NOW_MS ", locked FROM leader"
+                     " WHERE id = 1",
+    [P_LEADER_SET] = "INSERT INTO leader(id, epoch, holder, expires_ms, locked)"
+                     " VALUES(1, $1, $2, " NOW_MS " + $3::bigint, $4::boolean)"
+                     " ON CONFLICT(id) DO UPDATE SET epoch = excluded.epoch,"
+                     " holder = excluded.holder, expires_ms = excluded.expires_ms,"
+                     " locked = excluded.locked",
+    [P_LEADER_RENEW] = "UPDATE leader SET expires_ms = " NOW_MS " + $2::bigint,"
+                       " locked = locked OR $3::boolean WHERE id = 1 AND epoch = $1",
+    [P_LEADER_EPOCH] = "SELECT epoch, holder FROM leader WHERE id = 1",
 };
 
 /* ---- Parameters and results ---------------------------------------------- */
@@ -319,6 +342,25 @@ int strata__pg_tx_begin(pg_store *s, strata_diag *diag)
         return STRATA_EIO;
     }
     PQclear(r);
+    if (s->epoch > 0) { /* the fence: still the leader of our epoch? */
+        r = strata__pg_run(s, P_LEADER_EPOCH, NULL, 0, 1, "read the leader's epoch", diag);
+        if (r == NULL) {
+            strata__pg_tx_rollback(s);
+            return STRATA_EIO;
+        }
+        int64_t now = PQntuples(r) > 0 ? strata__pg_col_int(r, 0, 0) : 0;
+        int rc = STRATA_OK;
+        if (now != s->epoch)
+            rc = strata_diag_set(diag, STRATA_ESTATE,
+                                 "fenced: %s leads the store (epoch %" PRId64
+                                 "), no longer this coordinator (epoch %" PRId64 ")",
+                                 PQntuples(r) > 0 ? PQgetvalue(r, 0, 1) : "nobody", now, s->epoch);
+        PQclear(r);
+        if (rc < 0) {
+            strata__pg_tx_rollback(s);
+            return rc;
+        }
+    }
     return STRATA_OK;
 }
 
@@ -456,32 +498,13 @@ static int connect_db(pg_store *s, strata_diag *diag)
         return strata_diag_set(diag, STRATA_ENOMEM, "PQconnectdb: out of memory");
     if (PQstatus(s->conn) != CONNECTION_OK)
         return pg_error(s, NULL, "connect to the database", diag);
-    int rc = exec_sql(s, "SET synchronous_commit = on; SET client_min_messages = warning",
+    /* A leader paused in the middle of a transaction (holding the write
+     * lock) loses its session after 5 s, so that the others may go on. */
+    int rc = exec_sql(s,
+                      "SET synchronous_commit = on; SET client_min_messages = warning;"
+                      " SET idle_in_transaction_session_timeout = '5s'",
                       "set up the session", diag);
     return rc == STRATA_OK ? prepare(s, 0, P_ROLLBACK + 1, diag) : rc;
-}
-
-/* The primary's session advisory lock, waiting up to
- * STRATA_STORE_PG_LOCK_WAIT_MS for a holder whose process just died (the
- * server ends its session when it notices). */
-static int lock_primary(pg_store *s, strata_diag *diag)
-{
-    for (int waited = 0;; waited += 50) {
-        char got[8];
-        int rc = query_one(s,
-                           "SELECT pg_try_advisory_lock(" PG_STR(
-                               STRATA__PG_LOCK_PRIMARY) ", hashtext(current_schema()))",
-                           NULL, got, sizeof(got), diag);
-        if (rc < 0)
-            return rc;
-        if (strcmp(got, "t") == 0)
-            return STRATA_OK;
-        if (waited >= STRATA_STORE_PG_LOCK_WAIT_MS)
-            return strata_diag_set(diag, STRATA_ESTATE,
-                                   "the database's store is in use by another store");
-        struct timespec t = {0, 50 * 1000000L};
-        nanosleep(&t, NULL);
-    }
 }
 
 static pg_store *store_alloc(const char *conninfo, const char *dir)
@@ -520,8 +543,6 @@ int strata_store_open_database(const char *database, const char *state_dir, stra
     if (rc == STRATA_OK)
         rc = connect_db(s, diag);
     if (rc == STRATA_OK)
-        rc = lock_primary(s, diag);
-    if (rc == STRATA_OK)
         rc = check_schema(s, 1, diag);
     if (rc == STRATA_OK)
         rc = prepare(s, P_ROLLBACK + 1, N_PG_STMT, diag);
@@ -550,6 +571,8 @@ int strata__pg_open_secondary(const strata_store *primary, strata_store **out, s
         strata__pg_close(&s->base);
         return rc;
     }
+    s->epoch = p->epoch; /* writes as the primary's leadership, fenced alike */
+    memcpy(s->holder, p->holder, sizeof(s->holder));
     *out = &s->base;
     return STRATA_OK;
 }
@@ -588,4 +611,7 @@ const strata_store_ops strata__store_pg_ops = {
     .latest_model_version = strata__pg_latest_model_version,
     .counter_add_many = strata__pg_counter_add_many,
     .counter_get = strata__pg_counter_get,
+    .lead = strata__pg_lead,
+    .renew = strata__pg_renew,
+    .leader_get = strata__pg_leader_get,
 };

@@ -22,11 +22,12 @@
 
 /* The schema this build creates and reads in a PostgreSQL database (its own
  * numbering, independent of the SQLite backend's). */
-#define STRATA__PG_SCHEMA_VERSION 1
+#define STRATA__PG_SCHEMA_VERSION 2
 
 /* The advisory-lock class ids of the store (the object id is the hash of
- * the store's schema name): one session lock held by the primary, one
- * transaction lock taken by every write. */
+ * the store's schema name): one session lock that the leader holds (a sign
+ * that it lives: a store that gets it knows the last leader's session
+ * ended), one transaction lock taken by every write. */
 #define STRATA__PG_LOCK_PRIMARY 1398035024 /* 0x53545250, "STRP" */
 #define STRATA__PG_LOCK_WRITE 1398035031   /* 0x53545257, "STRW" */
 
@@ -62,6 +63,10 @@ enum {
     P_CKPT_LATEST,
     P_COUNTER_ADD,
     P_COUNTER_GET,
+    P_LEADER_GET,
+    P_LEADER_SET,
+    P_LEADER_RENEW,
+    P_LEADER_EPOCH,
     N_PG_STMT
 };
 
@@ -71,6 +76,9 @@ typedef struct pg_store {
     char *conninfo;
     int lock_fd; /* the state directory's lock; -1 for a secondary */
     int in_tx;
+    int64_t epoch;    /* > 0: this connection writes as the leader of that epoch (fenced) */
+    int session_lock; /* holds the leader's session lock */
+    char holder[64];
 } pg_store;
 
 /* At most this many parameters per statement. */
@@ -167,5 +175,9 @@ int strata__pg_latest_model_version(strata_store *s, uint64_t *model_version, in
 int strata__pg_counter_add_many(strata_store *s, const strata_store_counter *deltas, size_t n,
                                 strata_diag *diag);
 int strata__pg_counter_get(strata_store *s, const char *name, int64_t *value, strata_diag *diag);
+int strata__pg_lead(strata_store *s, const char *holder, int64_t lease_ms, strata_store_leader *out,
+                    strata_diag *diag);
+int strata__pg_renew(strata_store *s, int64_t lease_ms, strata_diag *diag);
+int strata__pg_leader_get(strata_store *s, strata_store_leader *out, strata_diag *diag);
 
 #endif

@@ -37,6 +37,9 @@ typedef struct store_backend {
     /* Removes everything at loc (no connection is open) and frees loc.
      * Accepts NULL. */
     void (*remove)(char *loc);
+    /* 1 when connections of one store may compete for its leadership
+     * (strata_store_lead): PostgreSQL; SQLite's one opener always leads. */
+    int rivals;
 } store_backend;
 
 /* Every backend: SQLite, then PostgreSQL (which needs STRATA_TEST_PG_URL,

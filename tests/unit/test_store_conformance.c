@@ -102,6 +102,18 @@ static strata_store *fx_secondary(fixture *f)
     return s;
 }
 
+/* Closes secondary s of f before the others (a process that ends). */
+static void fx_close_secondary(fixture *f, strata_store *s)
+{
+    for (size_t i = 0; i < f->nsec; i++) {
+        if (f->sec[i] == s) {
+            strata_store_close(s);
+            f->sec[i] = f->sec[--f->nsec];
+            return;
+        }
+    }
+}
+
 static void fx_remove(fixture *f)
 {
     fx_close(f);
@@ -1797,6 +1809,109 @@ static void test_crash_mixed(void)
 
 /* ---- The runner --------------------------------------------------------- */
 
+/* ---- Leadership ----------------------------------------------------------- */
+
+static void sleep_ms(long ms)
+{
+    struct timespec t = {ms / 1000, (ms % 1000) * 1000000L};
+    nanosleep(&t, NULL);
+}
+
+static void test_leadership(void)
+{
+    FRESH_STORE(s);
+    strata_diag d;
+    strata_store_leader l;
+    int64_t v;
+    CU_ASSERT_EQUAL(strata_store_lead(s, "", 1000, &l, &d), STRATA_EINVAL);
+    CU_ASSERT_EQUAL(strata_store_lead(s, "has space", 1000, &l, &d), STRATA_EINVAL);
+    CU_ASSERT_EQUAL(strata_store_lead(s, "a", 50, &l, &d), STRATA_EINVAL);
+    CU_ASSERT_EQUAL(strata_store_lead(NULL, "a", 1000, &l, &d), STRATA_EINVAL);
+    CU_ASSERT_EQUAL(strata_store_renew(s, 10, &d), STRATA_EINVAL);
+    CU_ASSERT_EQUAL(strata_store_leader_get(s, NULL, &d), STRATA_EINVAL);
+    if (!F.b->rivals) {
+        /* The one opener leads, always. */
+        CU_ASSERT_EQUAL(strata_store_lead(s, "a", 1000, &l, &d), STRATA_OK);
+        CU_ASSERT(l.epoch >= 1);
+        CU_ASSERT_EQUAL(strata_store_renew(s, 1000, &d), STRATA_OK);
+        CU_ASSERT_EQUAL(strata_store_leader_get(s, &l, &d), STRATA_OK);
+        CU_ASSERT(l.epoch >= 1 && l.expires_in_ms > 0);
+        CU_ASSERT_EQUAL(strata_store_counter_add(s, "after-lead", 1, &d), STRATA_OK);
+        return;
+    }
+    /* Nobody leads a fresh store; renewing without leading is refused. */
+    CU_ASSERT_EQUAL(strata_store_leader_get(s, &l, &d), STRATA_OK);
+    CU_ASSERT_EQUAL(l.epoch, 0);
+    CU_ASSERT_EQUAL(strata_store_renew(s, 1000, &d), STRATA_ESTATE);
+    strata_store *a = fx_secondary(&F), *b = fx_secondary(&F), *c = fx_secondary(&F);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(a);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(b);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(c);
+    CU_ASSERT_EQUAL_FATAL(strata_store_lead(a, "a", 60000, &l, &d), STRATA_OK);
+    const int64_t e = l.epoch;
+    CU_ASSERT(e >= 1);
+    CU_ASSERT_STRING_EQUAL(l.holder, "a");
+    CU_ASSERT(l.expires_in_ms > 50000 && l.expires_in_ms <= 60000);
+    /* A rival waits while the lease runs and the leader lives. */
+    CU_ASSERT_EQUAL(strata_store_lead(b, "b", 60000, &l, &d), STRATA_ESTATE);
+    CU_ASSERT_STRING_EQUAL(l.holder, "a");
+    CU_ASSERT_EQUAL(l.epoch, e);
+    CU_ASSERT(strstr(d.msg, "a leads") != NULL);
+    CU_ASSERT_EQUAL(strata_store_counter_add(a, "led", 1, &d), STRATA_OK);
+    CU_ASSERT_EQUAL(strata_store_renew(a, 60000, &d), STRATA_OK);
+    /* Leading again renews: the same epoch. */
+    CU_ASSERT_EQUAL(strata_store_lead(a, "a", 60000, &l, &d), STRATA_OK);
+    CU_ASSERT_EQUAL(l.epoch, e);
+
+    /* A lease that expires (the leader paused, its session alive) is taken
+     * over, and the old leader is fenced: no write, no renewal, no taking
+     * the lead back while the new lease runs. */
+    CU_ASSERT_EQUAL(strata_store_lead(a, "a", 100, &l, &d), STRATA_OK);
+    sleep_ms(300);
+    CU_ASSERT_EQUAL_FATAL(strata_store_lead(b, "b", 60000, &l, &d), STRATA_OK);
+    CU_ASSERT_EQUAL(l.epoch, e + 1);
+    CU_ASSERT_STRING_EQUAL(l.holder, "b");
+    CU_ASSERT_EQUAL(strata_store_counter_add(a, "led", 1, &d), STRATA_ESTATE);
+    CU_ASSERT(strstr(d.msg, "fenced") != NULL);
+    CU_ASSERT_EQUAL(strata_store_renew(a, 60000, &d), STRATA_ESTATE);
+    CU_ASSERT_EQUAL(strata_store_lead(a, "a", 60000, &l, &d), STRATA_ESTATE);
+    CU_ASSERT_EQUAL(l.epoch, e + 1);
+    uint64_t ids[1];
+    uint8_t h[32];
+    token_hash(77, h);
+    CU_ASSERT_EQUAL(strata_store_client_add(a, h, "x", NULL, &ids[0], NULL, &d), STRATA_ESTATE);
+    CU_ASSERT_EQUAL(strata_store_counter_get(c, "led", &v, &d), STRATA_OK);
+    CU_ASSERT_EQUAL(v, 1); /* the fenced write left nothing */
+    CU_ASSERT_EQUAL(strata_store_counter_add(b, "led", 1, &d), STRATA_OK);
+
+    /* When the old leader's session ends, the new one gets the session
+     * lock at its next renewal; when the new one's session ends in turn,
+     * a rival takes over at once, its lease notwithstanding. */
+    fx_close_secondary(&F, a);
+    CU_ASSERT_EQUAL(strata_store_renew(b, 60000, &d), STRATA_OK);
+    CU_ASSERT_EQUAL(strata_store_lead(c, "c", 60000, &l, &d), STRATA_ESTATE);
+    fx_close_secondary(&F, b);
+    int took = STRATA_ESTATE;
+    for (int i = 0; i < 40 && took != STRATA_OK; i++) { /* the server ends the session */
+        took = strata_store_lead(c, "c", 60000, &l, &d);
+        if (took != STRATA_OK)
+            sleep_ms(50);
+    }
+    CU_ASSERT_EQUAL_FATAL(took, STRATA_OK);
+    CU_ASSERT_EQUAL(l.epoch, e + 2);
+    CU_ASSERT_STRING_EQUAL(l.holder, "c");
+    CU_ASSERT_EQUAL(strata_store_counter_add(c, "led", 1, &d), STRATA_OK);
+    CU_ASSERT_EQUAL(strata_store_counter_get(s, "led", &v, &d), STRATA_OK);
+    CU_ASSERT_EQUAL(v, 3);
+    /* A connection opened from the leader writes as the leader. */
+    strata_store *c2 = fx_open(&F, STORE_SECONDARY, c);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(c2);
+    CU_ASSERT_EQUAL(strata_store_counter_add(c2, "led", 1, &d), STRATA_OK);
+    CU_ASSERT_EQUAL(strata_store_leader_get(c2, &l, &d), STRATA_OK);
+    CU_ASSERT_EQUAL(l.epoch, e + 2);
+    strata_store_close(c2);
+}
+
 static int usage(const char *argv0)
 {
     fprintf(stderr, "usage: %s [--backend NAME]\n  NAME:", argv0);
@@ -1838,6 +1953,7 @@ int main(int argc, char **argv)
         {"update read: exact bytes of every size", test_payload_bytes},
         {"counters: add, add_many all or nothing, names, overflow, persistence", test_counters},
         {"checkpoints: record, latest", test_checkpoints},
+        {"leadership: lead, renew, expiry, fencing, a dead leader's place", test_leadership},
         {"concurrent connections store one update once", test_concurrent_same_update},
         {"concurrent conflicting updates: one wins", test_concurrent_conflicting_updates},
         {"prepare in threads while others commit", test_prepare_concurrent_with_commits},
