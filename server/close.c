@@ -78,7 +78,13 @@ int srv__close_new(const srv_close_config *c, strata_model *x, uint64_t version,
         char opath[4200];
         opt_path(C, version, opath, sizeof(opath));
         struct stat st;
-        if (version > 0 && stat(opath, &st) == 0)
+        int found = 0;
+        if (version > 0)
+            rc = strata_store_file_fetch(C->c.store, STRATA_STORE_FILE_SERVER_OPT, version, &found,
+                                         d);
+        if (rc < 0)
+            ;
+        else if (found && stat(opath, &st) == 0)
             rc = strata_server_opt_load(opath, params, &oc, &C->opt, d);
         else
             rc = strata_server_opt_new(params, &oc, &C->opt, d);

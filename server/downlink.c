@@ -56,8 +56,12 @@ strata_model *srv__downlink_xhat(const srv_downlink *dl)
 static int load(srv_downlink *dl, uint64_t version, strata_diag *d)
 {
     char path[4096];
-    int rc;
-    if ((rc = strata_store_checkpoint_path(dl->c.store, version, path, sizeof(path), d)) < 0 ||
+    int rc, found = 0;
+    if ((rc = strata_store_file_fetch(dl->c.store, STRATA_STORE_FILE_CHECKPOINT, version, &found,
+                                      d)) < 0 ||
+        (rc = strata_store_file_fetch(dl->c.store, STRATA_STORE_FILE_SERVER_MODEL, version, &found,
+                                      d)) < 0 ||
+        (rc = strata_store_checkpoint_path(dl->c.store, version, path, sizeof(path), d)) < 0 ||
         (rc = strata_checkpoint_load(path, &dl->xhat, d)) < 0)
         return rc;
     rc = strata_store_path(strata_store_dir(dl->c.store), STRATA_STORE_FILE_SERVER_MODEL, version,
@@ -194,14 +198,12 @@ void srv__downlink_prune(srv_downlink *dl, uint64_t v, size_t snapshot)
         return;
     char path[4096];
     /* x of the version before: start-up reads x of the latest only. */
-    if (v > 0 && strata_store_path(strata_store_dir(dl->c.store), STRATA_STORE_FILE_SERVER_MODEL,
-                                   v - 1, 0, path, sizeof(path), NULL) == 0)
-        unlink(path);
+    if (v > 0)
+        strata_store_file_remove(dl->c.store, STRATA_STORE_FILE_SERVER_MODEL, v - 1, NULL);
     if (dl->c.keep > 0) {
-        if (v > (uint64_t)dl->c.keep &&
-            strata_store_path(strata_store_dir(dl->c.store), STRATA_STORE_FILE_DELTA,
-                              v - (uint64_t)dl->c.keep, 0, path, sizeof(path), NULL) == 0)
-            unlink(path);
+        if (v > (uint64_t)dl->c.keep)
+            strata_store_file_remove(dl->c.store, STRATA_STORE_FILE_DELTA, v - (uint64_t)dl->c.keep,
+                                     NULL);
         return;
     }
     /* --downlink-keep 0: a delta is kept while some chain ending at v that
@@ -222,7 +224,8 @@ void srv__downlink_prune(srv_downlink *dl, uint64_t v, size_t snapshot)
     for (; w >= 1; w--) {
         if (strata_store_path(strata_store_dir(dl->c.store), STRATA_STORE_FILE_DELTA, w, 0, path,
                               sizeof(path), NULL) < 0 ||
-            unlink(path) != 0)
+            stat(path, &st) != 0 ||
+            strata_store_file_remove(dl->c.store, STRATA_STORE_FILE_DELTA, w, NULL) < 0)
             return;
     }
 }
@@ -235,7 +238,10 @@ static int recipe_check(srv_downlink *dl, const strata_model *seeded, uint64_t v
     char path[4096];
     strata_model *m0 = NULL;
     strata_diag ld = {{0}};
-    int rc = strata_store_checkpoint_path(dl->c.store, 0, path, sizeof(path), &ld);
+    int found = 0;
+    int rc = strata_store_file_fetch(dl->c.store, STRATA_STORE_FILE_CHECKPOINT, 0, &found, &ld);
+    if (rc == 0)
+        rc = strata_store_checkpoint_path(dl->c.store, 0, path, sizeof(path), &ld);
     if (rc == 0)
         rc = strata_checkpoint_load(path, &m0, &ld);
     if (rc == STRATA_ENOMEM)
@@ -262,7 +268,8 @@ static int recipe_check(srv_downlink *dl, const strata_model *seeded, uint64_t v
     strata_model_free(m0);
     struct stat st;
     if (why[0] == '\0' && version > 0 &&
-        (strata_store_path(strata_store_dir(dl->c.store), STRATA_STORE_FILE_DELTA, 1, 0, path,
+        (strata_store_file_fetch(dl->c.store, STRATA_STORE_FILE_DELTA, 1, &found, NULL) < 0 ||
+         strata_store_path(strata_store_dir(dl->c.store), STRATA_STORE_FILE_DELTA, 1, 0, path,
                            sizeof(path), NULL) < 0 ||
          stat(path, &st) != 0))
         snprintf(why, cap, "the delta from version 0 to 1 is not kept");

@@ -60,7 +60,10 @@ static int load_model(srv_engine *e, strata_model **out, uint64_t *version, stra
     char path[4096];
     strata_model *m = NULL;
     if (have) {
-        if ((rc = strata_store_checkpoint_path(e->store, latest, path, sizeof(path), d)) < 0 ||
+        int found = 0;
+        if ((rc = strata_store_file_fetch(e->store, STRATA_STORE_FILE_CHECKPOINT, latest, &found,
+                                          d)) < 0 ||
+            (rc = strata_store_checkpoint_path(e->store, latest, path, sizeof(path), d)) < 0 ||
             (rc = strata_checkpoint_load(path, &m, d)) < 0)
             return rc;
         strata_model *spec = NULL;

@@ -24,7 +24,9 @@
 #define OLD_MODEL_MAX ((size_t)1 << 31)
 
 struct srv_models {
-    strata_store *store;                 /* borrowed; only its paths are used */
+    strata_store *store;  /* borrowed; only its paths are used */
+    strata_store *fstore; /* own connection: fetching files, under fetch_mu */
+    pthread_mutex_t fetch_mu;
     pthread_mutex_t *mu;                 /* the engine lock: guards the published version */
     int deltas;                          /* --downlink: deltas are published */
     long keep;                           /* --downlink-keep */
@@ -61,8 +63,11 @@ int srv__models_new(strata_store *store, pthread_mutex_t *mu, int deltas, long k
     M->keep = keep;
     pthread_mutex_init(&M->old_mu, NULL);
     pthread_mutex_init(&M->chain_mu, NULL);
+    pthread_mutex_init(&M->fetch_mu, NULL);
     strata_tensor_list_init(&M->chain_xhat);
-    int rc = strata_zctx_new(&M->zctx);
+    int rc = strata_store_open_secondary(store, &M->fstore, NULL);
+    if (rc == 0)
+        rc = strata_zctx_new(&M->zctx);
     if (rc == 0)
         rc = strata_zctx_new(&M->old_zctx);
     if (rc < 0) {
@@ -134,6 +139,8 @@ void srv__models_free(srv_models *M)
     if (M == NULL)
         return;
     srv__model_blob_cleanup(&M->cache);
+    strata_store_close(M->fstore);
+    pthread_mutex_destroy(&M->fetch_mu);
     strata_zctx_free(M->zctx);
     strata_zctx_free(M->old_zctx);
     pthread_mutex_destroy(&M->old_mu);
@@ -141,6 +148,19 @@ void srv__models_free(srv_models *M)
     pthread_mutex_destroy(&M->chain_mu);
     free(M->recipe);
     free(M);
+}
+
+/* Makes sure file kind of version v is in the state directory as the
+ * store keeps it (with PostgreSQL the directory is a cache; see
+ * strata_store_file_fetch): 1 when it is, 0 when the store has none, < 0 on
+ * a failure. Any thread; one fetch at a time. */
+static int fetch(srv_models *M, strata_store_file kind, uint64_t v)
+{
+    int found = 0;
+    pthread_mutex_lock(&M->fetch_mu);
+    int rc = strata_store_file_fetch(M->fstore, kind, v, &found, NULL);
+    pthread_mutex_unlock(&M->fetch_mu);
+    return rc < 0 ? rc : found;
 }
 
 /* An older version: its checkpoint file, compressed when asked. No lock. */
@@ -152,7 +172,9 @@ static int read_old(srv_models *M, uint64_t version, int want_zstd, uint8_t **ou
     int rc = strata_store_checkpoint_path(M->store, version, path, sizeof(path), NULL);
     uint8_t *buf = NULL;
     size_t n = 0;
-    if (rc == 0)
+    if (rc == 0 && (rc = fetch(M, STRATA_STORE_FILE_CHECKPOINT, version)) == 0)
+        rc = STRATA_ESTATE; /* no such version */
+    if (rc == 1)
         rc = strata_file_read_all(path, OLD_MODEL_MAX, &buf, &n, NULL);
     if (rc == 0 && want_zstd) {
         uint8_t *z = NULL;
@@ -236,7 +258,8 @@ void srv__models_init(srv_models *M, srv_result *r)
     pthread_mutex_unlock(M->mu);
     char path[4096];
     struct stat st;
-    if (cur > 0 && (strata_store_path(strata_store_dir(M->store), STRATA_STORE_FILE_DELTA, 1, 0,
+    if (cur > 0 && (fetch(M, STRATA_STORE_FILE_DELTA, 1) != 1 ||
+                    strata_store_path(strata_store_dir(M->store), STRATA_STORE_FILE_DELTA, 1, 0,
                                       path, sizeof(path), NULL) < 0 ||
                     stat(path, &st) != 0)) {
         srv_result_error(r, SRV_E_NOT_FOUND,
@@ -280,6 +303,9 @@ static void chain_compact(srv_models *M, uint64_t to, const char *to_digest, uin
         strata_tensor_list_init(&M->chain_xhat);
         M->chain_digest[0] = '\0';
         rc = strata_store_checkpoint_path(M->store, to, path, sizeof(path), &d);
+        if (rc == 0 && fetch(M, STRATA_STORE_FILE_CHECKPOINT, to) != 1)
+            rc = strata_diag_set(&d, STRATA_ESTATE, "no checkpoint of version %llu",
+                                 (unsigned long long)to);
         if (rc == 0)
             rc = strata_safetensors_read(path, OLD_MODEL_MAX, &M->chain_xhat, NULL, &d);
         if (rc == 0) {
@@ -344,6 +370,9 @@ void srv__models_delta(srv_models *M, uint64_t to, uint64_t from, const char *in
         char path[4096];
         rc = strata_store_path(strata_store_dir(M->store), STRATA_STORE_FILE_DELTA, from + 1 + i, 0,
                                path, sizeof(path), NULL);
+        int have = rc == 0 ? fetch(M, STRATA_STORE_FILE_DELTA, from + 1 + i) : 0;
+        if (rc == 0 && have != 1)
+            rc = have < 0 ? STRATA_EIO : STRATA_ESTATE; /* not kept: the snapshot instead */
         if (rc == 0)
             rc = strata_file_read_all(path, DELTA_MAX, &parts[i], &lens[i], NULL);
         if (rc == STRATA_ESTATE || rc == STRATA_EIO) {

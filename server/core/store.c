@@ -767,3 +767,51 @@ int strata_store_leader_get(strata_store *s, strata_store_leader *out, strata_di
     }
     return s->ops->leader_get(s, out, diag);
 }
+
+/* ---- A version's files -------------------------------------------------- */
+
+static int version_file(strata_store_file kind)
+{
+    return kind == STRATA_STORE_FILE_CHECKPOINT || kind == STRATA_STORE_FILE_SERVER_OPT ||
+           kind == STRATA_STORE_FILE_SERVER_MODEL || kind == STRATA_STORE_FILE_DELTA;
+}
+
+int strata_store_file_fetch(strata_store *s, strata_store_file kind, uint64_t version, int *found,
+                            strata_diag *diag)
+{
+    if (found != NULL)
+        *found = 0;
+    int rc = enter(s, "file fetch", diag);
+    if (rc < 0)
+        return rc;
+    if (found == NULL || !version_file(kind) || !FITS_I64(version))
+        return strata_diag_set(diag, STRATA_EINVAL,
+                               "file fetch: NULL argument or not a version's "
+                               "file");
+    char path[4096];
+    if ((rc = strata_store_path(s->dir, kind, version, 0, path, sizeof(path), diag)) < 0)
+        return rc;
+    if (s->ops->file_fetch != NULL)
+        return s->ops->file_fetch(s, kind, version, path, found, diag);
+    struct stat st;
+    *found = stat(path, &st) == 0 && S_ISREG(st.st_mode);
+    return STRATA_OK;
+}
+
+int strata_store_file_remove(strata_store *s, strata_store_file kind, uint64_t version,
+                             strata_diag *diag)
+{
+    int rc = enter(s, "file remove", diag);
+    if (rc < 0)
+        return rc;
+    if (!version_file(kind) || !FITS_I64(version))
+        return strata_diag_set(diag, STRATA_EINVAL, "file remove: not a version's file");
+    char path[4096];
+    if ((rc = strata_store_path(s->dir, kind, version, 0, path, sizeof(path), diag)) < 0)
+        return rc;
+    if (s->ops->file_remove != NULL && (rc = s->ops->file_remove(s, kind, version, diag)) < 0)
+        return rc;
+    if (unlink(path) < 0 && errno != ENOENT)
+        return strata_diag_set(diag, STRATA_EIO, "unlink %s: %s", path, strerror(errno));
+    return STRATA_OK;
+}

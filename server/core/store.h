@@ -119,9 +119,9 @@ typedef struct strata_store_migrated {
  * then, holding the directory's lock, copies every client, registration,
  * round, selection, update with its payload, checkpoint record and counter
  * in one PostgreSQL transaction (ids, receipts, hashes and times kept),
- * and reads every payload back through the store, checking its SHA-256.
- * state.db is left as it was (but for a schema migration); the checkpoint
- * files stay in state_dir, which the PostgreSQL store keeps using. out (may
+ * with the files of every recorded model version, and reads every payload
+ * back through the store, checking its SHA-256. state.db and the files are
+ * left as they were (but for a schema migration). out (may
  * be NULL) receives the counts. Errors: STRATA_ESTATE (no SQLite store,
  * a non-empty database store, a lock held), STRATA_EIO; on error the
  * database is left as it was. */
@@ -440,8 +440,34 @@ int strata_store_checkpoint_path(const strata_store *s, uint64_t model_version, 
                                  size_t len, strata_diag *diag);
 
 /* Records that model_version's checkpoint file is complete (it must exist).
- * Recording a version again replaces the record. */
+ * Recording a version again replaces the record. With PostgreSQL, the same
+ * transaction also stores in the database each of the version's files
+ * that is in the state directory (STRATA_STORE_FILE_CHECKPOINT,
+ * _SERVER_OPT, _SERVER_MODEL, _DELTA; read in chunks of
+ * STRATA_STORE_FILE_CHUNK bytes, with their size and SHA-256), so that the
+ * directory is only a cache: a coordinator started with an empty one
+ * fetches what it reads (strata_store_file_fetch). */
 int strata_store_checkpoint_record(strata_store *s, uint64_t model_version, strata_diag *diag);
+
+#define STRATA_STORE_FILE_CHUNK ((size_t)4 << 20)
+
+/* Makes sure the file `kind` of `version` (one of the four kinds above) is
+ * at its path in the state directory as the store keeps it: *found = 1
+ * when it is (then it may be read), 0 when the store has no such file.
+ * SQLite: the directory's file is the store's copy; *found says whether it
+ * exists. PostgreSQL: a file in the directory that has the stored size and
+ * SHA-256 is kept; otherwise the stored one is written there (chunk by
+ * chunk, to a temporary file, checked, fsync'ed and renamed). Errors:
+ * STRATA_EINVAL (another kind), STRATA_EIO (including a stored file whose
+ * chunks do not add up to its size and hash). */
+int strata_store_file_fetch(strata_store *s, strata_store_file kind, uint64_t version, int *found,
+                            strata_diag *diag);
+
+/* Removes the file `kind` of `version` from the state directory and, with
+ * PostgreSQL, from the database (a leader's write: fenced). A file that is
+ * not there is no error. */
+int strata_store_file_remove(strata_store *s, strata_store_file kind, uint64_t version,
+                             strata_diag *diag);
 
 /* The highest recorded model version. None: STRATA_OK with *found = 0. */
 int strata_store_latest_model_version(strata_store *s, uint64_t *model_version, int *found,

@@ -89,6 +89,14 @@ typedef struct strata_store_ops {
                 strata_diag *diag);
     int (*renew)(strata_store *s, int64_t lease_ms, strata_diag *diag);
     int (*leader_get)(strata_store *s, strata_store_leader *out, strata_diag *diag);
+
+    /* The version's files (NULL for a backend whose files are the state
+     * directory's: store.c then checks existence and unlinks). kind is
+     * checked; path is its file in the state directory. */
+    int (*file_fetch)(strata_store *s, strata_store_file kind, uint64_t version, const char *path,
+                      int *found, strata_diag *diag);
+    int (*file_remove)(strata_store *s, strata_store_file kind, uint64_t version,
+                       strata_diag *diag);
 } strata_store_ops;
 
 /* What every backend's handle starts with (a backend's own structure has

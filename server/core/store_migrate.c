@@ -4,9 +4,10 @@
  * (which takes the directory's lock for the whole copy, so no coordinator
  * starts meanwhile), and every table is copied row by row in one
  * PostgreSQL transaction, with the ids, receipts, hashes and timestamps it
- * had. Then each update's payload is read back through the store's
- * interface and checked against its SHA-256. The checkpoint files stay
- * where they are: the same state directory serves the PostgreSQL store. */
+ * had, and the files of every recorded model version (checkpoints, the
+ * server optimiser's state, the server model, deltas) go into the
+ * database too. Then each update's payload is read back through the
+ * store's interface and checked against its SHA-256. */
 #include "store_pg.h"
 
 #include <sqlite3.h>
@@ -204,6 +205,17 @@ int strata_store_migrate(const char *state_dir, const char *database, strata_sto
     uint64_t rows[NTABLES] = {0};
     for (size_t i = 0; rc == STRATA_OK && i < NTABLES; i++)
         rc = copy_one(db, pg, &TABLES[i], &rows[i], diag);
+    /* The files of every recorded version, so that the state directory
+     * becomes a cache. */
+    sqlite3_stmt *vs = NULL;
+    if (rc == STRATA_OK &&
+        sqlite3_prepare_v2(db, "SELECT model_version FROM checkpoints ORDER BY 1", -1, &vs,
+                           NULL) != SQLITE_OK)
+        rc = strata_diag_set(diag, STRATA_EIO, "read checkpoints from SQLite: %s",
+                             sqlite3_errmsg(db));
+    while (rc == STRATA_OK && sqlite3_step(vs) == SQLITE_ROW)
+        rc = strata__pg_files_put(pg, (uint64_t)sqlite3_column_int64(vs, 0), diag);
+    sqlite3_finalize(vs);
     if (rc == STRATA_OK) {
         /* New clients continue after the copied ids. */
         PGresult *r = PQexec(pg->conn, "SELECT setval(pg_get_serial_sequence('clients', 'id'),"

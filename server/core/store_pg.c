@@ -79,6 +79,23 @@ static const char *const migrations[STRATA__PG_SCHEMA_VERSION] = {
     " expires_ms bigint NOT NULL,"
     " locked boolean NOT NULL);"
     "UPDATE schema_version SET version = 2;",
+    /* Version 3: a version's files (checkpoint, server optimiser, server
+     * model, delta), by kind (strata_store_file) and version, in chunks. */
+    "CREATE TABLE files("
+    " kind smallint NOT NULL,"
+    " version bigint NOT NULL,"
+    " bytes bigint NOT NULL CHECK(bytes >= 0),"
+    " sha256 bytea NOT NULL CHECK(length(sha256) = 32),"
+    " chunks integer NOT NULL,"
+    " PRIMARY KEY(kind, version));"
+    "CREATE TABLE file_chunks("
+    " kind smallint NOT NULL,"
+    " version bigint NOT NULL,"
+    " chunk integer NOT NULL,"
+    " data bytea NOT NULL,"
+    " PRIMARY KEY(kind, version, chunk));"
+    "ALTER TABLE file_chunks ALTER COLUMN data SET STORAGE EXTERNAL;"
+    "UPDATE schema_version SET version = 3;",
 };
 
 /* The database server's clock in Unix milliseconds (SQL). */
@@ -161,6 +178,16 @@ static const char *const stmt_sql[N_PG_STMT] = {
     [P_LEADER_RENEW] = "UPDATE leader SET expires_ms = " NOW_MS " + $2::bigint,"
                        " locked = locked OR $3::boolean WHERE id = 1 AND epoch = $1",
     [P_LEADER_EPOCH] = "SELECT epoch, holder FROM leader WHERE id = 1",
+    [P_FILE_DELETE] = "DELETE FROM files WHERE kind = $1 AND version = $2",
+    [P_FILE_CHUNKS_DELETE] = "DELETE FROM file_chunks WHERE kind = $1 AND version = $2",
+    [P_FILE_HEAD] = "INSERT INTO files(kind, version, bytes, sha256, chunks)"
+                    " VALUES($1, $2, $3, $4, $5)",
+    [P_FILE_CHUNK_INSERT] = "INSERT INTO file_chunks(kind, version, chunk, data)"
+                            " VALUES($1, $2, $3, $4)",
+    [P_FILE_GET] = "SELECT bytes, sha256, chunks FROM files WHERE kind = $1 AND version = $2",
+    /* Binary results: one chunk at a time, never the whole file. */
+    [P_FILE_CHUNK_GET] = "SELECT data FROM file_chunks WHERE kind = $1 AND version = $2"
+                         " AND chunk = $3",
 };
 
 /* ---- Parameters and results ---------------------------------------------- */
@@ -614,4 +641,6 @@ const strata_store_ops strata__store_pg_ops = {
     .lead = strata__pg_lead,
     .renew = strata__pg_renew,
     .leader_get = strata__pg_leader_get,
+    .file_fetch = strata__pg_file_fetch,
+    .file_remove = strata__pg_file_remove,
 };

@@ -22,7 +22,7 @@
 
 /* The schema this build creates and reads in a PostgreSQL database (its own
  * numbering, independent of the SQLite backend's). */
-#define STRATA__PG_SCHEMA_VERSION 2
+#define STRATA__PG_SCHEMA_VERSION 3
 
 /* The advisory-lock class ids of the store (the object id is the hash of
  * the store's schema name): one session lock that the leader holds (a sign
@@ -67,6 +67,12 @@ enum {
     P_LEADER_SET,
     P_LEADER_RENEW,
     P_LEADER_EPOCH,
+    P_FILE_DELETE,
+    P_FILE_CHUNKS_DELETE,
+    P_FILE_HEAD,
+    P_FILE_CHUNK_INSERT,
+    P_FILE_GET,
+    P_FILE_CHUNK_GET,
     N_PG_STMT
 };
 
@@ -175,6 +181,13 @@ int strata__pg_latest_model_version(strata_store *s, uint64_t *model_version, in
 int strata__pg_counter_add_many(strata_store *s, const strata_store_counter *deltas, size_t n,
                                 strata_diag *diag);
 int strata__pg_counter_get(strata_store *s, const char *name, int64_t *value, strata_diag *diag);
+/* Stores, in the open transaction, each of version's files that is in the
+ * state directory (store_pg_files.c). */
+int strata__pg_files_put(pg_store *s, uint64_t version, strata_diag *diag);
+int strata__pg_file_fetch(strata_store *s, strata_store_file kind, uint64_t version,
+                          const char *path, int *found, strata_diag *diag);
+int strata__pg_file_remove(strata_store *s, strata_store_file kind, uint64_t version,
+                           strata_diag *diag);
 int strata__pg_lead(strata_store *s, const char *holder, int64_t lease_ms, strata_store_leader *out,
                     strata_diag *diag);
 int strata__pg_renew(strata_store *s, int64_t lease_ms, strata_diag *diag);

@@ -403,6 +403,8 @@ int strata__pg_checkpoint_record(strata_store *base, uint64_t model_version, uin
     strata__pg_int(&p, strata__store_now_ms());
     rc = strata__pg_exec(s, P_CKPT_RECORD, &p, "record checkpoint", diag);
     if (rc == STRATA_OK)
+        rc = strata__pg_files_put(s, model_version, diag);
+    if (rc == STRATA_OK)
         rc = strata__pg_tx_commit(s, diag);
     if (rc < 0)
         strata__pg_tx_rollback(s);

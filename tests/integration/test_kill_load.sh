@@ -86,10 +86,14 @@ event() { echo "  t=$((SECONDS - T_START))s $*"; }
 # port it bound) and waits until it listens; retries while the port is still
 # held after a kill.
 launch_server() {
-    local try k u
+    local try k u sdir
     for ((try = 0; try < 40; try++)); do
         S_N=$((S_N + 1))
-        "$SERVER" --state-dir "$STATE" ${STORE_ARGS[@]+"${STORE_ARGS[@]}"} --model mlp --data "$DATA" --port "$PORT" \
+        # With the store in PostgreSQL the state directory is a cache: every
+        # start gets a new, empty one and must resume from the database.
+        sdir=$STATE
+        [ -z "${STRATA_TEST_DATABASE:-}" ] || sdir="$STATE.$S_N"
+        "$SERVER" --state-dir "$sdir" ${STORE_ARGS[@]+"${STORE_ARGS[@]}"} --model mlp --data "$DATA" --port "$PORT" \
             --rounds $ROUNDS --min-clients $NC --policy uniform --density 0.01 \
             --enrolment-secret "$SECRET" --upload-rate 1000000 --threads 1 \
             >"$WORK/server.$S_N.out" 2>"$WORK/server.$S_N.err" &

@@ -40,6 +40,9 @@ typedef struct store_backend {
     /* 1 when connections of one store may compete for its leadership
      * (strata_store_lead): PostgreSQL; SQLite's one opener always leads. */
     int rivals;
+    /* 1 when the store keeps a version's files itself and the state
+     * directory is only a cache (strata_store_file_fetch): PostgreSQL. */
+    int files_kept;
 } store_backend;
 
 /* Every backend: SQLite, then PostgreSQL (which needs STRATA_TEST_PG_URL,

@@ -1809,6 +1809,83 @@ static void test_crash_mixed(void)
 
 /* ---- The runner --------------------------------------------------------- */
 
+/* ---- A version's files ------------------------------------------------------ */
+
+/* The file's bytes into buf (cap); the length, or -1 when it is missing. */
+static long read_back(const char *path, char *buf, size_t cap)
+{
+    FILE *f = fopen(path, "rb");
+    if (f == NULL)
+        return -1;
+    size_t n = fread(buf, 1, cap, f);
+    fclose(f);
+    return (long)n;
+}
+
+static void test_files(void)
+{
+    FRESH_STORE(s);
+    strata_diag d;
+    int found = 7;
+    char ck[4096], opt[4096], buf[64];
+    CU_ASSERT_EQUAL(strata_store_file_fetch(s, STRATA_STORE_FILE_DB, 1, &found, &d), STRATA_EINVAL);
+    CU_ASSERT_EQUAL(strata_store_file_fetch(s, STRATA_STORE_FILE_CHECKPOINT, 1, NULL, &d),
+                    STRATA_EINVAL);
+    CU_ASSERT_EQUAL(strata_store_file_remove(s, STRATA_STORE_FILE_LOCK, 1, &d), STRATA_EINVAL);
+    CU_ASSERT_EQUAL(strata_store_file_fetch(s, STRATA_STORE_FILE_CHECKPOINT, 4, &found, &d),
+                    STRATA_OK);
+    CU_ASSERT_EQUAL(found, 0);
+    CU_ASSERT_EQUAL(strata_store_path(strata_store_dir(s), STRATA_STORE_FILE_CHECKPOINT, 4, 0, ck,
+                                      sizeof(ck), &d),
+                    STRATA_OK);
+    CU_ASSERT_EQUAL(strata_store_path(strata_store_dir(s), STRATA_STORE_FILE_SERVER_OPT, 4, 0, opt,
+                                      sizeof(opt), &d),
+                    STRATA_OK);
+    CU_ASSERT_EQUAL(write_file(ck, "model four", 10), 0);
+    CU_ASSERT_EQUAL(write_file(opt, "opt", 3), 0);
+    CU_ASSERT_EQUAL(strata_store_checkpoint_record(s, 4, &d), STRATA_OK);
+    CU_ASSERT_EQUAL(strata_store_file_fetch(s, STRATA_STORE_FILE_CHECKPOINT, 4, &found, &d),
+                    STRATA_OK);
+    CU_ASSERT_EQUAL(found, 1);
+    CU_ASSERT_EQUAL(read_back(ck, buf, sizeof(buf)), 10);
+    /* The directory emptied (a new machine, a lost disk) and a cached file
+     * altered: a store that keeps the files puts them back as recorded. */
+    CU_ASSERT_EQUAL(unlink(ck), 0);
+    CU_ASSERT_EQUAL(write_file(opt, "OPT", 3), 0);
+    CU_ASSERT_EQUAL(strata_store_file_fetch(s, STRATA_STORE_FILE_CHECKPOINT, 4, &found, &d),
+                    STRATA_OK);
+    CU_ASSERT_EQUAL(found, F.b->files_kept);
+    CU_ASSERT_EQUAL(strata_store_file_fetch(s, STRATA_STORE_FILE_SERVER_OPT, 4, &found, &d),
+                    STRATA_OK);
+    CU_ASSERT_EQUAL(found, 1);
+    long n = read_back(opt, buf, sizeof(buf));
+    CU_ASSERT(n == 3 && memcmp(buf, F.b->files_kept ? "opt" : "OPT", 3) == 0);
+    if (F.b->files_kept) {
+        CU_ASSERT_EQUAL(read_back(ck, buf, sizeof(buf)), 10);
+        CU_ASSERT(memcmp(buf, "model four", 10) == 0);
+        /* A secondary and a reopened store see them too. */
+        strata_store *sec = fx_secondary(&F);
+        CU_ASSERT_PTR_NOT_NULL_FATAL(sec);
+        CU_ASSERT_EQUAL(unlink(ck), 0);
+        CU_ASSERT_EQUAL(strata_store_file_fetch(sec, STRATA_STORE_FILE_CHECKPOINT, 4, &found, &d),
+                        STRATA_OK);
+        CU_ASSERT_EQUAL(found, 1);
+        CU_ASSERT_EQUAL(read_back(ck, buf, sizeof(buf)), 10);
+    }
+    /* Removed: from the directory and from the store. */
+    CU_ASSERT_EQUAL(strata_store_file_remove(s, STRATA_STORE_FILE_SERVER_OPT, 4, &d), STRATA_OK);
+    CU_ASSERT_EQUAL(read_back(opt, buf, sizeof(buf)), -1);
+    CU_ASSERT_EQUAL(strata_store_file_fetch(s, STRATA_STORE_FILE_SERVER_OPT, 4, &found, &d),
+                    STRATA_OK);
+    CU_ASSERT_EQUAL(found, 0);
+    CU_ASSERT_EQUAL(strata_store_file_remove(s, STRATA_STORE_FILE_SERVER_OPT, 4, &d), STRATA_OK);
+    s = fx_reopen(&F);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(s);
+    CU_ASSERT_EQUAL(strata_store_file_fetch(s, STRATA_STORE_FILE_CHECKPOINT, 4, &found, &d),
+                    STRATA_OK);
+    CU_ASSERT_EQUAL(found, F.b->files_kept); /* SQLite's copy was the unlinked file */
+}
+
 /* ---- Leadership ----------------------------------------------------------- */
 
 static void sleep_ms(long ms)
@@ -1954,6 +2031,7 @@ int main(int argc, char **argv)
         {"counters: add, add_many all or nothing, names, overflow, persistence", test_counters},
         {"checkpoints: record, latest", test_checkpoints},
         {"leadership: lead, renew, expiry, fencing, a dead leader's place", test_leadership},
+        {"files: a version's files recorded, fetched into the directory, removed", test_files},
         {"concurrent connections store one update once", test_concurrent_same_update},
         {"concurrent conflicting updates: one wins", test_concurrent_conflicting_updates},
         {"prepare in threads while others commit", test_prepare_concurrent_with_commits},
