@@ -12,7 +12,7 @@ PACKAGES=(
   libmicrohttpd-dev libcurl4-openssl-dev libssl-dev libjansson-dev libzstd-dev
   libopenblas0-openmp libopenblas-openmp-dev libdnnl-dev
   libsqlite3-dev sqlite3 zlib1g-dev libcunit1-dev
-  libpq-dev postgresql-15
+  libpq-dev postgresql-15 haproxy
   dataset-fashion-mnist
   curl libyaml-libyaml-perl openssl python3
 )

@@ -29,10 +29,16 @@ const char srv_config_usage[] =
     "  --config FILE.json        a JSON object with any of the keys below in snake_case\n"
     "                            (\"clients_per_round\": 10); options given here override it\n"
     "  --state-dir DIR           durable state (SQLite, updates, checkpoints); required\n"
-    "  --database URL            keep clients, rounds, updates and counters in this\n"
-    "                            PostgreSQL database (a libpq URI or connection string)\n"
-    "                            instead of SQLite in --state-dir, which then holds the\n"
-    "                            checkpoints only (none: SQLite)\n"
+    "  --database URL            keep the whole store (clients, rounds, updates,\n"
+    "                            counters, checkpoint files) in this PostgreSQL database\n"
+    "                            (a libpq URI or connection string) instead of SQLite in\n"
+    "                            --state-dir, which is then a cache (none: SQLite)\n"
+    "  --lease SECONDS           with --database: a coordinator leads the store while\n"
+    "                            its lease runs; another one started on the same\n"
+    "                            database waits as a standby (not listening) and takes\n"
+    "                            over when the leader's process ends, or this long after\n"
+    "                            its last renewal (10)\n"
+    "  --coordinator-name NAME   this coordinator's name as a leader (HOST:PID)\n"
     "  --model SPEC              mlp, cnn, resnet or an architecture JSON file; required\n"
     "  --data DIR                data set directory; its test split is the held-out set; required\n"
     "  --host ADDR               IPv4 address to bind (127.0.0.1)\n"
@@ -127,6 +133,8 @@ const char srv_config_usage[] =
 static const strata_opt OPTS[] = {
     {"state_dir", STRATA_OPT_STRING, OFF(state_dir), 0, 0, "DIR", NULL},
     {"database", STRATA_OPT_STRING, OFF(database), 0, 0, "URL", NULL},
+    {"coordinator_name", STRATA_OPT_STRING, OFF(coordinator_name), 0, 0, "NAME", NULL},
+    {"lease", STRATA_OPT_DOUBLE, OFF(lease), 1.0, 3600.0, "SECONDS", NULL},
     {"model", STRATA_OPT_STRING, OFF(model), 0, 0, "mlp|cnn|resnet|ARCH.json", NULL},
     {"data", STRATA_OPT_STRING, OFF(data), 0, 0, "DIR", NULL},
     {"host", STRATA_OPT_STRING, OFF(host), 0, 0, "ADDR", NULL},
@@ -196,6 +204,7 @@ void srv_config_init(srv_config *cfg)
     cfg->rounds = 30;
     cfg->min_clients = 2;
     cfg->round_deadline = 60;
+    cfg->lease = 10;
     cfg->min_updates = 1;
     cfg->straggler_rounds = 2;
     cfg->density = 0.01;

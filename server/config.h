@@ -13,7 +13,9 @@
 #include <stdint.h>
 
 typedef struct srv_config {
-    char *database; /* a PostgreSQL connection string or URI; NULL: SQLite in state_dir */
+    char *database;         /* a PostgreSQL connection string or URI; NULL: SQLite in state_dir */
+    char *coordinator_name; /* the leader's name in a shared store (NULL: HOST:PID) */
+    double lease;           /* seconds of a leader's lease in a shared store */
     char *state_dir, *model, *data, *host, *policy, *server_opt, *values, *aggregator;
     char *downlink; /* as given; parsed into downlink_budget (none: dense snapshots) */
     char *enrolment_secret, *enrolment_secret_file, *admin_token_file, *tls_cert, *tls_key;

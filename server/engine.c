@@ -15,10 +15,12 @@
 #include "strata/checkpoint.h"
 #include "strata/clock.h"
 #include "strata/log.h"
+#include "strata/stop.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 /* How often the round thread looks at the open round without being woken. */
 #define TICK_MS 100
@@ -269,6 +271,25 @@ static int open_admin(srv_engine *e, strata_diag *d)
     return rc;
 }
 
+/* With a shared store: waits as a standby until this coordinator leads it
+ * (before any write; the connections opened afterwards are fenced). */
+static int lead(srv_engine *e, strata_diag *d)
+{
+    if (e->cfg->database == NULL)
+        return STRATA_OK;
+    char name[64];
+    if (e->cfg->coordinator_name != NULL) {
+        snprintf(name, sizeof(name), "%s", e->cfg->coordinator_name);
+    } else {
+        char host[48] = "";
+        gethostname(host, sizeof(host) - 1);
+        snprintf(name, sizeof(name), "%s:%ld", host[0] != '\0' ? host : "coordinator",
+                 (long)getpid());
+    }
+    return srv__lease_acquire(e->store, name, (long)(e->cfg->lease * 1000.0), strata_stop_install(),
+                              &e->lease, d);
+}
+
 int srv_engine_open(const srv_config *cfg, srv_engine **out, strata_diag *d)
 {
     *out = NULL;
@@ -294,7 +315,7 @@ int srv_engine_open(const srv_config *cfg, srv_engine **out, strata_diag *d)
     if ((rc = cfg->database != NULL
                   ? strata_store_open_database(cfg->database, cfg->state_dir, &e->store, d)
                   : strata_store_open(cfg->state_dir, &e->store, d)) < 0 ||
-        (rc = strata_store_open_secondary(e->store, &e->wstore, d)) < 0 ||
+        (rc = lead(e, d)) < 0 || (rc = strata_store_open_secondary(e->store, &e->wstore, d)) < 0 ||
         (rc = strata_store_open_secondary(e->store, &e->rstore, d)) < 0)
         goto fail;
     strata_log_info("state directory %s (%s store; %zu temporary files of an interrupted write "
@@ -365,7 +386,7 @@ int srv_engine_start(srv_engine *e)
     if (pthread_create(&e->thread, NULL, round_thread, e) != 0)
         return STRATA_ENOMEM;
     e->started = 1;
-    return 0;
+    return e->lease != NULL ? srv__lease_start(e->lease) : 0;
 }
 
 void srv_engine_stop(srv_engine *e)
@@ -399,6 +420,7 @@ void srv_engine_free(srv_engine *e)
     srv__eval_free(e->eval);
     srv__waiters_free(e->waiters);
     srv__metrics_free(e->met);
+    srv__lease_free(e->lease);
     strata_store_close(e->rstore);
     strata_store_close(e->wstore);
     strata_store_close(e->store);

@@ -227,6 +227,15 @@ void srv_engine_round(srv_engine *e, uint32_t round, srv_result *r);
  * configuration: SRV_OK with a JSON object. */
 void srv_engine_status(srv_engine *e, srv_result *r);
 
+/* GET /v1/health: 200 {"live", "ready", "leader" (all true), "store",
+ * "epoch", "holder", "lease_ms_left", "store_latency_ms"} while this
+ * coordinator leads its store, read from the store now. A coordinator
+ * listens only once it is open and leads (a standby does not listen); 503
+ * unavailable when the store says another leads (this one is about to
+ * stop) or cannot be read. With SQLite the coordinator always leads
+ * (epoch 1, lease_ms_left null). */
+void srv_engine_health(srv_engine *e, srv_result *r);
+
 /* ---- metrics (metrics.c) ---- */
 
 /* The Prometheus text exposition of every counter and gauge: SRV_OK with

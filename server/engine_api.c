@@ -3,10 +3,14 @@
  * composes two modules. The read views are views.c's.
  *
  * May call: registry.h, round.h, upload.h, models.h, admin.h, metrics.h,
- * waiters.h, request.h and result_internal.h. */
+ * waiters.h, lease.h, request.h and result_internal.h. */
 #include "engine_internal.h"
 
 #include "result_internal.h"
+
+#include <jansson.h>
+#include <stdio.h>
+#include <string.h>
 
 /* ---- registry ---- */
 
@@ -144,4 +148,32 @@ void srv_engine_count_update_refused(srv_engine *e, srv_outcome o)
     srv_counter c = srv__metrics_update_refused_counter(o);
     if (c != SRV_CTR_COUNT)
         srv__ctr_add(e->met, c, 1);
+}
+
+/* ---- health ---- */
+
+void srv_engine_health(srv_engine *e, srv_result *r)
+{
+    strata_store_leader now;
+    memset(&now, 0, sizeof(now));
+    double ms = 0;
+    strata_diag d = {{0}};
+    int rc = STRATA_OK;
+    if (e->lease != NULL) {
+        rc = srv__lease_health(e->lease, &now, &ms, &d);
+    } else {
+        now.epoch = 1;
+        snprintf(now.holder, sizeof(now.holder), "%s", "this coordinator");
+    }
+    if (rc < 0) {
+        srv_result_error(r, SRV_E_UNAVAILABLE, "this coordinator does not lead the store: %s",
+                         strata_diag_msg(&d, rc));
+        return;
+    }
+    srv__result_json(r, SRV_OK,
+                     json_pack("{s:b, s:b, s:b, s:s, s:I, s:s, s:o, s:f}", "live", 1, "ready", 1,
+                               "leader", 1, "store", strata_store_backend(e->store), "epoch",
+                               (json_int_t)now.epoch, "holder", now.holder, "lease_ms_left",
+                               e->lease != NULL ? json_integer(now.expires_in_ms) : json_null(),
+                               "store_latency_ms", ms));
 }

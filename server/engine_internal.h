@@ -26,6 +26,7 @@
 #include "close.h"
 #include "downlink.h"
 #include "eval.h"
+#include "lease.h"
 #include "metrics.h"
 #include "models.h"
 #include "registry.h"
@@ -68,6 +69,7 @@ struct srv_engine {
     srv_close *close;
     srv_uploads *uploads;
     srv_admin *admin;
+    srv_lease *lease; /* with --database: this coordinator's leadership; NULL with SQLite */
 };
 
 #endif

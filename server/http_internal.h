@@ -27,6 +27,7 @@
 typedef enum {
     R_NONE,
     R_HEALTH,
+    R_LEADER_HEALTH,
     R_METRICS,
     R_STATUS,
     R_CLIENTS,

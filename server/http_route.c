@@ -36,6 +36,8 @@ http_route srv__http_match(const char *url, unsigned long long *arg, const char 
     *method = "GET";
     if (strcmp(url, "/healthz") == 0)
         return R_HEALTH;
+    if (strcmp(url, "/v1/health") == 0)
+        return R_LEADER_HEALTH;
     if (strcmp(url, "/metrics") == 0)
         return R_METRICS;
     if (strcmp(url, "/v1/status") == 0)
@@ -142,6 +144,9 @@ void srv__http_dispatch(srv_engine *e, struct MHD_Connection *c, http_req *q, sr
         srv_result_take(r, SRV_OK, SRV_MEDIA_TEXT, (uint8_t *)ok, 2);
         break;
     }
+    case R_LEADER_HEALTH:
+        srv_engine_health(e, r);
+        break;
     case R_METRICS:
         srv_engine_metrics(e, r);
         break;

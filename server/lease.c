@@ -1,0 +1,143 @@
+/* The coordinator's leadership of a shared store (see lease.h). */
+#include "lease.h"
+
+#include "strata/clock.h"
+#include "strata/log.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+struct srv_lease {
+    strata_store *store; /* own connection, fenced with the lead's epoch */
+    char holder[64];
+    long lease_ms;
+    int64_t epoch;
+    pthread_mutex_t mu; /* the connection (renewal thread and health) and the fields below */
+    pthread_cond_t cv;
+    pthread_t thread;
+    int started, stopping;
+    int64_t renewed_ms; /* monotonic time of the last renewal */
+};
+
+static int64_t now_mono_ms(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (int64_t)t.tv_sec * 1000 + t.tv_nsec / 1000000;
+}
+
+int srv__lease_acquire(strata_store *primary, const char *holder, long lease_ms,
+                       volatile sig_atomic_t *stop, srv_lease **out, strata_diag *d)
+{
+    *out = NULL;
+    strata_store_leader l;
+    int rc, waited = 0;
+    while ((rc = strata_store_lead(primary, holder, lease_ms, &l, d)) == STRATA_ESTATE &&
+           l.epoch > 0) {
+        if (!waited)
+            strata_log_info("standby: %s leads the store (epoch %lld); this coordinator (%s) "
+                            "takes over when its session ends or its lease runs out "
+                            "(%lld ms left)",
+                            l.holder, (long long)l.epoch, holder, (long long)l.expires_in_ms);
+        waited = 1;
+        if (stop != NULL && *stop)
+            return strata_diag_set(d, STRATA_ESTATE, "stopped while standing by");
+        struct timespec t = {0, 250 * 1000000L};
+        nanosleep(&t, NULL);
+    }
+    if (rc < 0)
+        return rc;
+    srv_lease *L = calloc(1, sizeof(*L));
+    if (L == NULL)
+        return strata_diag_set(d, STRATA_ENOMEM, "out of memory");
+    snprintf(L->holder, sizeof(L->holder), "%s", holder);
+    L->lease_ms = lease_ms;
+    L->epoch = l.epoch;
+    L->renewed_ms = now_mono_ms();
+    pthread_mutex_init(&L->mu, NULL);
+    pthread_cond_init(&L->cv, NULL);
+    if ((rc = strata_store_open_secondary(primary, &L->store, d)) < 0) {
+        srv__lease_free(L);
+        return rc;
+    }
+    strata_log_info("leading the store as %s (epoch %lld, lease %ld ms)", holder,
+                    (long long)l.epoch, lease_ms);
+    *out = L;
+    return STRATA_OK;
+}
+
+static void *renew_thread(void *arg)
+{
+    srv_lease *L = arg;
+    pthread_mutex_lock(&L->mu);
+    while (!L->stopping) {
+        struct timespec ts = strata_clock_abstime_in(L->lease_ms / 3);
+        pthread_cond_timedwait(&L->cv, &L->mu, &ts);
+        if (L->stopping)
+            break;
+        strata_diag d = {{0}};
+        int rc = strata_store_renew(L->store, L->lease_ms, &d);
+        int64_t now = now_mono_ms();
+        if (rc == STRATA_OK) {
+            L->renewed_ms = now;
+            continue;
+        }
+        if (rc == STRATA_ESTATE || now - L->renewed_ms >= L->lease_ms) {
+            strata_log_error("%s: this coordinator (%s, epoch %lld) no longer leads the store; "
+                             "stopping",
+                             rc == STRATA_ESTATE ? strata_diag_msg(&d, rc)
+                                                 : "no renewal of the lease for a whole lease",
+                             L->holder, (long long)L->epoch);
+            L->stopping = 1;
+            kill(getpid(), SIGTERM);
+            break;
+        }
+        strata_log_warn("renewing the lease: %s (retrying)", strata_diag_msg(&d, rc));
+    }
+    pthread_mutex_unlock(&L->mu);
+    return NULL;
+}
+
+int srv__lease_start(srv_lease *L)
+{
+    if (pthread_create(&L->thread, NULL, renew_thread, L) != 0)
+        return STRATA_EIO;
+    L->started = 1;
+    return STRATA_OK;
+}
+
+int srv__lease_health(srv_lease *L, strata_store_leader *now, double *latency_ms, strata_diag *d)
+{
+    pthread_mutex_lock(&L->mu);
+    struct timespec a, b;
+    clock_gettime(CLOCK_MONOTONIC, &a);
+    int rc = strata_store_leader_get(L->store, now, d);
+    clock_gettime(CLOCK_MONOTONIC, &b);
+    pthread_mutex_unlock(&L->mu);
+    *latency_ms = (double)(b.tv_sec - a.tv_sec) * 1e3 + (double)(b.tv_nsec - a.tv_nsec) / 1e6;
+    if (rc == STRATA_OK && now->epoch != L->epoch)
+        rc = strata_diag_set(d, STRATA_ESTATE, "%s leads the store (epoch %lld)", now->holder,
+                             (long long)now->epoch);
+    return rc;
+}
+
+void srv__lease_free(srv_lease *L)
+{
+    if (L == NULL)
+        return;
+    if (L->started) {
+        pthread_mutex_lock(&L->mu);
+        L->stopping = 1;
+        pthread_cond_broadcast(&L->cv);
+        pthread_mutex_unlock(&L->mu);
+        pthread_join(L->thread, NULL);
+    }
+    strata_store_close(L->store);
+    pthread_mutex_destroy(&L->mu);
+    pthread_cond_destroy(&L->cv);
+    free(L);
+}
