@@ -209,8 +209,8 @@ int strata_store_migrate(const char *state_dir, const char *database, strata_sto
      * becomes a cache. */
     sqlite3_stmt *vs = NULL;
     if (rc == STRATA_OK &&
-        sqlite3_prepare_v2(db, "SELECT model_version FROM checkpoints ORDER BY 1", -1, &vs,
-                           NULL) != SQLITE_OK)
+        sqlite3_prepare_v2(db, "SELECT model_version FROM checkpoints ORDER BY 1", -1, &vs, NULL) !=
+            SQLITE_OK)
         rc = strata_diag_set(diag, STRATA_EIO, "read checkpoints from SQLite: %s",
                              sqlite3_errmsg(db));
     while (rc == STRATA_OK && sqlite3_step(vs) == SQLITE_ROW)
