@@ -3,7 +3,7 @@
 # clients, all of them in every round) driven by bench_load --persist (200
 # simulated clients, one keep-alive connection each, every upload retried
 # through outages) is killed (SIGKILL) at random moments, at least 10 times,
-# and restarted each time with the same state directory and port. Between
+# and restarted each time with the same state directory (with PostgreSQL, a new, empty one: see test_kill_load_postgres.sh) and port. Between
 # two kills the bench must record new acknowledgements. Then, with the bench
 # and the coordinator stopped, the store (STATE/state.db, read with sqlite3,
 # or the PostgreSQL database of STRATA_TEST_DATABASE, read with psql: see
