@@ -408,6 +408,15 @@ void strata__pg_tx_rollback(pg_store *s)
     s->in_tx = 0;
 }
 
+int strata__pg_tx_end(pg_store *s, int rc, strata_diag *diag)
+{
+    if (rc == STRATA_OK)
+        rc = strata__pg_tx_commit(s, diag);
+    if (rc < 0)
+        strata__pg_tx_rollback(s);
+    return rc;
+}
+
 /* ---- Opening ------------------------------------------------------------ */
 
 /* Runs sql (no parameters, possibly several statements) outside the

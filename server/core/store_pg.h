@@ -143,6 +143,10 @@ int strata__pg_tx_commit(pg_store *s, strata_diag *diag);
 /* Rolls back the open transaction, if any; keeps the caller's diagnostic. */
 void strata__pg_tx_rollback(pg_store *s);
 
+/* Ends the open transaction: commits it when rc is STRATA_OK, else (or when
+ * the commit fails) rolls it back; returns rc or the commit's failure. */
+int strata__pg_tx_end(pg_store *s, int rc, strata_diag *diag);
+
 /* The operations of strata__store_pg_ops (store_pg.c, store_pg_tables.c,
  * store_pg_updates.c; contracts in store_backend.h and store.h). */
 int strata__pg_open_secondary(const strata_store *primary, strata_store **out, strata_diag *diag);

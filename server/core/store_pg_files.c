@@ -237,9 +237,5 @@ int strata__pg_file_remove(strata_store *base, strata_store_file kind, uint64_t 
     rc = strata__pg_exec(s, P_FILE_DELETE, &key, "remove a file", diag);
     if (rc == STRATA_OK)
         rc = strata__pg_exec(s, P_FILE_CHUNKS_DELETE, &key, "remove a file", diag);
-    if (rc == STRATA_OK)
-        rc = strata__pg_tx_commit(s, diag);
-    if (rc < 0)
-        strata__pg_tx_rollback(s);
-    return rc;
+    return strata__pg_tx_end(s, rc, diag);
 }

@@ -121,11 +121,7 @@ int strata__pg_renew(strata_store *base, int64_t lease_ms, strata_diag *diag)
     strata__pg_int(&p, lease_ms);
     strata__pg_text(&p, s->session_lock ? "true" : "false");
     rc = strata__pg_exec(s, P_LEADER_RENEW, &p, "renew the lease", diag);
-    if (rc == STRATA_OK)
-        rc = strata__pg_tx_commit(s, diag);
-    if (rc < 0)
-        strata__pg_tx_rollback(s);
-    return rc;
+    return strata__pg_tx_end(s, rc, diag);
 }
 
 int strata__pg_leader_get(strata_store *base, strata_store_leader *out, strata_diag *diag)

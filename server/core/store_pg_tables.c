@@ -159,11 +159,7 @@ int strata__pg_clients_seen(strata_store *base, const uint64_t *ids, const int64
         strata__pg_int(&p, seen_ms[i]);
         rc = strata__pg_exec(s, P_CLIENT_TOUCH, &p, "record last-seen time", diag);
     }
-    if (rc == STRATA_OK)
-        rc = strata__pg_tx_commit(s, diag);
-    if (rc < 0)
-        strata__pg_tx_rollback(s);
-    return rc;
+    return strata__pg_tx_end(s, rc, diag);
 }
 
 /* ---- Rounds ------------------------------------------------------------- */
@@ -336,11 +332,7 @@ int strata__pg_round_close(strata_store *base, uint32_t round, const char *summa
                                  is_null ? "no such round" : "already closed");
     }
     PQclear(r);
-    if (rc == STRATA_OK)
-        rc = strata__pg_tx_commit(s, diag);
-    if (rc < 0)
-        strata__pg_tx_rollback(s);
-    return rc;
+    return strata__pg_tx_end(s, rc, diag);
 }
 
 int strata__pg_last_round(strata_store *base, uint32_t *round, int *found, strata_diag *diag)
@@ -404,11 +396,7 @@ int strata__pg_checkpoint_record(strata_store *base, uint64_t model_version, uin
     rc = strata__pg_exec(s, P_CKPT_RECORD, &p, "record checkpoint", diag);
     if (rc == STRATA_OK)
         rc = strata__pg_files_put(s, model_version, diag);
-    if (rc == STRATA_OK)
-        rc = strata__pg_tx_commit(s, diag);
-    if (rc < 0)
-        strata__pg_tx_rollback(s);
-    return rc;
+    return strata__pg_tx_end(s, rc, diag);
 }
 
 int strata__pg_latest_model_version(strata_store *base, uint64_t *model_version, int *found,
@@ -442,11 +430,7 @@ int strata__pg_counter_add_many(strata_store *base, const strata_store_counter *
         if (rc == STRATA_OK && is_null)
             rc = strata_diag_set(diag, STRATA_ETOOBIG, "counter %s would overflow", deltas[i].name);
     }
-    if (rc == STRATA_OK)
-        rc = strata__pg_tx_commit(s, diag);
-    if (rc < 0)
-        strata__pg_tx_rollback(s);
-    return rc;
+    return strata__pg_tx_end(s, rc, diag);
 }
 
 int strata__pg_counter_get(strata_store *base, const char *name, int64_t *value, strata_diag *diag)
