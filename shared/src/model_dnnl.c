@@ -45,6 +45,7 @@ struct strata__dnnl {
     plan *plans[PLANS];
     plan *cur;
     unsigned long clock;
+    int wide; /* the CPU has AVX-512: blocked (nChw16c) activations pay */
 };
 
 static void free_plan(plan *p)
@@ -130,9 +131,12 @@ static void md4(dnnl_memory_desc_t *md, size_t B, int c, int h, int w, dnnl_form
     dnnl_memory_desc_init_by_tag(md, 4, dims, dnnl_f32, tag);
 }
 
-static int blockable(int channels)
+/* nChw16c is the layout of oneDNN's AVX-512 kernels; without AVX-512 it
+ * has only reference kernels for it (a hundred times slower), while plain
+ * NCHW convolutions still run on its JIT GEMM. */
+static int blockable(const strata__dnnl *d, int channels)
 {
-    return channels % 16 == 0;
+    return d->wide && channels % 16 == 0;
 }
 
 /* Weights: plain OIHW md and the format primitive pd wants (query q); a
@@ -331,7 +335,7 @@ static int plan_new(strata__dnnl *d, const strata_model *m, size_t B, plan **out
         if (L->kind == L_ADD)
             readers[L->with]++;
         if (L->kind == L_CONV2D)
-            blocked[i + 1] = blockable(L->out_c);
+            blocked[i + 1] = blockable(d, L->out_c);
         else if (keeps_layout(L->kind))
             blocked[i + 1] = blocked[L->src];
     }
@@ -388,6 +392,8 @@ int strata__dnnl_prepare(strata_model *m, size_t batch)
             strata__dnnl_free(d);
             return STRATA_EINVAL;
         }
+        d->wide =
+            (dnnl_get_effective_cpu_isa() & dnnl_cpu_isa_avx512_core) == dnnl_cpu_isa_avx512_core;
         m->dnnl = d;
     }
     d->clock++;
