@@ -89,8 +89,8 @@ const char srv_config_usage[] =
     "  --threads N               threads for evaluation (1)\n"
     "  --eval-samples N          evaluate every round but the last on N test images spread\n"
     "                            evenly over the test set (the last on all); 0 = all (0)\n"
-    "  --http-threads N          threads serving requests (16); uploads wait for the disk\n"
-    "                            (fsync) in them, so more threads overlap more uploads\n"
+    "  --http-threads N          threads serving requests (4); an upload waiting for its\n"
+    "                            group commit suspends its connection, not a thread\n"
     "  --aggregator NAME         fedavg, trimmed-mean or median (fedavg); the last two\n"
     "                            are coordinate-wise and ignore sample counts\n"
     "  --trim-fraction F         trimmed-mean: fraction cut at each end, [0, 0.5) (0.1)\n"
@@ -214,7 +214,7 @@ void srv_config_init(srv_config *cfg)
     cfg->server_lr = 0; /* the optimiser's default */
     cfg->seed = 1;
     cfg->threads = 1;
-    cfg->http_threads = 16;
+    cfg->http_threads = 4;
     cfg->aggregator = strdup("fedavg");
     cfg->trim_fraction = 0.1;
     cfg->screen_factor = 10;

@@ -358,6 +358,7 @@ fail:
 void srv_engine_set_waiters(srv_engine *e, srv_waiter_fn suspend, srv_waiter_fn resume)
 {
     srv__waiters_set(e->waiters, suspend, resume);
+    srv__uploads_set_conn(e->uploads, suspend, resume);
 }
 
 /* The round thread: opens a round once min_clients are registered (unless
@@ -399,6 +400,7 @@ void srv_engine_stop(srv_engine *e)
     if (e->started)
         pthread_join(e->thread, NULL);
     e->started = 0;
+    srv__uploads_stop(e->uploads); /* the queued uploads decided, their connections resumed */
 }
 
 void srv_engine_free(srv_engine *e)

@@ -42,6 +42,9 @@
 
 typedef struct srv_engine srv_engine;
 
+/* An upload waiting for its group commit (srv_engine_upload). */
+typedef struct srv_upload srv_upload;
+
 /* Called with the engine lock held: suspend parks a waiting connection,
  * resume wakes it (both must not block or call back into the engine). */
 typedef void (*srv_waiter_fn)(void *waiter);
@@ -147,23 +150,38 @@ void srv_engine_waiter_gone(srv_engine *e, void *waiter);
 /* ---- uploads (upload.c) ---- */
 
 /* Takes a client's update for round (from the URL) as the payload body
- * (borrowed). Decodes it once (the model's sizes are the limits), checks
- * that it is the client's and that its frame fits the model (header round,
- * sample count, layers) whatever the round, validates it against the
- * round's task when the round is open, and stores it durably (group commit)
- * before answering; an acknowledged update is aggregated (FedAvg) or kept
- * for the round's robust rule. r: SRV_OK with {"round", "receipt",
- * "duplicate"} (a byte-identical repeat gets the original receipt);
- * SRV_E_BAD_PAYLOAD, SRV_E_INVALID_UPDATE, SRV_E_FORBIDDEN (the payload
- * names another client), SRV_E_NOT_SELECTED, SRV_E_ROUND_CLOSED,
- * SRV_E_ROUND_NOT_OPEN, SRV_E_CONFLICT (a repeat with other bytes; the
- * stored update stays), SRV_E_UNAVAILABLE with Retry-After (the store could
- * not make it durable: nothing acknowledged). Client input never gives
- * SRV_E_INTERNAL. Each refusal is counted. Blocks on disk (file write and
- * fsync without the lock, the commit with it or on the second store
- * connection). */
+ * (borrowed until it is answered). Decodes it once (the model's sizes are
+ * the limits), checks that it is the client's and that its frame fits the
+ * model (header round, sample count, layers) whatever the round, validates
+ * it against the round's task when the round is open, and stores it
+ * durably (group commit) before answering; an acknowledged update is
+ * aggregated (FedAvg) or kept for the round's robust rule. r: SRV_OK with
+ * {"round", "receipt", "duplicate"} (a byte-identical repeat gets the
+ * original receipt); SRV_E_BAD_PAYLOAD, SRV_E_INVALID_UPDATE,
+ * SRV_E_FORBIDDEN (the payload names another client), SRV_E_NOT_SELECTED,
+ * SRV_E_ROUND_CLOSED, SRV_E_ROUND_NOT_OPEN, SRV_E_CONFLICT (a repeat with
+ * other bytes; the stored update stays), SRV_E_UNAVAILABLE with Retry-After
+ * (the store could not make it durable: nothing acknowledged). Client input
+ * never gives SRV_E_INTERNAL. Each refusal is counted.
+ *
+ * An update that joins a group commit waits for its batch's commit: with a
+ * connection conn (and the waiter callbacks set), conn is suspended
+ * instead, *queued is set and r is untouched; once the upload is decided
+ * conn is resumed and the request takes its answer with
+ * srv_engine_upload_answer (or, when its connection ends first, hands it
+ * back with srv_engine_upload_gone). Otherwise *queued is NULL and r is the
+ * answer. */
 void srv_engine_upload(srv_engine *e, uint64_t client_id, uint32_t round, const uint8_t *body,
-                       size_t len, srv_result *r);
+                       size_t len, void *conn, srv_upload **queued, srv_result *r);
+
+/* The answer of a queued upload whose connection was resumed, into r; frees
+ * u. */
+void srv_engine_upload_answer(srv_engine *e, srv_upload *u, srv_result *r);
+
+/* Hands back a queued upload whose connection ended before it was answered
+ * (the answer, when there is one, is dropped; an update already committed
+ * stays acknowledged, and the client's retry gets its receipt). */
+void srv_engine_upload_gone(srv_engine *e, srv_upload *u);
 
 /* ---- models (models.c) ---- */
 

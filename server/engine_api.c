@@ -71,9 +71,19 @@ void srv_engine_waiter_gone(srv_engine *e, void *waiter)
 /* ---- uploads ---- */
 
 void srv_engine_upload(srv_engine *e, uint64_t client_id, uint32_t round, const uint8_t *body,
-                       size_t len, srv_result *r)
+                       size_t len, void *conn, srv_upload **queued, srv_result *r)
 {
-    srv__uploads_upload(e->uploads, client_id, round, body, len, r);
+    srv__uploads_upload(e->uploads, client_id, round, body, len, conn, queued, r);
+}
+
+void srv_engine_upload_answer(srv_engine *e, srv_upload *u, srv_result *r)
+{
+    srv__uploads_answer(e->uploads, u, r);
+}
+
+void srv_engine_upload_gone(srv_engine *e, srv_upload *u)
+{
+    srv__uploads_gone(e->uploads, u);
 }
 
 /* ---- models ---- */

@@ -15,7 +15,9 @@
  * body is never read); a chunked body that grows past the cap is discarded
  * and answered with 413 at the end. Long-polls suspend the connection
  * (MHD_suspend_connection) instead of blocking a pool thread; the engine
- * resumes it when a round opens or closes, or when its wait ends.
+ * resumes it when a round opens or closes, or when its wait ends. So does
+ * an upload waiting for its group commit: the engine resumes it once its
+ * batch is committed, and the request then sends the answer.
  */
 #include "http_internal.h"
 
@@ -128,6 +130,11 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     if (q->answered)
         return MHD_YES;
     unsigned how = q->head ? SEND_HEAD : 0;
+    if (q->upload != NULL) { /* resumed: its group commit decided it */
+        srv_engine_upload_answer(h->e, q->upload, &r);
+        q->upload = NULL;
+        return srv__http_send(h->e, c, &r, NULL, how);
+    }
     if (q->too_big) {
         if (q->rt == R_UPDATES)
             srv_engine_count_update_refused(h->e, SRV_E_TOO_LARGE);
@@ -174,6 +181,8 @@ static void on_done(void *cls, struct MHD_Connection *c, void **con_cls,
         return;
     if (q->waited)
         srv_engine_waiter_gone(h->e, c);
+    if (q->upload != NULL)
+        srv_engine_upload_gone(h->e, q->upload);
     strata_buf_cleanup(&q->body);
     free(q);
     *con_cls = NULL;

@@ -63,6 +63,7 @@ typedef struct http_req {
     size_t max;
     int too_big;
     int64_t wait_deadline;
+    srv_upload *upload; /* an upload waiting for its group commit, its connection suspended */
 } http_req;
 
 /* ---- http_route.c ---- */
@@ -72,8 +73,9 @@ typedef struct http_req {
 http_route srv__http_match(const char *url, unsigned long long *arg, const char **method);
 
 /* Runs request q (its whole body read) as its route's engine call into r.
- * *parked is 1 when the engine parked the connection (a long-poll): r is
- * then untouched and the request is run again when it is resumed. */
+ * *parked is 1 when the engine parked the connection (a long-poll, or an
+ * upload waiting for its group commit, q->upload): r is then untouched and
+ * the request is run again when it is resumed. */
 void srv__http_dispatch(srv_engine *e, struct MHD_Connection *c, http_req *q, srv_result *r,
                         int *parked);
 

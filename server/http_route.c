@@ -203,7 +203,9 @@ void srv__http_dispatch(srv_engine *e, struct MHD_Connection *c, http_req *q, sr
         srv_engine_round(e, (uint32_t)q->arg, r);
         break;
     case R_UPDATES:
-        srv_engine_upload(e, q->client_id, (uint32_t)q->arg, q->body.data, q->body.len, r);
+        srv_engine_upload(e, q->client_id, (uint32_t)q->arg, q->body.data, q->body.len, c,
+                          &q->upload, r);
+        *parked = q->upload != NULL;
         break;
     case R_SKIP:
         srv_engine_skip(e, q->client_id, (uint32_t)q->arg, q->body.data, q->body.len, r);

@@ -3,14 +3,18 @@
  *
  * An upload is decoded once (strata_payload_decode, the model's limits) and
  * validated once against the round's task under the lock. When it looks
- * acceptable, the slow half of the durable write (the payload file, written
- * and fsync'ed) runs before the lock, so uploads overlap their fsyncs, and
- * the upload joins a group commit: one transaction for every upload queued
- * meanwhile, on the second store connection, with the lock released. An
- * upload a batch did not take (no longer acceptable when the batch formed,
- * or no prepared file) goes on alone, never beside a group commit, so that
- * the store's order stays the aggregation's. Either way an acknowledged
- * update passes through accept_update exactly once. */
+ * acceptable, its write is prepared before the lock (hash, receipt id, a
+ * copy of the body) and it joins the queue of the committer thread, which
+ * commits everything queued meanwhile in one transaction on the second
+ * store connection, with the lock released. A request's connection is
+ * suspended while its upload waits, so an HTTP thread goes on with other
+ * connections instead of waiting for the disk, and batches grow with the
+ * load, not with the number of HTTP threads. An upload a batch did not take
+ * (no longer acceptable when the batch formed) is decided alone by the
+ * committer after the batch, and one that was never queued (not
+ * acceptable, or no prepared write) by its caller, never beside a group
+ * commit, so that the store's order stays the aggregation's. Either way an
+ * acknowledged update passes through accept_update exactly once. */
 #include "upload.h"
 
 #include "lgreco.h"
@@ -25,49 +29,127 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* An upload whose payload file is prepared, waiting for a group commit. */
-typedef struct srv_pending_upload {
-    strata_store_pending *pend;
-    const strata_payload *p;
-    uint32_t round;
+/* One upload that joined the group commit, from its queueing to its
+ * answer. While queued it belongs to the pipeline; once decided (done) to
+ * whoever answers it: the caller waiting on cv, or the request of the
+ * suspended connection conn, resumed (srv__uploads_answer). */
+struct srv_upload {
+    strata_store_pending *pend; /* its prepared write; NULL once a commit took it */
+    strata_payload *p;          /* owned */
+    srv_lgreco_scan ls;         /* its metadata's error table */
+    const uint8_t *body;        /* the request's (borrowed: alive until answered or orphaned) */
     uint64_t client_id;
+    uint32_t round;
     size_t len;
-    ptrdiff_t k; /* index among the selected clients */
-    int done;    /* decided */
-    int taken;   /* committed in a batch (else: the caller goes on alone) */
-    int rc;      /* the batch's result for it */
-    strata_store_receipt rec;
-    strata_store_verdict v;
-    char msg[256];     /* the error, when rc < 0 */
-    pthread_cond_t cv; /* its uploader waits here (one wake-up per upload) */
-    struct srv_pending_upload *next;
-} srv_pending_upload;
+    ptrdiff_t k;       /* index among the selected clients */
+    void *conn;        /* the suspended connection; NULL: the caller waits on cv */
+    int done;          /* decided: r holds the answer */
+    int orphan;        /* its connection ended first: nobody takes the answer */
+    srv_result r;      /* the answer */
+    pthread_cond_t cv; /* conn == NULL: its caller waits here */
+    struct srv_upload *next;
+};
+
+#define ZCTX_IDLE_MAX 64
 
 struct srv_uploads {
     srv_uploads_config c;
-    /* Prepared uploads queue here; one uploader at a time (committing)
-     * commits all queued ones in one transaction. */
-    srv_pending_upload *queue, *queue_tail;
+    srv_waiter_fn suspend, resume; /* the transport's (srv__uploads_set_conn) */
+    /* Prepared uploads queue here; the committer thread commits all queued
+     * ones in one transaction. */
+    srv_upload *queue, *queue_tail;
     int committing;
     int quiescing; /* an admin stop waits: no new batch starts */
-    pthread_cond_t commit_cv;
+    int stopping;  /* srv__uploads_stop: the committer drains the queue and ends */
+    int running;   /* the committer thread runs */
+    pthread_t committer;
+    pthread_cond_t work_cv;   /* the committer waits here for uploads */
+    pthread_cond_t commit_cv; /* those waiting for no commit in flight */
+    /* Idle zstd contexts for the decoder, one taken per upload in decode
+     * (making one costs about as much as decoding a small update). */
+    pthread_mutex_t zmu;
+    strata_zctx *zidle[ZCTX_IDLE_MAX];
+    size_t nzidle;
 };
+
+/* An idle zstd context, or a new one; NULL (no memory) makes the decoder
+ * make its own. */
+static strata_zctx *zctx_take(srv_uploads *U)
+{
+    strata_zctx *z = NULL;
+    pthread_mutex_lock(&U->zmu);
+    if (U->nzidle > 0)
+        z = U->zidle[--U->nzidle];
+    pthread_mutex_unlock(&U->zmu);
+    if (z == NULL && strata_zctx_new(&z) < 0)
+        z = NULL;
+    return z;
+}
+
+static void zctx_give(srv_uploads *U, strata_zctx *z)
+{
+    if (z == NULL)
+        return;
+    pthread_mutex_lock(&U->zmu);
+    if (U->nzidle < ZCTX_IDLE_MAX) {
+        U->zidle[U->nzidle++] = z;
+        z = NULL;
+    }
+    pthread_mutex_unlock(&U->zmu);
+    strata_zctx_free(z);
+}
+
+static void *committer_main(void *arg);
 
 int srv__uploads_new(const srv_uploads_config *c, srv_uploads **out)
 {
-    *out = calloc(1, sizeof(**out));
-    if (*out == NULL)
+    srv_uploads *U = calloc(1, sizeof(*U));
+    *out = NULL;
+    if (U == NULL)
         return STRATA_ENOMEM;
-    (*out)->c = *c;
-    pthread_cond_init(&(*out)->commit_cv, NULL);
+    U->c = *c;
+    pthread_mutex_init(&U->zmu, NULL);
+    pthread_cond_init(&U->commit_cv, NULL);
+    pthread_cond_init(&U->work_cv, NULL);
+    if (pthread_create(&U->committer, NULL, committer_main, U) != 0) {
+        srv__uploads_free(U);
+        return STRATA_ENOMEM;
+    }
+    U->running = 1;
+    *out = U;
     return 0;
+}
+
+void srv__uploads_set_conn(srv_uploads *U, srv_waiter_fn suspend, srv_waiter_fn resume)
+{
+    pthread_mutex_lock(U->c.mu);
+    U->suspend = suspend;
+    U->resume = resume;
+    pthread_mutex_unlock(U->c.mu);
+}
+
+void srv__uploads_stop(srv_uploads *U)
+{
+    if (U == NULL || !U->running)
+        return;
+    pthread_mutex_lock(U->c.mu);
+    U->stopping = 1;
+    pthread_cond_signal(&U->work_cv);
+    pthread_mutex_unlock(U->c.mu);
+    pthread_join(U->committer, NULL);
+    U->running = 0;
 }
 
 void srv__uploads_free(srv_uploads *U)
 {
     if (U == NULL)
         return;
+    srv__uploads_stop(U);
+    for (size_t i = 0; i < U->nzidle; i++)
+        strata_zctx_free(U->zidle[i]);
+    pthread_mutex_destroy(&U->zmu);
     pthread_cond_destroy(&U->commit_cv);
+    pthread_cond_destroy(&U->work_cv);
     free(U);
 }
 
@@ -244,91 +326,6 @@ static void stored_result(srv_uploads *U, srv_result *r, uint32_t round, int rc,
     }
 }
 
-/* Marks q decided and wakes its uploader. Lock held. */
-static void decided(srv_pending_upload *q)
-{
-    q->done = 1;
-    pthread_cond_signal(&q->cv);
-}
-
-/* Queues u and returns once it is decided (lock held on entry and exit).
- * An uploader that finds no commit in flight becomes the committer: it
- * takes the queued uploads that are still acceptable (the open round, not
- * closing, client selected and not yet reported), commits them in one
- * transaction on the second store connection with the lock released (so
- * that more uploads queue meanwhile), then, under the lock, accepts the
- * acknowledged ones, wakes each of their uploaders and hands the committer's
- * part to the upload at the head of the queue, if any (each uploader waits
- * on its own condition variable: one wake-up per upload, not one per
- * batch and waiter). The round cannot start closing while a batch is in
- * flight (ready_to_close), so every acknowledged update is aggregated. An
- * upload no longer acceptable is handed back untaken. */
-static void group_commit(srv_uploads *U, srv_pending_upload *u)
-{
-    u->next = NULL;
-    if (U->queue_tail != NULL)
-        U->queue_tail->next = u;
-    else
-        U->queue = u;
-    U->queue_tail = u;
-    while (!u->done) {
-        if (U->committing) {
-            pthread_cond_wait(&u->cv, U->c.mu);
-            continue;
-        }
-        U->committing = 1;
-        srv_pending_upload *batch[SRV_BATCH_MAX];
-        strata_store_pending *pp[SRV_BATCH_MAX];
-        size_t n = 0;
-        while (U->queue != NULL && n < SRV_BATCH_MAX) {
-            srv_pending_upload *q = U->queue;
-            U->queue = q->next;
-            if (U->queue == NULL)
-                U->queue_tail = NULL;
-            q->k = q->round == srv__round_current(U->c.rounds) &&
-                           !srv__round_closing(U->c.rounds) && !U->quiescing
-                       ? srv__round_find(U->c.rounds, q->client_id)
-                       : -1;
-            if (q->k < 0 || srv__round_report(U->c.rounds, q->k)) {
-                decided(q); /* untaken: its uploader answers alone */
-                continue;
-            }
-            pp[n] = q->pend;
-            batch[n++] = q;
-        }
-        if (n > 0) {
-            strata_store_receipt recs[SRV_BATCH_MAX];
-            strata_store_verdict vs[SRV_BATCH_MAX];
-            int results[SRV_BATCH_MAX];
-            strata_diag d = {{0}};
-            pthread_mutex_unlock(U->c.mu);
-            int rc = strata_store_update_commit_many(U->c.wstore, pp, n, recs, vs, results, &d);
-            pthread_mutex_lock(U->c.mu);
-            for (size_t i = 0; i < n; i++) {
-                srv_pending_upload *q = batch[i];
-                q->pend = NULL; /* the commit took it */
-                q->taken = 1;
-                q->rc = results[i];
-                q->rec = recs[i];
-                q->v = vs[i];
-                if (rc < 0)
-                    snprintf(q->msg, sizeof(q->msg), "%s", strata_diag_msg(&d, rc));
-                if (q->rc == 0 && !q->rec.duplicate && !srv__round_report(U->c.rounds, q->k))
-                    accept_update(U, q->p, q->k, q->len);
-                if (q != u)
-                    decided(q);
-                else
-                    q->done = 1;
-            }
-        }
-        U->committing = 0;
-        if (U->queue != NULL) /* the next committer */
-            pthread_cond_signal(&U->queue->cv);
-        pthread_cond_broadcast(&U->commit_cv); /* those waiting for no commit in flight */
-        wake_round_thread_if_full(U);
-    }
-}
-
 /* Decides an upload that no batch took, alone (lock held on entry and
  * exit): pend is its prepared file or NULL (taken by a commit, or freed by
  * the caller when still set on return via *pend). */
@@ -390,12 +387,126 @@ static void upload_alone(srv_uploads *U, uint64_t cid, uint32_t round, const str
     }
 }
 
-void srv__uploads_upload(srv_uploads *U, uint64_t cid, uint32_t round, const uint8_t *body,
-                         size_t len, srv_result *r)
+static void upload_free(srv_upload *u)
 {
+    if (u == NULL)
+        return;
+    strata_store_pending_free(u->pend);
+    strata_payload_free(u->p);
+    srv_result_cleanup(&u->r);
+    if (u->conn == NULL)
+        pthread_cond_destroy(&u->cv);
+    free(u);
+}
+
+/* Marks u decided and hands it to whoever answers it: wakes its waiting
+ * caller or resumes its connection (the request then takes the answer with
+ * srv__uploads_answer); an orphan is freed. Lock held. */
+static void decided(srv_uploads *U, srv_upload *u)
+{
+    u->done = 1;
+    if (u->orphan)
+        upload_free(u);
+    else if (u->conn != NULL)
+        U->resume(u->conn);
+    else
+        pthread_cond_signal(&u->cv);
+}
+
+/* One group commit (lock held on entry and exit; released during the
+ * commit, so that more uploads queue meanwhile): takes the queued uploads
+ * that are still acceptable (the open round, not closing, client selected
+ * and not yet reported), commits them in one transaction on the second
+ * store connection, accepts the acknowledged ones and decides them. The
+ * round cannot start closing while a batch is in flight (ready_to_close),
+ * so every acknowledged update is aggregated. The uploads no longer
+ * acceptable are then decided one by one by upload_alone, with no commit in
+ * flight, so that the store's order stays the aggregation's. */
+static void commit_batch(srv_uploads *U)
+{
+    U->committing = 1;
+    srv_upload *batch[SRV_BATCH_MAX], *untaken = NULL, **untaken_tail = &untaken;
+    strata_store_pending *pp[SRV_BATCH_MAX];
+    size_t n = 0;
+    while (U->queue != NULL && n < SRV_BATCH_MAX) {
+        srv_upload *q = U->queue;
+        U->queue = q->next;
+        if (U->queue == NULL)
+            U->queue_tail = NULL;
+        q->next = NULL;
+        if (q->orphan) { /* nobody to answer: nothing is stored */
+            upload_free(q);
+            continue;
+        }
+        q->k = q->round == srv__round_current(U->c.rounds) && !srv__round_closing(U->c.rounds) &&
+                       !U->quiescing
+                   ? srv__round_find(U->c.rounds, q->client_id)
+                   : -1;
+        if (q->k < 0 || srv__round_report(U->c.rounds, q->k)) {
+            *untaken_tail = q;
+            untaken_tail = &q->next;
+            continue;
+        }
+        pp[n] = q->pend;
+        batch[n++] = q;
+    }
+    if (n > 0) {
+        strata_store_receipt recs[SRV_BATCH_MAX];
+        strata_store_verdict vs[SRV_BATCH_MAX];
+        int results[SRV_BATCH_MAX];
+        strata_diag d = {{0}};
+        pthread_mutex_unlock(U->c.mu);
+        int rc = strata_store_update_commit_many(U->c.wstore, pp, n, recs, vs, results, &d);
+        pthread_mutex_lock(U->c.mu);
+        for (size_t i = 0; i < n; i++) {
+            srv_upload *q = batch[i];
+            q->pend = NULL; /* the commit took it */
+            if (results[i] == 0 && !recs[i].duplicate && !srv__round_report(U->c.rounds, q->k))
+                accept_update(U, q->p, q->k, q->len);
+            stored_result(U, &q->r, q->round, results[i], &recs[i], vs[i],
+                          rc < 0 ? strata_diag_msg(&d, rc) : "");
+        }
+    }
+    U->committing = 0;
+    pthread_cond_broadcast(&U->commit_cv);
+    wake_round_thread_if_full(U);
+    for (size_t i = 0; i < n; i++)
+        decided(U, batch[i]);
+    while (untaken != NULL) {
+        srv_upload *q = untaken;
+        untaken = q->next;
+        if (!q->orphan) /* (its body went with its connection) */
+            upload_alone(U, q->client_id, q->round, q->p, &q->ls, q->body, q->len, &q->pend, &q->r);
+        decided(U, q);
+    }
+}
+
+/* The committer thread: one group commit after another while uploads
+ * queue; at srv__uploads_stop it drains the queue and ends. */
+static void *committer_main(void *arg)
+{
+    srv_uploads *U = arg;
+    pthread_mutex_lock(U->c.mu);
+    for (;;) {
+        while (U->queue == NULL && !U->stopping)
+            pthread_cond_wait(&U->work_cv, U->c.mu);
+        if (U->queue == NULL)
+            break;
+        commit_batch(U);
+    }
+    pthread_mutex_unlock(U->c.mu);
+    return NULL;
+}
+
+void srv__uploads_upload(srv_uploads *U, uint64_t cid, uint32_t round, const uint8_t *body,
+                         size_t len, void *conn, srv_upload **queued, srv_result *r)
+{
+    *queued = NULL;
     strata_diag d = {{0}};
     strata_payload *p = NULL;
-    int rc = len > 0 ? strata_payload_decode(body, len, &U->c.limits, &p, &d) : STRATA_EPROTO;
+    strata_zctx *z = len > 0 ? zctx_take(U) : NULL;
+    int rc = len > 0 ? strata_payload_decode_z(z, body, len, &U->c.limits, &p, &d) : STRATA_EPROTO;
+    zctx_give(U, z);
     if (rc == STRATA_ETOOBIG) {
         /* The decoder's limits are the model's sizes: a well-formed payload
          * that is larger than the model does not match it. */
@@ -427,37 +538,85 @@ void srv__uploads_upload(srv_uploads *U, uint64_t cid, uint32_t round, const uin
     }
     srv_lgreco_scan ls; /* the metadata's error table, read before the lock */
     srv__lgreco_scan(p->metadata_json, U->c.nlayers, &ls);
-    /* The slow half of the durable write (the payload file, written and
-     * fsync'ed) runs before the lock when the upload looks acceptable, so
-     * uploads overlap their fsyncs; the commit under the lock decides. When
-     * it is not needed after all, or fails here, it is discarded and the
-     * checks of upload_alone answer as they would without it. */
+    /* The prepared write (hash, receipt id, a copy of the body) is made
+     * before the lock when the upload looks acceptable; the group commit
+     * decides. When it is not needed after all, or fails here, it is
+     * discarded and the checks of upload_alone answer as they would
+     * without it. */
     strata_store_pending *pend = NULL;
     pthread_mutex_lock(U->c.mu);
     ptrdiff_t k = round == srv__round_current(U->c.rounds) && !srv__round_closing(U->c.rounds)
                       ? srv__round_find(U->c.rounds, cid)
                       : -1;
-    int candidate = k >= 0 && !srv__round_report(U->c.rounds, k) &&
+    int candidate = k >= 0 && !U->stopping && !srv__round_report(U->c.rounds, k) &&
                     validate_task(U, p, &ls, msg, sizeof(msg)) == 0;
     pthread_mutex_unlock(U->c.mu);
     if (candidate && strata_store_update_prepare(U->c.store, round, cid, body, len, p->sample_count,
                                                  &pend, &d) < 0)
         pend = NULL;
+    srv_upload *u = pend != NULL ? calloc(1, sizeof(*u)) : NULL;
     pthread_mutex_lock(U->c.mu);
-    int taken = 0;
-    if (pend != NULL) {
-        srv_pending_upload u = {.pend = pend, .p = p, .round = round, .client_id = cid, .len = len};
-        pthread_cond_init(&u.cv, NULL);
-        group_commit(U, &u);
-        pthread_cond_destroy(&u.cv);
-        pend = u.pend; /* NULL when taken */
-        taken = u.taken;
-        if (taken)
-            stored_result(U, r, round, u.rc, &u.rec, u.v, u.msg);
+    if (u != NULL && !U->stopping) {
+        *u = (srv_upload){.pend = pend,
+                          .p = p,
+                          .ls = ls,
+                          .body = body,
+                          .client_id = cid,
+                          .round = round,
+                          .len = len};
+        if (conn == NULL || U->resume == NULL)
+            pthread_cond_init(&u->cv, NULL);
+        else
+            u->conn = conn;
+        if (U->queue_tail != NULL)
+            U->queue_tail->next = u;
+        else
+            U->queue = u;
+        U->queue_tail = u;
+        pthread_cond_signal(&U->work_cv);
+        if (u->conn != NULL) {
+            U->suspend(conn); /* resumed once decided (decided) */
+            *queued = u;
+            pthread_mutex_unlock(U->c.mu);
+            return;
+        }
+        while (!u->done)
+            pthread_cond_wait(&u->cv, U->c.mu);
+        pthread_mutex_unlock(U->c.mu);
+        *r = u->r;
+        u->r.body = NULL;
+        upload_free(u);
+        return;
     }
-    if (!taken)
-        upload_alone(U, cid, round, p, &ls, body, len, &pend, r);
+    free(u);
+    upload_alone(U, cid, round, p, &ls, body, len, &pend, r);
     pthread_mutex_unlock(U->c.mu);
     strata_store_pending_free(pend);
     strata_payload_free(p);
+}
+
+void srv__uploads_answer(srv_uploads *U, srv_upload *u, srv_result *r)
+{
+    pthread_mutex_lock(U->c.mu);
+    int done = u->done;
+    if (done) {
+        *r = u->r;
+        u->r.body = NULL;
+        upload_free(u);
+    } else { /* not resumed by decided: never; kept for the committer */
+        u->orphan = 1;
+    }
+    pthread_mutex_unlock(U->c.mu);
+    if (!done)
+        srv_result_internal(r, "an upload's connection resumed before its commit was decided");
+}
+
+void srv__uploads_gone(srv_uploads *U, srv_upload *u)
+{
+    pthread_mutex_lock(U->c.mu);
+    if (u->done)
+        upload_free(u);
+    else
+        u->orphan = 1; /* the committer frees it */
+    pthread_mutex_unlock(U->c.mu);
 }

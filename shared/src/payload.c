@@ -155,21 +155,30 @@ typedef struct bitrd {
     uint64_t nbits, pos;
 } bitrd;
 
+/* The stream's bits from r->pos on, least significant first: at least 57
+ * of them when the stream has that many (bits past its end read as 0). One
+ * unaligned 8-byte load away from the end. */
+static uint64_t br_peek(const bitrd *r)
+{
+    uint64_t byte = r->pos >> 3, nbytes = (r->nbits + 7) >> 3, w = 0;
+    if (byte + 8 <= nbytes) {
+        memcpy(&w, r->p + byte, 8);
+#if __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+        w = __builtin_bswap64(w);
+#endif
+    } else {
+        for (uint64_t i = 0; byte + i < nbytes; i++)
+            w |= (uint64_t)r->p[byte + i] << (8 * i);
+    }
+    return w >> (r->pos & 7);
+}
+
 static int br_bits(bitrd *r, unsigned k, uint32_t *out)
 {
     if (k > r->nbits - r->pos)
         return -1;
-    uint32_t v = 0;
-    for (unsigned got = 0; got < k;) {
-        unsigned off = (unsigned)(r->pos & 7), take = 8 - off;
-        if (take > k - got)
-            take = k - got;
-        uint32_t b = ((uint32_t)r->p[r->pos >> 3] >> off) & ((1u << take) - 1);
-        v |= b << got;
-        got += take;
-        r->pos += take;
-    }
-    *out = v;
+    *out = k == 0 ? 0u : (uint32_t)(br_peek(r) & ((UINT64_C(1) << k) - 1));
+    r->pos += k;
     return 0;
 }
 
@@ -179,16 +188,15 @@ static int br_unary(bitrd *r, uint64_t limit, uint64_t *out)
 {
     uint64_t q = 0;
     while (r->pos < r->nbits) {
-        unsigned off = (unsigned)(r->pos & 7);
-        uint64_t avail = 8 - off;
-        if (avail > r->nbits - r->pos)
-            avail = r->nbits - r->pos;
-        uint32_t zeros = ~((uint32_t)r->p[r->pos >> 3] >> off) & (uint32_t)((1u << avail) - 1);
+        uint64_t avail = r->nbits - r->pos;
+        if (avail > 56)
+            avail = 56;
+        uint64_t zeros = ~br_peek(r) & ((UINT64_C(1) << avail) - 1);
         if (zeros == 0) {
             q += avail;
             r->pos += avail;
         } else {
-            unsigned t = (unsigned)__builtin_ctz(zeros);
+            unsigned t = (unsigned)__builtin_ctzll(zeros);
             q += t;
             r->pos += t + 1;
             if (q > limit)
@@ -898,12 +906,12 @@ static limits resolve_limits(const strata_payload_limits *in)
 
 /* Checks that buf is exactly one zstd frame with a declared content size
  * within the limit, and decompresses it into a new buffer. */
-static int unframe(const uint8_t *buf, size_t len, const limits *lim, uint8_t **body,
-                   size_t *body_len, strata_diag *diag)
+static int unframe(strata_zctx *z, const uint8_t *buf, size_t len, const limits *lim,
+                   uint8_t **body, size_t *body_len, strata_diag *diag)
 {
     size_t max =
         lim->max_decoded_bytes < SIZE_MAX - 1 ? (size_t)lim->max_decoded_bytes : SIZE_MAX - 1;
-    return strata_zframe_decompress(NULL, buf, len, MIN_BODY, max, body, body_len, diag);
+    return strata_zframe_decompress(z, buf, len, MIN_BODY, max, body, body_len, diag);
 }
 
 /* A new float array for n values: 64-byte aligned like strata_alloc_floats,
@@ -1369,6 +1377,13 @@ static int parse_body(const uint8_t *body, size_t body_len, const limits *lim, s
 int strata_payload_decode(const uint8_t *buf, size_t len, const strata_payload_limits *lim,
                           strata_payload **out, strata_diag *diag)
 {
+    return strata_payload_decode_z(NULL, buf, len, lim, out, diag);
+}
+
+int strata_payload_decode_z(strata_zctx *z, const uint8_t *buf, size_t len,
+                            const strata_payload_limits *lim, strata_payload **out,
+                            strata_diag *diag)
+{
     if (out != NULL)
         *out = NULL;
     if (diag != NULL)
@@ -1378,7 +1393,7 @@ int strata_payload_decode(const uint8_t *buf, size_t len, const strata_payload_l
     limits l = resolve_limits(lim);
     uint8_t *body = NULL;
     size_t body_len = 0;
-    int rc = unframe(buf, len, &l, &body, &body_len, diag);
+    int rc = unframe(z, buf, len, &l, &body, &body_len, diag);
     if (rc < 0)
         return rc;
 

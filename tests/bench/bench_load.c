@@ -27,8 +27,13 @@
  *
  * Modes:
  *  - closed (default): a client starts its upload as soon as its payload is
- *    built. An upload's latency is its acknowledged attempt's request start
- *    (the handle added to the multi) to the response.
+ *    built; with --prebuild, once every running client's payload for the
+ *    round is built (or 10 s after the first one was), as in the open loop,
+ *    so that the builder (the clients' compression, which would run on the
+ *    clients' own machines) takes no CPU from the coordinator inside the
+ *    round's upload window. An upload's latency is its acknowledged
+ *    attempt's request start (the handle added to the multi) to the
+ *    response.
  *  - open --rate R: each round's payloads are prebuilt: the round's schedule
  *    starts once every running client's payload for it is built (or 10 s
  *    after the first one was), and the k-th payload built is uploaded at
@@ -58,7 +63,7 @@
  * (VmHWM of /proc/PID/status) at the end.
  *
  * Usage: bench_load --server URL [--clients N] [--rounds R] [--mode closed|open]
- *                   [--rate R] [--arrivals even|poisson] [--persist]
+ *                   [--rate R] [--arrivals even|poisson] [--prebuild] [--persist]
  *                   [--server-pid PID] [--acks FILE] [--tokens FILE]
  *                   [--register-concurrency N] [--secret S] [--seed S]
  *                   [--timeout S] [--json]
@@ -121,7 +126,7 @@ typedef struct options {
     unsigned long long seed;
     load_mode mode;
     arrivals arr;
-    int json, persist;
+    int json, persist, prebuild;
 } options;
 
 /* One tensor of the model, in model order. */
@@ -886,9 +891,10 @@ static void plan_ready(bench *b, client *cl)
     if (p->ready++ == 0)
         p->first_ready = now;
     cl->offset = p->next_offset;
-    p->next_offset += b->o.arr == ARRIVALS_POISSON
-                          ? -log(1.0 - strata_rng_uniform(&b->jitter)) / b->o.rate
-                          : 1.0 / b->o.rate;
+    if (b->o.mode == MODE_OPEN) /* closed loop (--prebuild): every slot at the origin */
+        p->next_offset += b->o.arr == ARRIVALS_POISSON
+                              ? -log(1.0 - strata_rng_uniform(&b->jitter)) / b->o.rate
+                              : 1.0 / b->o.rate;
     cl->st = C_SCHEDULED;
     if (p->origin >= 0) {
         schedule_upload(b, cl, p->origin + cl->offset);
@@ -1224,7 +1230,7 @@ static void take_built(bench *b)
         if (cl->build_failed) {
             atomic_fetch_add(&b->err_build, 1);
             finish_client(b, cl);
-        } else if (b->o.mode == MODE_OPEN) {
+        } else if (b->o.mode == MODE_OPEN || b->o.prebuild) {
             plan_ready(b, cl);
         } else {
             start_upload(b, cl);
@@ -1274,7 +1280,7 @@ static void loop_once(bench *b)
         drain_shard(b, &b->shards[i]);
     take_built(b);
     fire_timers(b);
-    if (b->o.mode == MODE_OPEN)
+    if (b->o.mode == MODE_OPEN || b->o.prebuild)
         check_plans(b);
 }
 
@@ -1568,8 +1574,8 @@ static void print_table(const bench *b, const summary *sm, const coord *cd)
                w > 0 ? (double)r->uploads / w : 0.0, r->p50 * 1e3, r->p99 * 1e3,
                r->bytes / (double)r->uploads);
     }
-    printf("clients %ld, rounds %ld, %s loop", b->o.clients, b->o.rounds,
-           b->o.mode == MODE_OPEN ? "open" : "closed");
+    printf("clients %ld, rounds %ld, %s loop%s", b->o.clients, b->o.rounds,
+           b->o.mode == MODE_OPEN ? "open" : "closed", b->o.prebuild ? " (prebuilt)" : "");
     if (b->o.mode == MODE_OPEN)
         printf(" (offered %.0f/s, %s, start lag p99 %.1f ms)", b->o.rate,
                b->o.arr == ARRIVALS_POISSON ? "Poisson" : "evenly spaced",
@@ -1628,6 +1634,7 @@ static void print_json(const bench *b, const summary *sm, const coord *cd)
     double p50 = percentile(sm->lat, sm->n, 50), p99 = percentile(sm->lat, sm->n, 99);
     double pmax = sm->n ? sm->lat[sm->n - 1] : 0.0;
     json_object_set_new(j, "mode", json_string(b->o.mode == MODE_OPEN ? "open" : "closed"));
+    json_object_set_new(j, "prebuilt", json_boolean(b->o.mode == MODE_OPEN || b->o.prebuild));
     jnum(j, "offered_rate", b->o.mode == MODE_OPEN ? b->o.rate : NAN);
     json_object_set_new(j, "arrivals",
                         b->o.mode != MODE_OPEN         ? json_null()
@@ -1889,6 +1896,8 @@ static const char USAGE[] =
     "  --mode M          closed: upload as soon as built (default); open: at --rate\n"
     "  --rate R          open loop: uploads started per second in each round\n"
     "  --arrivals A      open loop: even (default) or poisson start times\n"
+    "  --prebuild        closed loop: a round's uploads start once its payloads are\n"
+    "                    built (as in the open loop), not each as soon as it is\n"
     "  --persist         retry transport errors and 5xx until --timeout; a 409\n"
     "                    round_closed counts as late (a coordinator killed and restarted)\n"
     "  --server-pid PID  report the coordinator's CPU per upload and peak RSS\n"
@@ -1909,6 +1918,7 @@ static const struct option OPTS[] = {
     {"rate", required_argument, NULL, 'R'},
     {"arrivals", required_argument, NULL, 'a'},
     {"persist", no_argument, NULL, 'p'},
+    {"prebuild", no_argument, NULL, 'B'},
     {"server-pid", required_argument, NULL, 'P'},
     {"acks", required_argument, NULL, 'A'},
     {"tokens", required_argument, NULL, 'T'},
@@ -1968,6 +1978,9 @@ static int apply_option(options *o, int c, const char *arg)
     case 'p':
         o->persist = 1;
         return 0;
+    case 'B':
+        o->prebuild = 1;
+        return 0;
     case 'j':
         o->json = 1;
         return 0;
@@ -1986,6 +1999,8 @@ static int check_options(const options *o, int arr_given)
         why = "--mode open needs --rate R";
     else if (o->mode == MODE_CLOSED && (o->rate > 0 || arr_given))
         why = "--rate and --arrivals need --mode open";
+    else if (o->mode == MODE_OPEN && o->prebuild)
+        why = "--prebuild is for the closed loop (the open loop always prebuilds)";
     else if (strlen(o->server) >= 1024)
         why = "--server: the URL is too long";
     if (why == NULL)

@@ -27,7 +27,10 @@
 # default BUILD_DIR/strata-server), LOAD_BASELINE_REV (unset: no baseline),
 # LOAD_MODEL (mlp), LOAD_DENSITY (0.01), LOAD_CLIENTS (1000), LOAD_ROUNDS
 # (3), LOAD_RUNS (3), LOAD_MODE (closed, or open at LOAD_RATE, default
-# 2000/s), LOAD_RATES (unset: no sweep), LOAD_SWEEP_ROUNDS (LOAD_ROUNDS),
+# 2000/s), LOAD_PREBUILD (1: the closed loop's uploads of a round start once
+# its payloads are built, bench_load --prebuild, so that building them, the
+# clients' work, takes no CPU from the coordinator inside the upload window;
+# 0: each upload starts as soon as its payload is built), LOAD_RATES (unset: no sweep), LOAD_SWEEP_ROUNDS (LOAD_ROUNDS),
 # LOAD_KNEE_MS (100), LOAD_SERVER_THREADS (2, the server's --threads),
 # LOAD_HTTP_THREADS (unset: the server's default --http-threads), LOAD_GOAL
 # (1000 uploads/s), LOAD_BENCH_TIMEOUT (600 s per bench run),
@@ -51,6 +54,7 @@ CLIENTS=${LOAD_CLIENTS:-1000}
 ROUNDS=${LOAD_ROUNDS:-3}
 RUNS=${LOAD_RUNS:-3}
 MODE=${LOAD_MODE:-closed}
+PREBUILD=${LOAD_PREBUILD:-1}
 RATE=${LOAD_RATE:-2000}
 RATES=${LOAD_RATES:-}
 SWEEP_ROUNDS=${LOAD_SWEEP_ROUNDS:-$ROUNDS}
@@ -66,6 +70,11 @@ SECRET=load-bench-secret
 # them out (its connection limit is split between them).
 MAXCONN=$((CLIENTS * 4 + 256))
 [ "$MAXCONN" -le 65536 ] || MAXCONN=65536
+case $PREBUILD in 0 | 1) ;; *)
+    echo "LOAD_PREBUILD must be 0 or 1" >&2
+    exit 2
+    ;;
+esac
 case $MODE in closed | open) ;; *)
     echo "LOAD_MODE must be closed or open" >&2
     exit 2
@@ -163,7 +172,11 @@ run() {
     start_server "$bin" "$dir" "$rounds"
     local args=(--server "$URL" --clients "$CLIENTS" --rounds "$rounds" --secret "$SECRET"
         --seed "$seed" --server-pid "$SPID" --timeout "$BENCH_TIMEOUT" --json)
-    [ "$rate" = 0 ] || args+=(--mode open --rate "$rate")
+    if [ "$rate" != 0 ]; then
+        args+=(--mode open --rate "$rate")
+    elif [ "$PREBUILD" = 1 ]; then
+        args+=(--prebuild)
+    fi
     set +e
     timeout $((BENCH_TIMEOUT + 60)) "$BENCH" "${args[@]}" >"$dir/bench.out" 2>"$dir/bench.err"
     local brc=$?

@@ -184,7 +184,9 @@ static inline srv_outcome fix_upload(fix_engine *f, uint64_t client, uint32_t ro
                                      const uint8_t *body, size_t len, int *duplicate)
 {
     srv_result r = {0};
-    srv_engine_upload(f->e, client, round, body, len, &r);
+    srv_upload *queued = NULL; /* no connection: the call waits for its commit */
+    srv_engine_upload(f->e, client, round, body, len, NULL, &queued, &r);
+    CU_ASSERT_PTR_NULL(queued);
     srv_outcome o = r.outcome;
     if (srv_outcome_is_error(o)) /* for the log of a failing test */
         fprintf(stderr, "upload of client %llu, round %u: outcome %d: %s\n",

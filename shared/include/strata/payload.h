@@ -32,6 +32,7 @@
 
 #include "strata/compress.h"
 #include "strata/error.h"
+#include "strata/zframe.h"
 
 #include <stddef.h>
 #include <stdint.h>
@@ -138,6 +139,14 @@ int strata_payload_encode(const strata_payload *p, int zstd_level, uint8_t **out
  * (may be NULL) says what was wrong and where. */
 int strata_payload_decode(const uint8_t *buf, size_t len, const strata_payload_limits *lim,
                           strata_payload **out, strata_diag *diag);
+
+/* strata_payload_decode with the zstd context z (strata/zframe.h; NULL: a
+ * context made and freed for the call), for callers that decode many
+ * payloads: making a decompression context costs about as much as
+ * decoding a small payload. z is used by one call at a time. */
+int strata_payload_decode_z(strata_zctx *z, const uint8_t *buf, size_t len,
+                            const strata_payload_limits *lim, strata_payload **out,
+                            strata_diag *diag);
 
 /* Frees a payload returned by strata_payload_decode, or one built entirely
  * on the heap the same way (struct and layer array from malloc, arrays as
