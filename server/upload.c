@@ -399,6 +399,14 @@ static void upload_free(srv_upload *u)
     free(u);
 }
 
+/* Moves a decided upload's answer into r and frees the upload. */
+static void take_answer(srv_upload *u, srv_result *r)
+{
+    *r = u->r;
+    u->r.body = NULL;
+    upload_free(u);
+}
+
 /* Marks u decided and hands it to whoever answers it: wakes its waiting
  * caller or resumes its connection (the request then takes the answer with
  * srv__uploads_answer); an orphan is freed. Lock held. */
@@ -583,9 +591,7 @@ void srv__uploads_upload(srv_uploads *U, uint64_t cid, uint32_t round, const uin
         while (!u->done)
             pthread_cond_wait(&u->cv, U->c.mu);
         pthread_mutex_unlock(U->c.mu);
-        *r = u->r;
-        u->r.body = NULL;
-        upload_free(u);
+        take_answer(u, r);
         return;
     }
     free(u);
@@ -600,9 +606,7 @@ void srv__uploads_answer(srv_uploads *U, srv_upload *u, srv_result *r)
     pthread_mutex_lock(U->c.mu);
     int done = u->done;
     if (done) {
-        *r = u->r;
-        u->r.body = NULL;
-        upload_free(u);
+        take_answer(u, r);
     } else { /* not resumed by decided: never; kept for the committer */
         u->orphan = 1;
     }

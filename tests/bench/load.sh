@@ -30,7 +30,8 @@
 # 2000/s), LOAD_PREBUILD (1: the closed loop's uploads of a round start once
 # its payloads are built, bench_load --prebuild, so that building them, the
 # clients' work, takes no CPU from the coordinator inside the upload window;
-# 0: each upload starts as soon as its payload is built), LOAD_RATES (unset: no sweep), LOAD_SWEEP_ROUNDS (LOAD_ROUNDS),
+# 0: each upload starts as soon as its payload is built), LOAD_RATES
+# (unset: no sweep), LOAD_SWEEP_ROUNDS (LOAD_ROUNDS),
 # LOAD_KNEE_MS (100), LOAD_SERVER_THREADS (2, the server's --threads),
 # LOAD_HTTP_THREADS (unset: the server's default --http-threads), LOAD_GOAL
 # (1000 uploads/s), LOAD_BENCH_TIMEOUT (600 s per bench run),
