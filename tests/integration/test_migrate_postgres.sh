@@ -40,7 +40,8 @@ start_server() { # start_server LOG [OPTIONS...]: sets SPID and URL
     PIDS+=("$SPID")
     wait_listening "$SPID" "$WORK/$log.out" "$WORK/$log.err"
 }
-round_closed() { [ "$(json_field "$(get "/v1/rounds/$1")" state)" = closed ]; }
+round_state() { [ "$(json_field "$(get "/v1/rounds/$1")" state)" = "$2" ]; }
+round_closed() { round_state "$1" closed; }
 
 # 1. Two rounds on SQLite.
 start_server sqlite
@@ -48,7 +49,7 @@ timeout 60 "$BENCH" --server "$URL" --clients $NC --rounds 2 --secret "$SECRET" 
     --tokens "$WORK/tokens.txt" --timeout 50 --json >"$WORK/bench.out" 2>"$WORK/bench.err" ||
     fail "bench_load: $(tail -n 5 "$WORK/bench.err")"
 wait_until 60 "round 1 closed" round_closed 1
-wait_until 30 "round 2 open" test "$(json_field "$(get /v1/rounds/2)" state)" = open
+wait_until 30 "round 2 open" round_state 2 open
 for r in "" /0 /1 /2; do get "/v1/rounds$r" >"$WORK/before$(tr -d / <<<"$r").json"; done
 kill -TERM "$SPID"
 reap "$SPID"
