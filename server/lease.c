@@ -74,14 +74,19 @@ static void *renew_thread(void *arg)
 {
     srv_lease *L = arg;
     pthread_mutex_lock(&L->mu);
+    int failed = 0;
     while (!L->stopping) {
-        struct timespec ts = strata_clock_abstime_in(L->lease_ms / 3);
+        /* A third of the lease between renewals; after a failed one (the
+         * database down or unreachable) a tenth, so that an outage shorter
+         * than the lease does not cost the lead. */
+        struct timespec ts = strata_clock_abstime_in(L->lease_ms / (failed ? 10 : 3));
         pthread_cond_timedwait(&L->cv, &L->mu, &ts);
         if (L->stopping)
             break;
         strata_diag d = {{0}};
         int rc = strata_store_renew(L->store, L->lease_ms, &d);
         int64_t now = now_mono_ms();
+        failed = rc < 0;
         if (rc == STRATA_OK) {
             L->renewed_ms = now;
             continue;

@@ -27,7 +27,8 @@ typedef struct srv_lease srv_lease;
 int srv__lease_acquire(strata_store *primary, const char *holder, long lease_ms,
                        volatile sig_atomic_t *stop, srv_lease **out, strata_diag *d);
 
-/* Starts the renewal thread: every lease/3 ms; fenced, or no renewal for a
+/* Starts the renewal thread: every lease/3 ms (lease/10 after a failed
+ * renewal); fenced, or no renewal for a
  * whole lease, logs why and sends SIGTERM to the process. */
 int srv__lease_start(srv_lease *L);
 

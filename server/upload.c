@@ -255,9 +255,13 @@ static int validate_task(const srv_uploads *U, const strata_payload *p, const sr
     return srv__lgreco_check(ls, ncands, msg, mlen);
 }
 
-/* The one accept step: an update the store just acknowledged (not a
- * duplicate) of the selected client k joins the round (srv__round_accept)
- * and is counted. Lock held. */
+/* The one accept step: an update the store just acknowledged of the
+ * selected client k, not yet reported in memory, joins the round
+ * (srv__round_accept) and is counted. That includes a duplicate: the store
+ * holds it but the round does not, which happens when a commit's answer
+ * was lost with the database connection (it failed for the coordinator,
+ * yet committed) and the client sent the update again; the round then
+ * follows the store. Lock held. */
 static void accept_update(srv_uploads *U, const strata_payload *p, ptrdiff_t k, size_t len)
 {
     srv__round_accept(U->c.rounds, p, k, len);
@@ -366,8 +370,8 @@ static void upload_alone(srv_uploads *U, uint64_t cid, uint32_t round, const str
         int rc = *pend != NULL ? strata_store_update_commit(U->c.store, *pend, &rec, &v, &d)
                                : strata_store_update_put(U->c.store, round, cid, body, len,
                                                          p->sample_count, &rec, &v, &d);
-        *pend = NULL; /* the commit took it */
-        if (rc == 0 && !rec.duplicate) {
+        *pend = NULL;  /* the commit took it */
+        if (rc == 0) { /* a duplicate too: see accept_update */
             accept_update(U, p, k, len);
             wake_round_thread_if_full(U);
         }
@@ -469,7 +473,7 @@ static void commit_batch(srv_uploads *U)
         for (size_t i = 0; i < n; i++) {
             srv_upload *q = batch[i];
             q->pend = NULL; /* the commit took it */
-            if (results[i] == 0 && !recs[i].duplicate && !srv__round_report(U->c.rounds, q->k))
+            if (results[i] == 0 && !srv__round_report(U->c.rounds, q->k))
                 accept_update(U, q->p, q->k, q->len);
             stored_result(U, &q->r, q->round, results[i], &recs[i], vs[i],
                           rc < 0 ? strata_diag_msg(&d, rc) : "");

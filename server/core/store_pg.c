@@ -153,6 +153,7 @@ static const char *const stmt_sql[N_PG_STMT] = {
                         " INSERT INTO payloads(seq, body) SELECT seq, $8::bytea FROM u",
     [P_UPDATE_LIST] = "SELECT client_id, receipt, sha256, bytes, samples, received_ms FROM updates"
                       " WHERE round = $1 ORDER BY seq",
+    [P_RECEIPT_FIND] = "SELECT 1 FROM updates WHERE receipt = $1",
     /* LEFT JOIN: an update whose payload row is missing is corruption
      * (STRATA_EIO), not "no such update". Binary results. */
     [P_PAYLOAD_GET] = "SELECT u.bytes, u.sha256, p.body FROM updates u LEFT JOIN payloads p"
@@ -232,19 +233,60 @@ static int pg_error(pg_store *s, const PGresult *r, const char *what, strata_dia
 }
 
 /* The name a connection prepares statement id under. */
-static void stmt_name(int id, char name[8])
+static void stmt_name(int id, char name[16])
 {
-    snprintf(name, 8, "s%d", id);
+    snprintf(name, 16, "s%d", id);
+}
+
+/* Prepared statement id with p, or (id < 0) the text sql. */
+static PGresult *run_once(pg_store *s, int id, const pg_params *p, int binary, const char *sql)
+{
+    if (id < 0)
+        return PQexec(s->conn, sql);
+    char name[16];
+    stmt_name(id, name);
+    return PQexecPrepared(s->conn, name, p != NULL ? p->n : 0, p != NULL ? p->v : NULL,
+                          p != NULL ? p->len : NULL, p != NULL ? p->fmt : NULL, binary);
+}
+
+/* run_once on a ready connection. libpq learns that a connection broke
+ * (the database server went down since the last statement) only from the
+ * statement that fails on it: a statement that ran alone (a read, a BEGIN,
+ * the session lock's try) did nothing, so it runs once more on a new
+ * connection. Inside a transaction the transaction is lost and the
+ * caller's write fails; the next one reconnects. NULL when not ready. */
+static PGresult *run_ready(pg_store *s, int id, const pg_params *p, int binary, const char *sql,
+                           ExecStatusType want, strata_diag *diag)
+{
+    if (strata__pg_ready(s, diag) < 0)
+        return NULL;
+    PGresult *r = run_once(s, id, p, binary, sql);
+    if ((r == NULL || PQresultStatus(r) != want) && !s->in_tx &&
+        PQstatus(s->conn) == CONNECTION_BAD) {
+        PQclear(r);
+        r = NULL;
+        if (strata__pg_ready(s, diag) == STRATA_OK)
+            r = run_once(s, id, p, binary, sql);
+    }
+    return r;
+}
+
+PGresult *strata__pg_query(pg_store *s, const char *sql, strata_diag *diag)
+{
+    PGresult *r = run_ready(s, -1, NULL, 0, sql, PGRES_TUPLES_OK, diag);
+    if (r == NULL || PQresultStatus(r) != PGRES_TUPLES_OK) {
+        pg_error(s, r, sql, diag);
+        PQclear(r);
+        return NULL;
+    }
+    return r;
 }
 
 PGresult *strata__pg_run(pg_store *s, int id, const pg_params *p, int binary, int rows,
                          const char *what, strata_diag *diag)
 {
-    char name[8];
-    stmt_name(id, name);
-    PGresult *r = PQexecPrepared(s->conn, name, p != NULL ? p->n : 0, p != NULL ? p->v : NULL,
-                                 p != NULL ? p->len : NULL, p != NULL ? p->fmt : NULL, binary);
     ExecStatusType want = rows ? PGRES_TUPLES_OK : PGRES_COMMAND_OK;
+    PGresult *r = run_ready(s, id, p, binary, NULL, want, diag);
     if (r == NULL || PQresultStatus(r) != want) {
         pg_error(s, r, what, diag);
         PQclear(r);
@@ -515,7 +557,7 @@ static int prepare(pg_store *s, int from, int to, strata_diag *diag)
 {
     int rc = STRATA_OK;
     for (int i = from; rc == STRATA_OK && i < to; i++) {
-        char name[8];
+        char name[16];
         stmt_name(i, name);
         PGresult *r = PQprepare(s->conn, name, stmt_sql[i], 0, NULL);
         if (r == NULL || PQresultStatus(r) != PGRES_COMMAND_OK)
@@ -525,22 +567,56 @@ static int prepare(pg_store *s, int from, int to, strata_diag *diag)
     return rc;
 }
 
+/* The session's settings. A leader paused in the middle of a transaction
+ * (holding the write lock) loses its session after 5 s, so that the others
+ * may go on. */
+static int setup_session(pg_store *s, strata_diag *diag)
+{
+    return exec_sql(s,
+                    "SET synchronous_commit = on; SET client_min_messages = warning;"
+                    " SET idle_in_transaction_session_timeout = '5s'",
+                    "set up the session", diag);
+}
+
 /* Connects and prepares the transaction statements (those that name the
- * tables follow once the schema is there). */
+ * tables follow once the schema is there). A connection attempt gives up
+ * after CONNECT_TIMEOUT_S unless the connection string sets its own
+ * connect_timeout (libpq's default is to wait for the operating system's
+ * TCP timeout, minutes, and the store may be reached with the engine's lock
+ * held). */
+#define CONNECT_TIMEOUT_S "10"
 static int connect_db(pg_store *s, strata_diag *diag)
 {
-    s->conn = PQconnectdb(s->conninfo);
+    const char *const keys[] = {"connect_timeout", "dbname", NULL};
+    const char *const vals[] = {CONNECT_TIMEOUT_S, s->conninfo, NULL};
+    s->conn = PQconnectdbParams(keys, vals, 1); /* the string's own values win */
     if (s->conn == NULL)
         return strata_diag_set(diag, STRATA_ENOMEM, "PQconnectdb: out of memory");
     if (PQstatus(s->conn) != CONNECTION_OK)
         return pg_error(s, NULL, "connect to the database", diag);
-    /* A leader paused in the middle of a transaction (holding the write
-     * lock) loses its session after 5 s, so that the others may go on. */
-    int rc = exec_sql(s,
-                      "SET synchronous_commit = on; SET client_min_messages = warning;"
-                      " SET idle_in_transaction_session_timeout = '5s'",
-                      "set up the session", diag);
+    int rc = setup_session(s, diag);
     return rc == STRATA_OK ? prepare(s, 0, P_ROLLBACK + 1, diag) : rc;
+}
+
+int strata__pg_ready(pg_store *s, strata_diag *diag)
+{
+    if (PQstatus(s->conn) == CONNECTION_OK && !s->stale)
+        return STRATA_OK;
+    if (s->in_tx) /* its statements fail; the caller rolls back, then we reconnect */
+        return strata_diag_set(diag, STRATA_EIO,
+                               "the connection to the database was lost in a transaction");
+    /* The server restarted, failed over or was cut off: the session, its
+     * prepared statements and its session lock are gone (the leader's
+     * lock is taken again at its next renewal, if nobody took over). */
+    s->session_lock = 0;
+    PQreset(s->conn);
+    if (PQstatus(s->conn) != CONNECTION_OK)
+        return pg_error(s, NULL, "reconnect to the database", diag);
+    int rc = setup_session(s, diag);
+    if (rc == STRATA_OK)
+        rc = prepare(s, 0, N_PG_STMT, diag);
+    s->stale = rc < 0; /* a half-set-up session is not used: the next call resets it again */
+    return rc;
 }
 
 static pg_store *store_alloc(const char *conninfo, const char *dir)

@@ -58,6 +58,7 @@ enum {
     P_UPDATE_CHECK,
     P_UPDATE_INSERT,
     P_UPDATE_LIST,
+    P_RECEIPT_FIND,
     P_PAYLOAD_GET,
     P_CKPT_RECORD,
     P_CKPT_LATEST,
@@ -84,6 +85,7 @@ typedef struct pg_store {
     int in_tx;
     int64_t epoch;    /* > 0: this connection writes as the leader of that epoch (fenced) */
     int session_lock; /* holds the leader's session lock */
+    int stale;        /* reconnected, but the session's set-up failed: reset again */
     char holder[64];
 } pg_store;
 
@@ -102,6 +104,20 @@ typedef struct pg_params {
 void strata__pg_int(pg_params *p, int64_t x);
 void strata__pg_text(pg_params *p, const char *s); /* NULL: SQL NULL */
 void strata__pg_bytes(pg_params *p, const void *b, size_t n);
+
+/* Makes sure that s has a usable connection: when libpq reports it broken
+ * (the database server restarted, failed over, or the network was cut) and
+ * no transaction is open, connects again (PQreset) and sets the session up
+ * again (settings, prepared statements; the leader's session lock is lost).
+ * In a transaction a lost connection fails the transaction's statements.
+ * strata__pg_run calls it first; so does every statement run outside the
+ * prepared set on a connection that may have lived long. */
+int strata__pg_ready(pg_store *s, strata_diag *diag);
+
+/* Runs sql (no parameters, outside the prepared set) that returns rows,
+ * on a ready connection, as strata__pg_run does; NULL on failure (diag
+ * set). The result is the caller's (PQclear). */
+PGresult *strata__pg_query(pg_store *s, const char *sql, strata_diag *diag);
 
 /* Runs prepared statement id with p (NULL: no parameters), results as text
  * (binary != 0: binary), and checks that it returned rows (rows != 0) or

@@ -26,14 +26,12 @@ static int try_session_lock(pg_store *s, strata_diag *diag)
 {
     if (s->session_lock)
         return STRATA_OK;
-    PGresult *r = PQexec(s->conn, "SELECT pg_try_advisory_lock(" PG_STR(
-                                      STRATA__PG_LOCK_PRIMARY) ", hashtext(current_schema()))");
-    if (r == NULL || PQresultStatus(r) != PGRES_TUPLES_OK) {
-        int rc = strata_diag_set(diag, STRATA_EIO, "try the leader's session lock: %s",
-                                 r != NULL ? PQresultErrorMessage(r) : PQerrorMessage(s->conn));
-        PQclear(r);
-        return rc;
-    }
+    PGresult *r = strata__pg_query(s,
+                                   "SELECT pg_try_advisory_lock(" PG_STR(
+                                       STRATA__PG_LOCK_PRIMARY) ", hashtext(current_schema()))",
+                                   diag);
+    if (r == NULL)
+        return STRATA_EIO;
     s->session_lock = strcmp(PQgetvalue(r, 0, 0), "t") == 0;
     PQclear(r);
     return STRATA_OK;

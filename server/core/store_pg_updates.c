@@ -85,6 +85,29 @@ static int insert_update(pg_store *s, const strata_store_pending *q, int64_t rec
     return strata__pg_exec(s, P_UPDATE_INSERT, &p, "insert update", diag);
 }
 
+/* A COMMIT whose answer was lost with the connection may have committed.
+ * On a new connection, the receipt of one row the transaction inserted
+ * (receipts are unique) tells: present, the transaction committed
+ * (STRATA_OK); absent, it did not (failed, the commit's error). When the
+ * database cannot be reached yet, the outcome stays unknown and the commit
+ * fails: a client then sends its update again and gets it back as a
+ * duplicate. */
+static int commit_outcome(pg_store *s, const char *receipt, int failed, strata_diag *diag)
+{
+    strata__pg_tx_rollback(s); /* forgets the lost transaction */
+    pg_params p = {.n = 0};
+    strata__pg_text(&p, receipt);
+    strata_diag d = {{0}};
+    PGresult *r = strata__pg_run(s, P_RECEIPT_FIND, &p, 0, 1, "look up a receipt", &d);
+    if (r == NULL)
+        return failed;
+    int committed = PQntuples(r) > 0;
+    PQclear(r);
+    if (committed)
+        strata__store_diag_clear(diag);
+    return committed ? STRATA_OK : failed;
+}
+
 int strata__pg_update_commit(strata_store *base, strata_store_pending *const *p, size_t n,
                              strata_store_receipt *receipts, strata_store_verdict *verdicts,
                              int *results, strata_diag *item_diag, strata_diag *diag)
@@ -97,6 +120,7 @@ int strata__pg_update_commit(strata_store *base, strata_store_pending *const *p,
     if (rc < 0)
         goto out;
     int64_t received = strata__store_now_ms();
+    const char *stored_one = NULL; /* the receipt of a row this transaction inserts */
     for (size_t i = 0; i < n; i++) {
         strata_store_pending *q = p[i];
         if (q->r.bytes > (uint64_t)INT32_MAX) {
@@ -127,8 +151,12 @@ int strata__pg_update_commit(strata_store *base, strata_store_pending *const *p,
             goto out;
         receipts[i] = q->r;
         receipts[i].received_unix_ms = received;
+        if (stored_one == NULL)
+            stored_one = q->r.id;
     }
     rc = strata__pg_tx_commit(s, diag);
+    if (rc < 0 && stored_one != NULL && PQstatus(s->conn) == CONNECTION_BAD)
+        rc = commit_outcome(s, stored_one, rc, diag);
 out:
     if (rc < 0) {
         strata__pg_tx_rollback(s);

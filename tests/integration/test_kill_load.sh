@@ -19,6 +19,12 @@
 # STRATA_KILL_SEED=N replays it (process timings still vary).
 # STRATA_SERVER_BIN overrides the coordinator binary (default
 # BUILD/strata-server).
+# With STRATA_KILL_TARGET=database (and the store in PostgreSQL: see
+# test_db_restart_postgres.sh) the coordinator runs on and the database
+# server is what goes down: an immediate shutdown (every session cut, as in
+# a crash of the database server; crash recovery at the next start), down
+# for a moment, then started again. The coordinator must reconnect and go
+# on without a restart of its own; the checks are the same.
 
 # A watchdog: the whole test stops within ~120 s whatever happens (every wait
 # below is bounded too; this is the last resort).
@@ -27,6 +33,16 @@ if [ -z "${STRATA_KILL_WATCHDOG:-}" ] && command -v timeout >/dev/null; then
     exec timeout -k 10 120 bash "$0" "$@"
 fi
 . "$(dirname "$0")/lib.sh"
+TARGET=${STRATA_KILL_TARGET:-coordinator}
+case $TARGET in
+coordinator) ;;
+database)
+    [ -n "${STRATA_TEST_DATABASE:-}" ] && [ -n "${STRATA_PG_DATA:-}" ] ||
+        fail "STRATA_KILL_TARGET=database needs the cluster of tests/unit/with_postgres.sh"
+    . "$(dirname "$0")/../unit/with_postgres.sh"
+    ;;
+*) fail "STRATA_KILL_TARGET: coordinator or database, not $TARGET" ;;
+esac
 SERVER=${STRATA_SERVER_BIN:-$BUILD/strata-server}
 BENCH="$BUILD/bench_load"
 for x in "$SERVER" "$BENCH"; do [ -x "$x" ] || fail "no $x"; done
@@ -56,7 +72,7 @@ dump() {
     local k f
     for ((k = S_N - 1; k <= S_N; k++)); do
         for f in "$WORK/server.$k.out" "$WORK/server.$k.err"; do
-            [ -f "$f" ] && { echo "==== $f" && tail -n 8 "$f"; } >&2
+            [ -f "$f" ] && { echo "==== $f" && tail -n 40 "$f"; } >&2
         done
     done
     [ -f "$WORK/bench.err" ] && { echo "==== bench.err" && tail -n 20 "$WORK/bench.err"; } >&2
@@ -131,6 +147,17 @@ stop_server() { # SIGTERM; the exit status must be 0
     [ "$REAPED_RC" = 0 ] || die "coordinator exit status $REAPED_RC after SIGTERM"
 }
 
+# down_database MS: the database server shut down at once (its sessions
+# cut), down for MS ms, started again; the coordinator must stay up.
+down_database() {
+    strata_pg_as_owner "$STRATA_PG_BIN/pg_ctl" -D "$STRATA_PG_DATA" -m immediate -w -t 30 \
+        stop >/dev/null || die "pg_ctl stop failed"
+    sleep_ms "$1"
+    strata_pg_as_owner "$STRATA_PG_BIN/pg_ctl" -D "$STRATA_PG_DATA" -l "$STRATA_PG_DIR/postgres.log" \
+        -w -t 30 start >/dev/null || die "pg_ctl start failed"
+    alive "$SPID" || die "the coordinator exited while the database was down"
+}
+
 bench_alive() { alive "$BPID" || die "bench_load exited during the run"; }
 acks_grew() {
     bench_alive
@@ -162,16 +189,22 @@ while [ "$KILLS" -lt "$WANT" ]; do
     # The restarted coordinator must acknowledge new uploads before the next kill.
     wait_until 25 "acknowledgements after kill $KILLS" acks_grew
     before=$ACKS_AT_KILL
-    kill -KILL "$SPID" 2>/dev/null || true
-    reap "$SPID"
     KILLS=$((KILLS + 1))
     rnd 50 800
-    sleep_ms "$R" # down: the bench's retries fail meanwhile
-    acks          # every answer of the killed coordinator is in by now
+    if [ "$TARGET" = database ]; then
+        acks # acknowledged before the database went down
+        down_database "$R"
+        event "database down $KILLS: $ACKED acknowledgements so far ($((ACKED - before)) since the last outage), down for ${R} ms"
+    else
+        kill -KILL "$SPID" 2>/dev/null || true
+        reap "$SPID"
+        sleep_ms "$R" # down: the bench's retries fail meanwhile
+        acks          # every answer of the killed coordinator is in by now
+        event "kill $KILLS (pid $SPID): $ACKED acknowledgements so far ($((ACKED - before)) since the last kill), down for ${R} ms"
+    fi
     ACKS_AT_KILL=$ACKED
     GAPS+=($((ACKED - before)))
-    event "kill $KILLS (pid $SPID): $ACKED acknowledgements so far ($((ACKED - before)) since the last kill), down for ${R} ms"
-    launch_server
+    [ "$TARGET" = database ] || launch_server
 done
 wait_until 25 "acknowledgements after the last kill" acks_grew
 kill -TERM "$BPID"
@@ -252,7 +285,7 @@ bad=$(awk -v dir="$WORK/resend" '{
 [ "$(metric strata_updates_accepted_total)" = "$ACCEPTED" ] || die "re-uploads were counted as new"
 stop_server
 
-echo "test_kill_load: seed $SEED; run ${T_RUN} s; $KILLS coordinator kills (acknowledgements between" \
+echo "test_kill_load: seed $SEED; run ${T_RUN} s; $KILLS $TARGET kills (acknowledgements between" \
     "kills: ${GAPS[*]}); $TOTAL_ACKS acknowledged ($DUP_ACKS as duplicates), $STORED stored" \
     "($UNACKED stored without an acknowledgement), every stored update resent as a duplicate"
 echo "PASS test_kill_load ($((SECONDS - T_START)) s)"
