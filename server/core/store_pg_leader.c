@@ -6,7 +6,8 @@
  * A leader also holds the store's session advisory lock while it can, and
  * the leader row says whether it does. A store that gets the lock while
  * the row says the leader holds it knows that the leader's session ended
- * (its process died or its connection was cut) and takes over at once;
+ * (its process died, its connection was cut, or the database server
+ * restarted) and takes over at once;
  * otherwise it waits for the lease to expire (a leader that is paused or
  * cut off keeps its session, but loses its lease). A leader that took over
  * from a paused one cannot have the lock until that one's session ends: it

@@ -148,10 +148,13 @@ stop_server() { # SIGTERM; the exit status must be 0
 }
 
 # down_database MS: the database server shut down at once (its sessions
-# cut), down for MS ms, started again; the coordinator must stay up.
+# cut), down for MS ms, started again; the coordinator must stay up. Sets
+# ACKED while the database is down, so that only acknowledgements after the
+# outage count as new.
 down_database() {
     strata_pg_as_owner "$STRATA_PG_BIN/pg_ctl" -D "$STRATA_PG_DATA" -m immediate -w -t 30 \
         stop >/dev/null || die "pg_ctl stop failed"
+    acks # every acknowledgement of a commit before the shutdown is in by now
     sleep_ms "$1"
     strata_pg_as_owner "$STRATA_PG_BIN/pg_ctl" -D "$STRATA_PG_DATA" -l "$STRATA_PG_DIR/postgres.log" \
         -w -t 30 start >/dev/null || die "pg_ctl start failed"
@@ -192,7 +195,6 @@ while [ "$KILLS" -lt "$WANT" ]; do
     KILLS=$((KILLS + 1))
     rnd 50 800
     if [ "$TARGET" = database ]; then
-        acks # acknowledged before the database went down
         down_database "$R"
         event "database down $KILLS: $ACKED acknowledgements so far ($((ACKED - before)) since the last outage), down for ${R} ms"
     else
