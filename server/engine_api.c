@@ -128,6 +128,15 @@ void srv_engine_metrics(srv_engine *e, srv_result *r)
                              .clients = srv__registry_count(e->reg),
                              .round = srv__round_current(e->rounds),
                              .model_version = srv__models_version(e->models)};
+    if (e->lease != NULL) {
+        srv_lease_gauges g;
+        srv__lease_gauges(e->lease, &g);
+        live.leading = 1;
+        live.lease_epoch = g.epoch;
+        live.lease_age_s = g.renewed_age_s;
+        live.lease_renew_s = g.renew_s;
+        live.lease_failures = g.renew_failures;
+    }
     srv__metrics_text(e->met, &live, r);
     pthread_mutex_unlock(&e->mu);
 }

@@ -21,6 +21,11 @@ struct srv_lease {
     pthread_t thread;
     int started, stopping;
     int64_t renewed_ms; /* monotonic time of the last renewal */
+    /* What /metrics shows (srv__lease_gauges), under their own lock: the
+     * renewal thread holds mu while it waits for the database. */
+    pthread_mutex_t gmu;
+    int64_t g_renewed_ms, g_renew_us;
+    uint64_t g_failures;
 };
 
 static int64_t now_mono_ms(void)
@@ -57,8 +62,9 @@ int srv__lease_acquire(strata_store *primary, const char *holder, long lease_ms,
     snprintf(L->holder, sizeof(L->holder), "%s", holder);
     L->lease_ms = lease_ms;
     L->epoch = l.epoch;
-    L->renewed_ms = now_mono_ms();
+    L->renewed_ms = L->g_renewed_ms = now_mono_ms(); /* the lead was just taken */
     pthread_mutex_init(&L->mu, NULL);
+    pthread_mutex_init(&L->gmu, NULL);
     pthread_cond_init(&L->cv, NULL);
     if ((rc = strata_store_open_secondary(primary, &L->store, d)) < 0) {
         srv__lease_free(L);
@@ -84,9 +90,21 @@ static void *renew_thread(void *arg)
         if (L->stopping)
             break;
         strata_diag d = {{0}};
+        struct timespec a, b;
+        clock_gettime(CLOCK_MONOTONIC, &a);
         int rc = strata_store_renew(L->store, L->lease_ms, &d);
+        clock_gettime(CLOCK_MONOTONIC, &b);
         int64_t now = now_mono_ms();
         failed = rc < 0;
+        pthread_mutex_lock(&L->gmu);
+        if (rc == STRATA_OK) {
+            L->g_renewed_ms = now;
+            L->g_renew_us =
+                (int64_t)(b.tv_sec - a.tv_sec) * 1000000 + (b.tv_nsec - a.tv_nsec) / 1000;
+        } else {
+            L->g_failures++;
+        }
+        pthread_mutex_unlock(&L->gmu);
         if (rc == STRATA_OK) {
             L->renewed_ms = now;
             continue;
@@ -130,6 +148,16 @@ int srv__lease_health(srv_lease *L, strata_store_leader *now, double *latency_ms
     return rc;
 }
 
+void srv__lease_gauges(srv_lease *L, srv_lease_gauges *g)
+{
+    pthread_mutex_lock(&L->gmu);
+    g->epoch = L->epoch;
+    g->renewed_age_s = (double)(now_mono_ms() - L->g_renewed_ms) / 1e3;
+    g->renew_s = (double)L->g_renew_us / 1e6;
+    g->renew_failures = L->g_failures;
+    pthread_mutex_unlock(&L->gmu);
+}
+
 void srv__lease_free(srv_lease *L)
 {
     if (L == NULL)
@@ -143,6 +171,7 @@ void srv__lease_free(srv_lease *L)
     }
     strata_store_close(L->store);
     pthread_mutex_destroy(&L->mu);
+    pthread_mutex_destroy(&L->gmu);
     pthread_cond_destroy(&L->cv);
     free(L);
 }

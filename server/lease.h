@@ -36,6 +36,18 @@ int srv__lease_start(srv_lease *L);
  * left as the store says now, and how long that read took (ms). */
 int srv__lease_health(srv_lease *L, strata_store_leader *now, double *latency_ms, strata_diag *d);
 
+/* What /metrics shows of the lead. */
+typedef struct srv_lease_gauges {
+    int64_t epoch;
+    double renewed_age_s;    /* since the lead was taken or last renewed */
+    double renew_s;          /* the last successful renewal's duration (a write
+                                transaction on the store: the database's latency) */
+    uint64_t renew_failures; /* failed renewals since the lead was taken */
+} srv_lease_gauges;
+
+/* Fills g; never waits for the database. */
+void srv__lease_gauges(srv_lease *L, srv_lease_gauges *g);
+
 /* Stops the thread (when started) and frees L; accepts NULL. */
 void srv__lease_free(srv_lease *L);
 

@@ -276,6 +276,25 @@ void srv__metrics_text(const srv_metrics *m, const srv_metrics_live *live, srv_r
             "# TYPE strata_model_version gauge\nstrata_model_version %llu\n",
             live->paused, live->close_pending, m->agg_s, m->round_s, m->acc, m->loss,
             m->eval_samples, live->clients, live->round, (unsigned long long)live->model_version);
+    if (rc == 0 && live->leading)
+        rc = strata_buf_appendf(
+            &b,
+            "# HELP strata_lease_epoch The epoch of this coordinator's lead of the store "
+            "(--database).\n"
+            "# TYPE strata_lease_epoch gauge\nstrata_lease_epoch %lld\n"
+            "# HELP strata_lease_renewal_age_seconds Time since the lead was taken or its lease "
+            "last renewed (the coordinator stops when it reaches the lease).\n"
+            "# TYPE strata_lease_renewal_age_seconds gauge\n"
+            "strata_lease_renewal_age_seconds %.3f\n"
+            "# HELP strata_store_renewal_seconds Duration of the last lease renewal, one write "
+            "transaction on the store: the database's latency.\n"
+            "# TYPE strata_store_renewal_seconds gauge\nstrata_store_renewal_seconds %.6f\n"
+            "# HELP strata_lease_renewal_failures_total Lease renewals that failed (the "
+            "database down or unreachable) and were retried.\n"
+            "# TYPE strata_lease_renewal_failures_total counter\n"
+            "strata_lease_renewal_failures_total %llu\n",
+            (long long)live->lease_epoch, live->lease_age_s, live->lease_renew_s,
+            (unsigned long long)live->lease_failures);
     if (rc < 0) {
         strata_buf_cleanup(&b);
         srv_result_internal(r, "metrics text too long");

@@ -124,6 +124,11 @@ typedef struct srv_metrics_live {
     size_t clients;         /* registered clients */
     uint32_t round;         /* the open round, or the next to open */
     uint64_t model_version; /* the current global model version */
+    /* With --database: this coordinator's lead of the store (lease.h) */
+    int leading;
+    int64_t lease_epoch;
+    double lease_age_s, lease_renew_s;
+    uint64_t lease_failures;
 } srv_metrics_live;
 
 /* The Prometheus text exposition of every counter and gauge into r:

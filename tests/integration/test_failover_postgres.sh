@@ -11,7 +11,9 @@
 #     as A's database session ends, and the clients go on through B;
 #  3. A is started again and waits as a standby;
 #  4. B is stopped (SIGSTOP) for longer than its lease: A takes over when
-#     the lease runs out, and the clients go on through A;
+#     the lease runs out, and the clients go on through A; A's /metrics
+#     shows its lead (strata_lease_epoch as in GET /v1/health, renewed
+#     within the lease, the renewal's duration);
 #  5. B is continued (SIGCONT): it finds itself fenced (its epoch is not
 #     the store's) and stops, writing nothing.
 # Then the store must hold every acknowledged update exactly once with its
@@ -119,6 +121,19 @@ kill -STOP "$B"
 wait_until 60 "A leading" leader_is A
 FAIL2=$(($(now_ms) - t0))
 wait_until 60 "acknowledgements through A" acked_over $((before + 100))
+
+# A's /metrics: its lead, with the epoch of GET /v1/health, renewed within
+# the lease, and the renewal's duration once it renewed.
+a_metric() { "${C[@]}" "http://127.0.0.1:$PA/metrics" | sed -n "s/^$1 //p"; }
+a_renewed() { awk -v x="$(a_metric strata_store_renewal_seconds)" 'BEGIN { exit !(x > 0 && x < 5) }'; }
+wait_until 10 "a renewal of A's lease in its /metrics" a_renewed
+ep=$(json_field "$("${C[@]}" "http://127.0.0.1:$PA/v1/health")" epoch)
+[ -n "$ep" ] && [ "$(a_metric strata_lease_epoch)" = "$ep" ] ||
+    fail "A's strata_lease_epoch is '$(a_metric strata_lease_epoch)', its health says epoch '$ep'"
+age=$(a_metric strata_lease_renewal_age_seconds)
+awk -v a="$age" -v l="$LEASE" 'BEGIN { exit !(a >= 0 && a < l) }' ||
+    fail "A's strata_lease_renewal_age_seconds is '$age' (lease $LEASE s)"
+[ -n "$(a_metric strata_lease_renewal_failures_total)" ] || fail "no strata_lease_renewal_failures_total"
 
 # 5. B continued: fenced, it stops.
 kill -CONT "$B"
