@@ -20,20 +20,13 @@ struct srv_lease {
     pthread_cond_t cv;
     pthread_t thread;
     int started, stopping;
-    int64_t renewed_ms; /* monotonic time of the last renewal */
-    /* What /metrics shows (srv__lease_gauges), under their own lock: the
-     * renewal thread holds mu while it waits for the database. */
+    /* Written by the renewal thread alone; read by srv__lease_gauges under
+     * gmu (the renewal thread holds mu while it waits for the database). */
     pthread_mutex_t gmu;
-    int64_t g_renewed_ms, g_renew_us;
-    uint64_t g_failures;
+    int64_t renewed_ms; /* monotonic time the lead was taken or last renewed */
+    double renew_s;     /* the last successful renewal's duration */
+    uint64_t failures;  /* failed renewals */
 };
-
-static int64_t now_mono_ms(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (int64_t)t.tv_sec * 1000 + t.tv_nsec / 1000000;
-}
 
 int srv__lease_acquire(strata_store *primary, const char *holder, long lease_ms,
                        volatile sig_atomic_t *stop, srv_lease **out, strata_diag *d)
@@ -62,7 +55,7 @@ int srv__lease_acquire(strata_store *primary, const char *holder, long lease_ms,
     snprintf(L->holder, sizeof(L->holder), "%s", holder);
     L->lease_ms = lease_ms;
     L->epoch = l.epoch;
-    L->renewed_ms = L->g_renewed_ms = now_mono_ms(); /* the lead was just taken */
+    L->renewed_ms = strata_clock_mono_ms(); /* the lead was just taken */
     pthread_mutex_init(&L->mu, NULL);
     pthread_mutex_init(&L->gmu, NULL);
     pthread_cond_init(&L->cv, NULL);
@@ -90,25 +83,21 @@ static void *renew_thread(void *arg)
         if (L->stopping)
             break;
         strata_diag d = {{0}};
-        struct timespec a, b;
-        clock_gettime(CLOCK_MONOTONIC, &a);
+        double t0 = strata_clock_mono_s();
         int rc = strata_store_renew(L->store, L->lease_ms, &d);
-        clock_gettime(CLOCK_MONOTONIC, &b);
-        int64_t now = now_mono_ms();
+        double took = strata_clock_mono_s() - t0;
+        int64_t now = strata_clock_mono_ms();
         failed = rc < 0;
         pthread_mutex_lock(&L->gmu);
         if (rc == STRATA_OK) {
-            L->g_renewed_ms = now;
-            L->g_renew_us =
-                (int64_t)(b.tv_sec - a.tv_sec) * 1000000 + (b.tv_nsec - a.tv_nsec) / 1000;
+            L->renewed_ms = now;
+            L->renew_s = took;
         } else {
-            L->g_failures++;
+            L->failures++;
         }
         pthread_mutex_unlock(&L->gmu);
-        if (rc == STRATA_OK) {
-            L->renewed_ms = now;
+        if (rc == STRATA_OK)
             continue;
-        }
         if (rc == STRATA_ESTATE || now - L->renewed_ms >= L->lease_ms) {
             strata_log_error("%s: this coordinator (%s, epoch %lld) no longer leads the store; "
                              "stopping",
@@ -136,12 +125,10 @@ int srv__lease_start(srv_lease *L)
 int srv__lease_health(srv_lease *L, strata_store_leader *now, double *latency_ms, strata_diag *d)
 {
     pthread_mutex_lock(&L->mu);
-    struct timespec a, b;
-    clock_gettime(CLOCK_MONOTONIC, &a);
+    double t0 = strata_clock_mono_s();
     int rc = strata_store_leader_get(L->store, now, d);
-    clock_gettime(CLOCK_MONOTONIC, &b);
+    *latency_ms = (strata_clock_mono_s() - t0) * 1e3;
     pthread_mutex_unlock(&L->mu);
-    *latency_ms = (double)(b.tv_sec - a.tv_sec) * 1e3 + (double)(b.tv_nsec - a.tv_nsec) / 1e6;
     if (rc == STRATA_OK && now->epoch != L->epoch)
         rc = strata_diag_set(d, STRATA_ESTATE, "%s leads the store (epoch %lld)", now->holder,
                              (long long)now->epoch);
@@ -152,9 +139,9 @@ void srv__lease_gauges(srv_lease *L, srv_lease_gauges *g)
 {
     pthread_mutex_lock(&L->gmu);
     g->epoch = L->epoch;
-    g->renewed_age_s = (double)(now_mono_ms() - L->g_renewed_ms) / 1e3;
-    g->renew_s = (double)L->g_renew_us / 1e6;
-    g->renew_failures = L->g_failures;
+    g->renewed_age_s = (double)(strata_clock_mono_ms() - L->renewed_ms) / 1e3;
+    g->renew_s = L->renew_s;
+    g->renew_failures = L->failures;
     pthread_mutex_unlock(&L->gmu);
 }
 
