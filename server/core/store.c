@@ -1,10 +1,10 @@
 /* The store's interface (store.h) over its backends (store_backend.h): each
  * call checks what needs no stored state, zeroes its out-parameters and
  * hands the rest to the handle's operations table. What every backend
- * would do the same way lives here once: prepared updates (hash, receipt
- * id, a copy of the payload), put and single commit as group commits of
- * one, the checkpoint paths, the recovery of temporary files, and freeing
- * rounds and lists. */
+ * would do the same way lives here once: the checkpoint paths, the
+ * recovery of temporary files, and freeing rounds and lists; the updates'
+ * share (prepared updates, put and single commit as group commits of one)
+ * lives in store_updates.c. */
 #include "store_backend.h"
 
 #include "strata/fileio.h"
@@ -24,8 +24,6 @@
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
-
-#define FITS_I64(v) ((uint64_t)(v) <= (uint64_t)INT64_MAX)
 
 /* ---- Helpers for the backends ------------------------------------------- */
 
@@ -109,8 +107,7 @@ int strata__store_recover_files(strata_store *s, strata_diag *diag)
     return STRATA_OK;
 }
 
-/* Clears diag and checks s; the prologue of every dispatching call. */
-static int enter(const strata_store *s, const char *what, strata_diag *diag)
+int strata__store_enter(const strata_store *s, const char *what, strata_diag *diag)
 {
     strata__store_diag_clear(diag);
     if (s == NULL || s->ops == NULL)
@@ -161,7 +158,7 @@ int strata_store_open_secondary(const strata_store *primary, strata_store **out,
 {
     if (out != NULL)
         *out = NULL;
-    int rc = enter(primary, "store open secondary", diag);
+    int rc = strata__store_enter(primary, "store open secondary", diag);
     if (rc < 0)
         return rc;
     if (out == NULL)
@@ -200,7 +197,7 @@ int strata_store_client_add(strata_store *s, const uint8_t token_hash[STRATA_STO
         *client_id = 0;
     if (existed != NULL)
         *existed = 0;
-    int rc = enter(s, "client add", diag);
+    int rc = strata__store_enter(s, "client add", diag);
     if (rc < 0)
         return rc;
     if (token_hash == NULL || client_id == NULL)
@@ -229,7 +226,7 @@ int strata_store_registration_find(strata_store *s, const char *registration_id,
         *client_id = 0;
     if (found != NULL)
         *found = 0;
-    int rc = enter(s, "registration find", diag);
+    int rc = strata__store_enter(s, "registration find", diag);
     if (rc < 0)
         return rc;
     if (registration_id == NULL || client_id == NULL || found == NULL)
@@ -244,7 +241,7 @@ int strata_store_client_get(strata_store *s, uint64_t client_id, strata_store_cl
         memset(out, 0, sizeof(*out));
     if (found != NULL)
         *found = 0;
-    int rc = enter(s, "client get", diag);
+    int rc = strata__store_enter(s, "client get", diag);
     if (rc < 0)
         return rc;
     if (out == NULL || found == NULL)
@@ -256,7 +253,7 @@ int strata_store_client_count(strata_store *s, uint64_t *count, strata_diag *dia
 {
     if (count != NULL)
         *count = 0;
-    int rc = enter(s, "client count", diag);
+    int rc = strata__store_enter(s, "client count", diag);
     if (rc < 0)
         return rc;
     if (count == NULL)
@@ -267,7 +264,7 @@ int strata_store_client_count(strata_store *s, uint64_t *count, strata_diag *dia
 int strata_store_clients_seen(strata_store *s, const uint64_t *ids, const int64_t *seen_ms,
                               size_t n, strata_diag *diag)
 {
-    int rc = enter(s, "clients seen", diag);
+    int rc = strata__store_enter(s, "clients seen", diag);
     if (rc < 0)
         return rc;
     if (n > 0 && (ids == NULL || seen_ms == NULL))
@@ -300,7 +297,7 @@ int strata_store_round_open(strata_store *s, uint32_t round, uint64_t model_vers
                             const uint64_t *selected, size_t n, int64_t deadline_unix_ms,
                             const char *task_json, strata_diag *diag)
 {
-    int rc = enter(s, "round open", diag);
+    int rc = strata__store_enter(s, "round open", diag);
     if (rc < 0)
         return rc;
     if (selected == NULL && n > 0)
@@ -339,7 +336,7 @@ int strata_store_round_get(strata_store *s, uint32_t round, strata_store_round *
         memset(out, 0, sizeof(*out));
     if (found != NULL)
         *found = 0;
-    int rc = enter(s, "round get", diag);
+    int rc = strata__store_enter(s, "round get", diag);
     if (rc < 0)
         return rc;
     if (out == NULL || found == NULL)
@@ -350,7 +347,7 @@ int strata_store_round_get(strata_store *s, uint32_t round, strata_store_round *
 int strata_store_round_close(strata_store *s, uint32_t round, const char *summary_json,
                              strata_diag *diag)
 {
-    int rc = enter(s, "round close", diag);
+    int rc = strata__store_enter(s, "round close", diag);
     if (rc == STRATA_OK)
         rc = json_ok(summary_json, "round summary", diag);
     return rc < 0 ? rc : s->ops->round_close(s, round, summary_json, diag);
@@ -362,7 +359,7 @@ int strata_store_last_round(strata_store *s, uint32_t *round, int *found, strata
         *round = 0;
     if (found != NULL)
         *found = 0;
-    int rc = enter(s, "last round", diag);
+    int rc = strata__store_enter(s, "last round", diag);
     if (rc < 0)
         return rc;
     if (round == NULL || found == NULL)
@@ -377,239 +374,12 @@ int strata_store_round_list(strata_store *s, uint32_t from, size_t limit, strata
         *out = NULL;
     if (n != NULL)
         *n = 0;
-    int rc = enter(s, "round list", diag);
+    int rc = strata__store_enter(s, "round list", diag);
     if (rc < 0)
         return rc;
     if (out == NULL || n == NULL || limit == 0)
         return strata_diag_set(diag, STRATA_EINVAL, "round list: NULL argument or zero limit");
     return s->ops->round_list(s, from, limit, out, n, diag);
-}
-
-/* ---- Updates ------------------------------------------------------------ */
-
-static int random_receipt(char out[STRATA_STORE_RECEIPT_LEN + 1], strata_diag *diag)
-{
-    uint8_t r[STRATA_STORE_RECEIPT_LEN / 2];
-    size_t got = 0;
-    while (got < sizeof(r)) {
-        ssize_t n = getrandom(r + got, sizeof(r) - got, 0);
-        if (n < 0) {
-            if (errno == EINTR)
-                continue;
-            return strata_diag_set(diag, STRATA_EIO, "getrandom: %s", strerror(errno));
-        }
-        got += (size_t)n;
-    }
-    static const char hex[] = "0123456789abcdef";
-    for (size_t i = 0; i < sizeof(r); i++) {
-        out[2 * i] = hex[r[i] >> 4];
-        out[2 * i + 1] = hex[r[i] & 15];
-    }
-    out[STRATA_STORE_RECEIPT_LEN] = '\0';
-    return STRATA_OK;
-}
-
-void strata_store_pending_free(strata_store_pending *p)
-{
-    if (p == NULL)
-        return;
-    free(p->body);
-    free(p);
-}
-
-/* The argument checks of put and prepare (client ids are checked by the
- * callers, which answer differently). */
-static int check_update_args(const void *s, const uint8_t *payload, size_t len, uint64_t samples,
-                             const void *out, strata_diag *diag)
-{
-    if (s == NULL || payload == NULL || out == NULL)
-        return strata_diag_set(diag, STRATA_EINVAL, "update put: NULL argument");
-    if (len == 0)
-        return strata_diag_set(diag, STRATA_EINVAL, "update put: empty payload");
-    if (len > STRATA_STORE_PAYLOAD_MAX)
-        return strata_diag_set(diag, STRATA_EINVAL, "update put: %zu bytes, more than %zu", len,
-                               STRATA_STORE_PAYLOAD_MAX);
-    if (samples == 0 || !FITS_I64(samples))
-        return strata_diag_set(diag, STRATA_EINVAL,
-                               "update put: sample count %" PRIu64 " out of range", samples);
-    return STRATA_OK;
-}
-
-/* Hash, receipt id and a copy of the payload: no connection needed. */
-static int prepare_update(uint32_t round, uint64_t client_id, const uint8_t *payload, size_t len,
-                          uint64_t samples, strata_store_pending **out, strata_diag *diag)
-{
-    *out = NULL;
-    strata_store_pending *p = calloc(1, sizeof(*p));
-    if (p == NULL || (p->body = malloc(len)) == NULL) {
-        free(p);
-        return strata_diag_set(diag, STRATA_ENOMEM, "out of memory");
-    }
-    p->round = round;
-    p->client_id = client_id;
-    memcpy(p->body, payload, len);
-    strata_sha256(payload, len, p->r.sha256);
-    p->r.bytes = len;
-    p->r.samples = samples;
-    int rc = random_receipt(p->r.id, diag);
-    if (rc < 0) {
-        strata_store_pending_free(p);
-        return rc;
-    }
-    *out = p;
-    return STRATA_OK;
-}
-
-int strata_store_update_prepare(const strata_store *s, uint32_t round, uint64_t client_id,
-                                const uint8_t *payload, size_t len, uint64_t samples,
-                                strata_store_pending **out, strata_diag *diag)
-{
-    strata__store_diag_clear(diag);
-    if (out != NULL)
-        *out = NULL;
-    int rc = check_update_args(s, payload, len, samples, out, diag);
-    if (rc < 0)
-        return rc;
-    if (!FITS_I64(client_id))
-        return strata_diag_set(diag, STRATA_EINVAL, "client id %" PRIu64 " is too large",
-                               client_id);
-    return prepare_update(round, client_id, payload, len, samples, out, diag);
-}
-
-/* Runs the backend's commit of n non-NULL items, then frees them. */
-static int commit_items(strata_store *s, strata_store_pending *const *p, size_t n,
-                        strata_store_receipt *receipts, strata_store_verdict *verdicts,
-                        int *results, strata_diag *item_diag, strata_diag *diag)
-{
-    int rc = STRATA_OK;
-    for (size_t i = 0; i < n; i++) {
-        memset(&receipts[i], 0, sizeof(receipts[i]));
-        verdicts[i] = STRATA_STORE_ACCEPTED;
-        results[i] = STRATA_OK;
-        if (p[i] == NULL && rc == STRATA_OK)
-            rc = strata_diag_set(diag, STRATA_EINVAL, "update commit: NULL item %zu", i);
-    }
-    if (rc == STRATA_OK)
-        rc = s->ops->update_commit(s, p, n, receipts, verdicts, results, item_diag, diag);
-    else
-        for (size_t i = 0; i < n; i++)
-            results[i] = rc;
-    for (size_t i = 0; i < n; i++)
-        strata_store_pending_free(p[i]);
-    return rc;
-}
-
-/* Resets a single update's outputs (diag, *verdict ACCEPTED, *receipt
- * zeroed when given) and returns where the verdict goes: verdict, or local
- * when the caller passed none. */
-static strata_store_verdict *single_outputs(strata_store_verdict *verdict,
-                                            strata_store_verdict *local,
-                                            strata_store_receipt *receipt, strata_diag *diag)
-{
-    strata__store_diag_clear(diag);
-    if (verdict == NULL)
-        verdict = local;
-    *verdict = STRATA_STORE_ACCEPTED;
-    if (receipt != NULL)
-        memset(receipt, 0, sizeof(*receipt));
-    return verdict;
-}
-
-int strata_store_update_commit(strata_store *s, strata_store_pending *p,
-                               strata_store_receipt *receipt, strata_store_verdict *verdict,
-                               strata_diag *diag)
-{
-    strata_store_verdict v_local;
-    verdict = single_outputs(verdict, &v_local, receipt, diag);
-    if (s == NULL || p == NULL || receipt == NULL) {
-        strata_store_pending_free(p);
-        return strata_diag_set(diag, STRATA_EINVAL, "update commit: NULL argument");
-    }
-    int result;
-    int rc = commit_items(s, &p, 1, receipt, verdict, &result, diag, diag);
-    return rc < 0 ? rc : result;
-}
-
-int strata_store_update_commit_many(strata_store *s, strata_store_pending *const *p, size_t n,
-                                    strata_store_receipt *receipts, strata_store_verdict *verdicts,
-                                    int *results, strata_diag *diag)
-{
-    strata__store_diag_clear(diag);
-    if (n == 0)
-        return STRATA_OK;
-    if (s == NULL || p == NULL || receipts == NULL || verdicts == NULL || results == NULL) {
-        for (size_t i = 0; p != NULL && i < n; i++)
-            strata_store_pending_free(p[i]);
-        for (size_t i = 0; results != NULL && i < n; i++)
-            results[i] = STRATA_EINVAL;
-        return strata_diag_set(diag, STRATA_EINVAL, "update commit: NULL argument");
-    }
-    return commit_items(s, p, n, receipts, verdicts, results, NULL, diag);
-}
-
-int strata_store_update_put(strata_store *s, uint32_t round, uint64_t client_id,
-                            const uint8_t *payload, size_t len, uint64_t samples,
-                            strata_store_receipt *receipt, strata_store_verdict *verdict,
-                            strata_diag *diag)
-{
-    strata_store_verdict v_local;
-    verdict = single_outputs(verdict, &v_local, receipt, diag);
-    int rc = check_update_args(s, payload, len, samples, receipt, diag);
-    if (rc < 0)
-        return rc;
-    if (!FITS_I64(client_id)) {
-        *verdict = STRATA_STORE_REJECT_NOT_SELECTED;
-        return strata_diag_set(diag, STRATA_ESTATE,
-                               "client %" PRIu64 " is not selected for round %" PRIu32, client_id,
-                               round);
-    }
-    strata_store_pending *p = NULL;
-    rc = prepare_update(round, client_id, payload, len, samples, &p, diag);
-    if (rc < 0)
-        return rc;
-    int result;
-    rc = commit_items(s, &p, 1, receipt, verdict, &result, diag, diag);
-    return rc < 0 ? rc : result;
-}
-
-int strata_store_update_list(strata_store *s, uint32_t round, strata_store_update **out, size_t *n,
-                             strata_diag *diag)
-{
-    if (out != NULL)
-        *out = NULL;
-    if (n != NULL)
-        *n = 0;
-    int rc = enter(s, "update list", diag);
-    if (rc < 0)
-        return rc;
-    if (out == NULL || n == NULL)
-        return strata_diag_set(diag, STRATA_EINVAL, "update list: NULL argument");
-    return s->ops->update_list(s, round, out, n, diag);
-}
-
-void strata_store_update_list_free(strata_store_update *updates, size_t n)
-{
-    (void)n; /* the entries own nothing */
-    free(updates);
-}
-
-int strata_store_update_read(strata_store *s, uint32_t round, uint64_t client_id, uint8_t **buf,
-                             size_t *len, strata_diag *diag)
-{
-    if (buf != NULL)
-        *buf = NULL;
-    if (len != NULL)
-        *len = 0;
-    int rc = enter(s, "update read", diag);
-    if (rc < 0)
-        return rc;
-    if (buf == NULL || len == NULL)
-        return strata_diag_set(diag, STRATA_EINVAL, "update read: NULL argument");
-    if (!FITS_I64(client_id))
-        return strata_diag_set(diag, STRATA_ESTATE,
-                               "no update of client %" PRIu64 " for round %" PRIu32, client_id,
-                               round);
-    return s->ops->update_read(s, round, client_id, buf, len, diag);
 }
 
 /* ---- Checkpoints -------------------------------------------------------- */
@@ -626,7 +396,7 @@ int strata_store_checkpoint_path(const strata_store *s, uint64_t model_version, 
 
 int strata_store_checkpoint_record(strata_store *s, uint64_t model_version, strata_diag *diag)
 {
-    int rc = enter(s, "checkpoint record", diag);
+    int rc = strata__store_enter(s, "checkpoint record", diag);
     if (rc < 0)
         return rc;
     if (!FITS_I64(model_version))
@@ -649,7 +419,7 @@ int strata_store_latest_model_version(strata_store *s, uint64_t *model_version, 
         *model_version = 0;
     if (found != NULL)
         *found = 0;
-    int rc = enter(s, "latest model version", diag);
+    int rc = strata__store_enter(s, "latest model version", diag);
     if (rc < 0)
         return rc;
     if (model_version == NULL || found == NULL)
@@ -662,7 +432,7 @@ int strata_store_latest_model_version(strata_store *s, uint64_t *model_version, 
 int strata_store_counter_add_many(strata_store *s, const strata_store_counter *deltas, size_t n,
                                   strata_diag *diag)
 {
-    int rc = enter(s, "counter add", diag);
+    int rc = strata__store_enter(s, "counter add", diag);
     if (rc < 0)
         return rc;
     if (deltas == NULL && n > 0)
@@ -678,7 +448,7 @@ int strata_store_counter_add_many(strata_store *s, const strata_store_counter *d
 
 int strata_store_counter_add(strata_store *s, const char *name, int64_t delta, strata_diag *diag)
 {
-    int rc = enter(s, "counter add", diag);
+    int rc = strata__store_enter(s, "counter add", diag);
     if (rc < 0)
         return rc;
     if ((rc = counter_name_ok(name, diag)) < 0)
@@ -693,7 +463,7 @@ int strata_store_counter_get(strata_store *s, const char *name, int64_t *value, 
 {
     if (value != NULL)
         *value = 0;
-    int rc = enter(s, "counter get", diag);
+    int rc = strata__store_enter(s, "counter get", diag);
     if (rc < 0)
         return rc;
     if (value == NULL)
@@ -710,7 +480,7 @@ int strata_store_lead(strata_store *s, const char *holder, int64_t lease_ms,
 {
     if (out != NULL)
         memset(out, 0, sizeof(*out));
-    int rc = enter(s, "lead", diag);
+    int rc = strata__store_enter(s, "lead", diag);
     if (rc < 0)
         return rc;
     size_t n = holder != NULL ? strlen(holder) : 0;
@@ -740,7 +510,7 @@ int strata_store_lead(strata_store *s, const char *holder, int64_t lease_ms,
 
 int strata_store_renew(strata_store *s, int64_t lease_ms, strata_diag *diag)
 {
-    int rc = enter(s, "renew", diag);
+    int rc = strata__store_enter(s, "renew", diag);
     if (rc < 0)
         return rc;
     if (lease_ms < 100 || lease_ms > 3600000)
@@ -754,7 +524,7 @@ int strata_store_leader_get(strata_store *s, strata_store_leader *out, strata_di
 {
     if (out != NULL)
         memset(out, 0, sizeof(*out));
-    int rc = enter(s, "leader get", diag);
+    int rc = strata__store_enter(s, "leader get", diag);
     if (rc < 0)
         return rc;
     if (out == NULL)
@@ -781,7 +551,7 @@ int strata_store_file_fetch(strata_store *s, strata_store_file kind, uint64_t ve
 {
     if (found != NULL)
         *found = 0;
-    int rc = enter(s, "file fetch", diag);
+    int rc = strata__store_enter(s, "file fetch", diag);
     if (rc < 0)
         return rc;
     if (found == NULL || !version_file(kind) || !FITS_I64(version))
@@ -801,7 +571,7 @@ int strata_store_file_fetch(strata_store *s, strata_store_file kind, uint64_t ve
 int strata_store_file_remove(strata_store *s, strata_store_file kind, uint64_t version,
                              strata_diag *diag)
 {
-    int rc = enter(s, "file remove", diag);
+    int rc = strata__store_enter(s, "file remove", diag);
     if (rc < 0)
         return rc;
     if (!version_file(kind) || !FITS_I64(version))

@@ -107,7 +107,14 @@ struct strata_store {
     size_t recovered; /* files the open's recovery removed */
 };
 
+/* Whether an unsigned value fits a signed 64-bit column. */
+#define FITS_I64(v) ((uint64_t)(v) <= (uint64_t)INT64_MAX)
+
 /* Helpers of store.c for the backends. */
+
+/* Clears diag and checks that s is a store; the prologue of every call
+ * that dispatches to the backend. */
+int strata__store_enter(const strata_store *s, const char *what, strata_diag *diag);
 
 /* Empties diag's message (diag may be NULL). */
 void strata__store_diag_clear(strata_diag *diag);

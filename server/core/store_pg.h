@@ -77,6 +77,12 @@ enum {
     N_PG_STMT
 };
 
+/* The SQL (store_pg_sql.c): the schema of version 1, migrations[v] raising
+ * version v to v + 1 (index 0 unused), and each statement's text. */
+extern const char strata__pg_schema_v1[];
+extern const char *const strata__pg_migrations[STRATA__PG_SCHEMA_VERSION];
+extern const char *const strata__pg_stmt_sql[N_PG_STMT];
+
 typedef struct pg_store {
     strata_store base; /* first: a strata_store * of this backend points here */
     PGconn *conn;

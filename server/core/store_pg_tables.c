@@ -10,8 +10,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define FITS_I64(v) ((uint64_t)(v) <= (uint64_t)INT64_MAX)
-
 /* ---- Clients ------------------------------------------------------------ */
 
 /* Reads the client of row 0 (id, token_hash, name, created, last seen). */

@@ -11,8 +11,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define FITS_I64(v) ((uint64_t)(v) <= (uint64_t)INT64_MAX)
-
 /* Fills r from a text-result row whose receipt columns (receipt, sha256,
  * bytes, samples, received_ms) start at col. */
 static void read_receipt(const PGresult *res, int row, int col, strata_store_receipt *r)

@@ -60,7 +60,6 @@ typedef struct sq_store {
 
 #define BUSY_TIMEOUT_MS 10000
 #define STRATA__STORE_PAGE_SIZE "16384" /* bytes; see connect_db */
-#define FITS_I64(v) ((uint64_t)(v) <= (uint64_t)INT64_MAX)
 
 /* Sets diag from the connection's last SQLite error, prefixed by what;
  * returns STRATA_EIO. */
