@@ -243,6 +243,69 @@ static void pg_remove(char *loc)
     free(loc);
 }
 
+int store_pg_fresh_location(char **loc, strata_diag *diag)
+{
+    *loc = NULL;
+    return pg_fresh(loc, diag);
+}
+
+/* Runs "SET search_path TO <loc's schema>" then sql on a connection of its
+ * own; *res (when given) receives sql's result. */
+static int pg_at(const char *loc, const char *sql, PGresult **res, strata_diag *diag)
+{
+    char schema[PG_SCHEMA_MAX + 1], set[PG_SCHEMA_MAX + 32], err[400];
+    if (pg_split(loc, schema, diag) == NULL)
+        return STRATA_EINVAL;
+    if (pg_url() == NULL)
+        return strata_diag_set(diag, STRATA_EINVAL, "%s", pg_unmet());
+    PGconn *c = PQconnectdb(pg_url());
+    if (c == NULL)
+        return strata_diag_set(diag, STRATA_ENOMEM, "libpq: out of memory");
+    int rc = STRATA_OK;
+    if (PQstatus(c) != CONNECTION_OK) {
+        rc = strata_diag_set(diag, STRATA_EIO, "cannot connect to STRATA_TEST_PG_URL: %s",
+                             pg_error(c, err, sizeof(err)));
+        PQfinish(c);
+        return rc;
+    }
+    PQsetNoticeProcessor(c, pg_quiet, NULL);
+    snprintf(set, sizeof(set), "SET search_path TO %s", schema);
+    PGresult *r = PQexec(c, set);
+    if (PQresultStatus(r) != PGRES_COMMAND_OK)
+        rc = strata_diag_set(diag, STRATA_EIO, "%s: %s", set, pg_error(c, err, sizeof(err)));
+    PQclear(r);
+    if (rc == STRATA_OK) {
+        r = PQexec(c, sql);
+        ExecStatusType st = PQresultStatus(r);
+        if (st != PGRES_COMMAND_OK && st != PGRES_TUPLES_OK) {
+            rc = strata_diag_set(diag, STRATA_EIO, "%s: %s", sql, pg_error(c, err, sizeof(err)));
+            PQclear(r);
+        } else if (res != NULL) {
+            *res = r;
+        } else {
+            PQclear(r);
+        }
+    }
+    PQfinish(c);
+    return rc;
+}
+
+int store_pg_exec_at(const char *loc, const char *sql, strata_diag *diag)
+{
+    return pg_at(loc, sql, NULL, diag);
+}
+
+int store_pg_query_at(const char *loc, const char *sql, char *buf, size_t n, strata_diag *diag)
+{
+    PGresult *r = NULL;
+    buf[0] = '\0';
+    int rc = pg_at(loc, sql, &r, diag);
+    if (rc == STRATA_OK && PQntuples(r) > 0 && PQnfields(r) > 0 && !PQgetisnull(r, 0, 0))
+        snprintf(buf, n, "%s", PQgetvalue(r, 0, 0));
+    PQclear(r);
+    return rc;
+}
+
 /* ---- The list ----------------------------------------------------------- */
 
 const store_backend STORE_BACKENDS[STORE_N_BACKENDS] = {

@@ -51,6 +51,17 @@ typedef struct store_backend {
 #define STORE_N_BACKENDS 2
 extern const store_backend STORE_BACKENDS[STORE_N_BACKENDS];
 
+/* PostgreSQL only, for the tests of what that backend alone has (its
+ * schema and migrations, test_store_pg.c): a fresh location whose schema
+ * is empty (no store in it yet; open it with the backend's STORE_REOPEN),
+ * SQL run at a location (the statements in one transaction, the
+ * location's schema first on the search path), and the first column of
+ * the first row of a query there as text into buf[n] ("" for NULL or no
+ * row). */
+int store_pg_fresh_location(char **loc, strata_diag *diag);
+int store_pg_exec_at(const char *loc, const char *sql, strata_diag *diag);
+int store_pg_query_at(const char *loc, const char *sql, char *buf, size_t n, strata_diag *diag);
+
 /* The backend called name, or NULL. */
 const store_backend *store_backend_find(const char *name);
 
