@@ -269,6 +269,40 @@ static void accept_update(srv_uploads *U, const strata_payload *p, ptrdiff_t k, 
     srv__ctr_add(U->c.met, SRV_CTR_UPLINK, (int64_t)len);
 }
 
+/* A conflict for the open round, of a selected client k the round has no
+ * report of: the store holds another update of this client that the round
+ * lacks (a commit whose answer was lost with the database connection, and
+ * the client then sent other content). The round follows the store, as a
+ * restart would rebuild it: the stored update joins the round, and the
+ * client is answered the conflict. st is a store handle the caller may use
+ * now. Lock held. */
+static void adopt_stored(srv_uploads *U, strata_store *st, uint32_t round, uint64_t cid,
+                         ptrdiff_t k)
+{
+    uint8_t *buf = NULL;
+    size_t len = 0;
+    strata_diag d = {{0}};
+    strata_payload *p = NULL;
+    int rc = strata_store_update_read(st, round, cid, &buf, &len, &d);
+    if (rc == 0) {
+        strata_zctx *z = zctx_take(U);
+        rc = z != NULL ? strata_payload_decode_z(z, buf, len, &U->c.limits, &p, &d)
+                       : strata_diag_set(&d, STRATA_ENOMEM, "out of memory");
+        zctx_give(U, z);
+    }
+    if (rc == 0) {
+        accept_update(U, p, k, len);
+        strata_log_info("round %u: client %llu's stored update joins the round (its commit's "
+                        "answer was lost; the client's other content is refused)",
+                        round, (unsigned long long)cid);
+    } else {
+        strata_log_error("round %u: the stored update of client %llu cannot join the round: %s",
+                         round, (unsigned long long)cid, strata_diag_msg(&d, rc));
+    }
+    strata_payload_free(p);
+    free(buf);
+}
+
 /* Wakes the round thread when it may close the open round now that an
  * update or a batch was decided (srv__round_full; the deadline wakes it on
  * its own). Waking it for every update instead costs two context switches
@@ -374,6 +408,9 @@ static void upload_alone(srv_uploads *U, uint64_t cid, uint32_t round, const str
         if (rc == 0) { /* a duplicate too: see accept_update */
             accept_update(U, p, k, len);
             wake_round_thread_if_full(U);
+        } else if (rc == STRATA_ESTATE && v == STRATA_STORE_REJECT_CONFLICT) {
+            adopt_stored(U, U->c.store, round, cid, k);
+            wake_round_thread_if_full(U);
         }
         stored_result(U, r, round, rc, &rec, v, strata_diag_msg(&d, rc));
     } else if (closing && round == current && !reported) {
@@ -475,6 +512,9 @@ static void commit_batch(srv_uploads *U)
             q->pend = NULL; /* the commit took it */
             if (results[i] == 0 && !srv__round_report(U->c.rounds, q->k))
                 accept_update(U, q->p, q->k, q->len);
+            else if (results[i] == STRATA_ESTATE && vs[i] == STRATA_STORE_REJECT_CONFLICT &&
+                     !srv__round_report(U->c.rounds, q->k))
+                adopt_stored(U, U->c.wstore, q->round, q->client_id, q->k);
             stored_result(U, &q->r, q->round, results[i], &recs[i], vs[i],
                           rc < 0 ? strata_diag_msg(&d, rc) : "");
         }
