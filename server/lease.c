@@ -28,24 +28,58 @@ struct srv_lease {
     uint64_t failures;  /* failed renewals */
 };
 
+/* A standby's pause between two tries: 250 ms, or STRATA_ESTATE when *stop
+ * is set. The main thread keeps SIGINT and SIGTERM blocked while the engine
+ * opens (main.c: the threads it starts leave them to it), so the pause
+ * takes them itself (sigtimedwait) and sets *stop as the handler would. */
+static int stand_by(volatile sig_atomic_t *stop, strata_diag *d)
+{
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGINT);
+    sigaddset(&set, SIGTERM);
+    struct timespec t = {0, 250 * 1000000L};
+    if (stop == NULL) {
+        nanosleep(&t, NULL);
+        return STRATA_OK;
+    }
+    if (!*stop && sigtimedwait(&set, NULL, &t) > 0)
+        *stop = 1;
+    return *stop ? strata_diag_set(d, STRATA_ESTATE, "stopped while standing by") : STRATA_OK;
+}
+
 int srv__lease_acquire(strata_store *primary, const char *holder, long lease_ms,
                        volatile sig_atomic_t *stop, srv_lease **out, strata_diag *d)
 {
     *out = NULL;
     strata_store_leader l;
-    int rc, waited = 0;
-    while ((rc = strata_store_lead(primary, holder, lease_ms, &l, d)) == STRATA_ESTATE &&
-           l.epoch > 0) {
+    int rc, waited = 0, failing = 0;
+    for (;;) {
+        rc = strata_store_lead(primary, holder, lease_ms, &l, d);
+        if (rc == STRATA_EIO) {
+            /* The database is down or unreachable: a standby waits it out
+             * (its connection is made again at the next try). */
+            if (!failing)
+                strata_log_warn("standby: cannot reach the store: %s (trying again)",
+                                strata_diag_msg(d, rc));
+            failing = 1;
+            if ((rc = stand_by(stop, d)) < 0)
+                return rc;
+            continue;
+        }
+        if (failing)
+            strata_log_info("standby: the store is reachable again");
+        failing = 0;
+        if (rc != STRATA_ESTATE || l.epoch <= 0)
+            break;
         if (!waited)
             strata_log_info("standby: %s leads the store (epoch %lld); this coordinator (%s) "
                             "takes over when its session ends or its lease runs out "
                             "(%lld ms left)",
                             l.holder, (long long)l.epoch, holder, (long long)l.expires_in_ms);
         waited = 1;
-        if (stop != NULL && *stop)
-            return strata_diag_set(d, STRATA_ESTATE, "stopped while standing by");
-        struct timespec t = {0, 250 * 1000000L};
-        nanosleep(&t, NULL);
+        if ((rc = stand_by(stop, d)) < 0)
+            return rc;
     }
     if (rc < 0)
         return rc;

@@ -21,9 +21,10 @@
 typedef struct srv_lease srv_lease;
 
 /* Leads primary's store as holder for lease_ms, waiting as a standby
- * (logging once who leads, polling every 250 ms) while another leads; gives
- * up with STRATA_ESTATE when *stop becomes set. *out is the caller's
- * (srv__lease_free). */
+ * (logging once who leads, polling every 250 ms) while another leads, and
+ * through outages of the database (STRATA_EIO: logged once, tried again
+ * every 250 ms); gives up with STRATA_ESTATE when *stop becomes set. *out
+ * is the caller's (srv__lease_free). */
 int srv__lease_acquire(strata_store *primary, const char *holder, long lease_ms,
                        volatile sig_atomic_t *stop, srv_lease **out, strata_diag *d);
 

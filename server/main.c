@@ -173,7 +173,13 @@ int main(int argc, char **argv)
     fresh_state fresh;
     fresh_note(cfg.state_dir, &fresh);
     if ((rc = srv_engine_open(&cfg, &e, &d)) < 0) {
-        strata_log_error("%s", strata_diag_msg(&d, rc));
+        /* A standby stopped by SIGINT or SIGTERM stops cleanly. */
+        if (*g_stop) {
+            strata_log_info("%s", strata_diag_msg(&d, rc));
+            code = 0;
+        } else {
+            strata_log_error("%s", strata_diag_msg(&d, rc));
+        }
         goto out;
     }
     srv_http_opts ho = {.host = cfg.host,

@@ -22,7 +22,7 @@
 
 /* The schema this build creates and reads in a PostgreSQL database (its own
  * numbering, independent of the SQLite backend's). */
-#define STRATA__PG_SCHEMA_VERSION 3
+#define STRATA__PG_SCHEMA_VERSION 4
 
 /* The advisory-lock class ids of the store (the object id is the hash of
  * the store's schema name): one session lock that the leader holds (a sign

@@ -4,15 +4,18 @@
  * write transaction of a leading connection, is in strata__pg_tx_begin.
  *
  * A leader also holds the store's session advisory lock while it can, and
- * the leader row says whether it does. A store that gets the lock while
- * the row says the leader holds it knows that the leader's session ended
- * (its process died, its connection was cut, or the database server
- * restarted) and takes over at once;
- * otherwise it waits for the lease to expire (a leader that is paused or
- * cut off keeps its session, but loses its lease). A leader that took over
- * from a paused one cannot have the lock until that one's session ends: it
- * tries again at each renewal, and until it has it nobody takes over before
- * its lease expires. */
+ * the leader row says whether it did at its last renewal. A store that
+ * gets the lock while the row says the leader holds it knows that the
+ * leader's session ended (its process died or its connection was cut) and
+ * takes over at once, unless the database server started after that
+ * renewal: a restart ends every session, the leader's too, while the
+ * leader itself may be alive and about to reconnect, so then it waits for
+ * the lease to expire as for a leader that is paused or cut off (which
+ * keeps its session but loses its lease). A store that gets the lock but
+ * does not take over lets it go again, so that the leader takes it back at
+ * its next renewal. A leader that took over from a paused one cannot have
+ * the lock until that one's session ends: it tries again at each renewal,
+ * and until it has it nobody takes over before its lease expires. */
 #include "store_pg.h"
 
 #include <inttypes.h>
@@ -38,11 +41,28 @@ static int try_session_lock(pg_store *s, strata_diag *diag)
     return STRATA_OK;
 }
 
-/* Reads the leader row (in or out of a transaction). */
-static int read_leader(pg_store *s, strata_store_leader *out, int *locked, strata_diag *diag)
+/* Lets the session lock go (a store that got it but does not lead). */
+static void drop_session_lock(pg_store *s)
+{
+    strata_diag d;
+    PGresult *r = strata__pg_query(s,
+                                   "SELECT pg_advisory_unlock(" PG_STR(
+                                       STRATA__PG_LOCK_PRIMARY) ", hashtext(current_schema()))",
+                                   &d);
+    if (r != NULL)
+        s->session_lock = 0;
+    PQclear(r);
+}
+
+/* Reads the leader row (in or out of a transaction): *locked, the leader
+ * held the session lock at its last renewal; *restarted, the database
+ * server started after that renewal. */
+static int read_leader(pg_store *s, strata_store_leader *out, int *locked, int *restarted,
+                       strata_diag *diag)
 {
     memset(out, 0, sizeof(*out));
     *locked = 0;
+    *restarted = 0;
     PGresult *r = strata__pg_run(s, P_LEADER_GET, NULL, 0, 1, "read the leader", diag);
     if (r == NULL)
         return STRATA_EIO;
@@ -51,6 +71,7 @@ static int read_leader(pg_store *s, strata_store_leader *out, int *locked, strat
         snprintf(out->holder, sizeof(out->holder), "%s", PQgetvalue(r, 0, 1));
         out->expires_in_ms = strata__pg_col_int(r, 0, 2);
         *locked = strcmp(PQgetvalue(r, 0, 3), "t") == 0;
+        *restarted = strcmp(PQgetvalue(r, 0, 4), "t") == 0;
     }
     PQclear(r);
     return STRATA_OK;
@@ -70,11 +91,12 @@ int strata__pg_lead(strata_store *base, const char *holder, int64_t lease_ms,
         return rc;
     }
     strata_store_leader cur;
-    int locked = 0;
-    rc = read_leader(s, &cur, &locked, diag);
+    int locked = 0, restarted = 0;
+    rc = read_leader(s, &cur, &locked, &restarted, diag);
     int mine = rc == STRATA_OK && fenced > 0 && cur.epoch == fenced;
-    /* Its session ended: the row says it held the lock, and now we do. */
-    int gone = locked && s->session_lock;
+    /* Its session ended: the row says it held the lock, now we do, and no
+     * restart of the database server ended it. */
+    int gone = locked && s->session_lock && !restarted;
     if (rc == STRATA_OK && !mine && cur.epoch > 0 && cur.expires_in_ms > 0 && !gone) {
         *out = cur;
         rc = strata_diag_set(diag, STRATA_ESTATE,
@@ -92,12 +114,14 @@ int strata__pg_lead(strata_store *base, const char *holder, int64_t lease_ms,
         rc = strata__pg_exec(s, P_LEADER_SET, &p, "take the lead", diag);
     }
     if (rc == STRATA_OK)
-        rc = read_leader(s, out, &locked, diag);
+        rc = read_leader(s, out, &locked, &restarted, diag);
     if (rc == STRATA_OK)
         rc = strata__pg_tx_commit(s, diag);
     if (rc < 0) {
         strata__pg_tx_rollback(s);
         s->epoch = fenced;
+        if (rc == STRATA_ESTATE && s->session_lock)
+            drop_session_lock(s);
         return rc;
     }
     s->epoch = epoch;
@@ -125,6 +149,6 @@ int strata__pg_renew(strata_store *base, int64_t lease_ms, strata_diag *diag)
 
 int strata__pg_leader_get(strata_store *base, strata_store_leader *out, strata_diag *diag)
 {
-    int locked;
-    return read_leader((pg_store *)base, out, &locked, diag);
+    int locked, restarted;
+    return read_leader((pg_store *)base, out, &locked, &restarted, diag);
 }

@@ -85,6 +85,13 @@ const char *const strata__pg_migrations[STRATA__PG_SCHEMA_VERSION] = {
     " PRIMARY KEY(kind, version, chunk));"
     "ALTER TABLE file_chunks ALTER COLUMN data SET STORAGE EXTERNAL;"
     "UPDATE schema_version SET version = 3;",
+    /* Version 4: when the lease was last taken or renewed, on the database
+     * server's clock, so that a store that finds the leader's session gone
+     * can tell a restart of the database server after that renewal (the
+     * leader may be alive and reconnecting) from the end of the leader's
+     * own session. NULL for a row of version 3 until its next renewal. */
+    "ALTER TABLE leader ADD COLUMN renewed_at timestamptz;"
+    "UPDATE schema_version SET version = 4;",
 };
 
 /* The database server's clock in Unix milliseconds (SQL). */
@@ -158,15 +165,19 @@ const char *const strata__pg_stmt_sql[N_PG_STMT] = {
                       " OR ($2::bigint <= 0 AND c.value::numeric >= -9223372036854775808"
                       " - $2::bigint) RETURNING value",
     [P_COUNTER_GET] = "SELECT value FROM counters WHERE name = $1",
-    [P_LEADER_GET] = "SELECT epoch, holder, expires_ms - " NOW_MS ", locked FROM leader"
+    /* The last column: the database server started after the last renewal
+     * (its sessions, the leader's too, ended with the restart). */
+    [P_LEADER_GET] = "SELECT epoch, holder, expires_ms - " NOW_MS ", locked,"
+                     " coalesce(renewed_at < pg_postmaster_start_time(), false) FROM leader"
                      " WHERE id = 1",
-    [P_LEADER_SET] = "INSERT INTO leader(id, epoch, holder, expires_ms, locked)"
-                     " VALUES(1, $1, $2, " NOW_MS " + $3::bigint, $4::boolean)"
+    [P_LEADER_SET] = "INSERT INTO leader(id, epoch, holder, expires_ms, locked, renewed_at)"
+                     " VALUES(1, $1, $2, " NOW_MS " + $3::bigint, $4::boolean, clock_timestamp())"
                      " ON CONFLICT(id) DO UPDATE SET epoch = excluded.epoch,"
                      " holder = excluded.holder, expires_ms = excluded.expires_ms,"
-                     " locked = excluded.locked",
+                     " locked = excluded.locked, renewed_at = excluded.renewed_at",
     [P_LEADER_RENEW] = "UPDATE leader SET expires_ms = " NOW_MS " + $2::bigint,"
-                       " locked = locked OR $3::boolean WHERE id = 1 AND epoch = $1",
+                       " locked = $3::boolean, renewed_at = clock_timestamp()"
+                       " WHERE id = 1 AND epoch = $1",
     [P_LEADER_EPOCH] = "SELECT epoch, holder FROM leader WHERE id = 1",
     [P_FILE_DELETE] = "DELETE FROM files WHERE kind = $1 AND version = $2",
     [P_FILE_CHUNKS_DELETE] = "DELETE FROM file_chunks WHERE kind = $1 AND version = $2",

@@ -24,7 +24,11 @@
 # server is what goes down: an immediate shutdown (every session cut, as in
 # a crash of the database server; crash recovery at the next start), down
 # for a moment, then started again. The coordinator must reconnect and go
-# on without a restart of its own; the checks are the same.
+# on without a restart of its own; the checks are the same. A standby
+# coordinator waits on the same store meanwhile: a restart of the database
+# ends the leader's session too, yet the standby must not take the lead
+# (the leader comes back within its lease), so it never listens and the
+# store's epoch stays 1.
 
 # A watchdog: the whole test stops within ~120 s whatever happens (every wait
 # below is bounded too; this is the last resort).
@@ -76,6 +80,7 @@ dump() {
         done
     done
     [ -f "$WORK/bench.err" ] && { echo "==== bench.err" && tail -n 20 "$WORK/bench.err"; } >&2
+    [ -f "$WORK/standby.err" ] && { echo "==== standby.err" && tail -n 20 "$WORK/standby.err"; } >&2
     return 0
 }
 die() {
@@ -170,6 +175,27 @@ acks_grew() {
 
 # ---- the run: the coordinator, the bench, the kills ----------------------------
 launch_server
+STANDBY_PID=""
+if [ "$TARGET" = database ]; then
+    "$SERVER" --state-dir "$STATE.standby" "${STORE_ARGS[@]}" --coordinator-name standby \
+        --model mlp --data "$DATA" --port 0 --rounds $ROUNDS --min-clients $NC --policy uniform \
+        --density 0.01 --enrolment-secret "$SECRET" --upload-rate 1000000 --threads 1 \
+        >"$WORK/standby.out" 2>"$WORK/standby.err" &
+    STANDBY_PID=$!
+    PIDS+=("$STANDBY_PID")
+    standing_by() { alive "$STANDBY_PID" && grep -q "standby: .* leads the store" "$WORK/standby.err"; }
+    wait_until 30 "the standby coordinator waiting" standing_by
+fi
+# The standby never led: it never listened, and the epoch is still 1.
+standby_never_led() {
+    [ -n "$STANDBY_PID" ] || return 0
+    alive "$STANDBY_PID" || die "the standby coordinator exited: $(tail -n 5 "$WORK/standby.err")"
+    ! grep -q "listening on" "$WORK/standby.out" ||
+        die "the standby took the lead after a restart of the database: $(grep -i "lead" "$WORK/standby.err" | tail -n 3)"
+    local epoch
+    epoch=$(store_query "$STATE" "SELECT epoch FROM leader")
+    [ "$epoch" = 1 ] || die "the store's epoch is $epoch, not 1: the lead changed hands"
+}
 "$BENCH" --server "$URL" --clients $NC --rounds $ROUNDS --secret "$SECRET" --persist \
     --acks "$ACKS" --tokens "$TOKENS" --timeout 100 --json >"$WORK/bench.out" 2>"$WORK/bench.err" &
 BPID=$!
@@ -197,6 +223,7 @@ while [ "$KILLS" -lt "$WANT" ]; do
     if [ "$TARGET" = database ]; then
         down_database "$R"
         event "database down $KILLS: $ACKED acknowledgements so far ($((ACKED - before)) since the last outage), down for ${R} ms"
+        standby_never_led
     else
         kill -KILL "$SPID" 2>/dev/null || true
         reap "$SPID"
@@ -209,6 +236,20 @@ while [ "$KILLS" -lt "$WANT" ]; do
     [ "$TARGET" = database ] || launch_server
 done
 wait_until 25 "acknowledgements after the last kill" acks_grew
+# A lead lost to the last restart would show by now (a standby takes over
+# within a quarter of a second of finding the leader's session gone).
+if [ -n "$STANDBY_PID" ]; then
+    sleep 3
+    standby_never_led
+    kill -TERM "$STANDBY_PID"
+    for ((k = 0; k < 100; k++)); do
+        alive "$STANDBY_PID" || break
+        sleep 0.1
+    done
+    alive "$STANDBY_PID" && die "the standby did not stop on SIGTERM"
+    reap "$STANDBY_PID"
+    [ "$REAPED_RC" = 0 ] || die "the standby's exit status after SIGTERM is $REAPED_RC, not 0"
+fi
 kill -TERM "$BPID"
 for ((k = 0; k < 150; k++)); do
     alive "$BPID" || break
