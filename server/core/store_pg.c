@@ -430,10 +430,9 @@ int strata__pg_ready(pg_store *s, strata_diag *diag)
                                "the connection to the database was lost in a transaction");
     /* The server restarted, failed over or was cut off: the session, its
      * prepared statements and its session lock are gone. The leader's
-     * lock is taken again at its next renewal, unless a standby got it
-     * first: after a restart of the database server that standby takes
-     * over as from a leader whose process ended (store_pg_leader.c), and
-     * this one is fenced. */
+     * lock is taken again at a renewal; a standby that gets it first
+     * after a restart of the database server lets it go again and waits
+     * for the lease (store_pg_leader.c). */
     s->session_lock = 0;
     PQreset(s->conn);
     if (PQstatus(s->conn) != CONNECTION_OK)

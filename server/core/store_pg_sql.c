@@ -175,9 +175,11 @@ const char *const strata__pg_stmt_sql[N_PG_STMT] = {
                      " ON CONFLICT(id) DO UPDATE SET epoch = excluded.epoch,"
                      " holder = excluded.holder, expires_ms = excluded.expires_ms,"
                      " locked = excluded.locked, renewed_at = excluded.renewed_at",
-    [P_LEADER_RENEW] = "UPDATE leader SET expires_ms = " NOW_MS " + $2::bigint,"
-                       " locked = $3::boolean, renewed_at = clock_timestamp()"
-                       " WHERE id = 1 AND epoch = $1",
+    [P_LEADER_RENEW] =
+        "UPDATE leader SET expires_ms = " NOW_MS " + $2::bigint,"
+        " locked = CASE WHEN renewed_at < pg_postmaster_start_time() THEN $3::boolean"
+        " ELSE locked OR $3::boolean END, renewed_at = clock_timestamp()"
+        " WHERE id = 1 AND epoch = $1",
     [P_LEADER_EPOCH] = "SELECT epoch, holder FROM leader WHERE id = 1",
     [P_FILE_DELETE] = "DELETE FROM files WHERE kind = $1 AND version = $2",
     [P_FILE_CHUNKS_DELETE] = "DELETE FROM file_chunks WHERE kind = $1 AND version = $2",
