@@ -7,12 +7,14 @@
 #define STRATA_TEST_SERVER_FIXTURE_H
 
 #include "engine.h"
+#include "store.h"
 #include "test_util.h"
 
 #include "strata/model.h"
 #include "strata/payload.h"
 
 #include <jansson.h>
+#include <sqlite3.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -65,6 +67,23 @@ static inline int fix_open(fix_engine *f, const char *dir, int start, const char
     }
     srv_engine_set_waiters(f->e, fix_noop_waiter, fix_noop_waiter);
     return start ? srv_engine_start(f->e) : 0;
+}
+
+/* A connection of the test's own to the engine's state.db in dir (SQLite
+ * store), waiting up to 10 s for the engine's locks; NULL when it cannot be
+ * opened. Close it with sqlite3_close. */
+static inline sqlite3 *fix_state_db(const char *dir)
+{
+    char path[4096];
+    sqlite3 *h = NULL;
+    if (strata_store_path(dir, STRATA_STORE_FILE_DB, 0, 0, path, sizeof(path), NULL) < 0)
+        return NULL;
+    if (sqlite3_open(path, &h) != SQLITE_OK) {
+        sqlite3_close(h);
+        return NULL;
+    }
+    sqlite3_busy_timeout(h, 10000);
+    return h;
 }
 
 static inline void fix_close(fix_engine *f)

@@ -65,29 +65,44 @@ static const char *pg_error(PGconn *c, char *buf, size_t n)
 }
 
 /* Runs sql (one or more statements, one transaction) on a connection of
- * its own to $STRATA_TEST_PG_URL; the notices (e.g. of DROP ... CASCADE)
- * are not printed. */
-static int pg_exec(const char *sql, strata_diag *diag)
+ * its own to $STRATA_TEST_PG_URL, with schema (when not NULL) first on the
+ * search path; the notices (e.g. of DROP ... CASCADE) are not printed.
+ * *res (when given) receives the last statement's result. */
+static int pg_run(const char *schema, const char *sql, PGresult **res, strata_diag *diag)
 {
     if (pg_url() == NULL)
         return strata_diag_set(diag, STRATA_EINVAL, "%s", pg_unmet());
+    char *text = NULL;
+    if (asprintf(&text, "%s%s%s%s", schema != NULL ? "SET search_path TO " : "",
+                 schema != NULL ? schema : "", schema != NULL ? "; " : "", sql) < 0)
+        return strata_diag_set(diag, STRATA_ENOMEM, "out of memory");
     PGconn *c = PQconnectdb(pg_url());
-    if (c == NULL)
-        return strata_diag_set(diag, STRATA_ENOMEM, "libpq: out of memory");
     int rc = STRATA_OK;
     char err[400];
-    if (PQstatus(c) != CONNECTION_OK) {
+    if (c == NULL) {
+        rc = strata_diag_set(diag, STRATA_ENOMEM, "libpq: out of memory");
+    } else if (PQstatus(c) != CONNECTION_OK) {
         rc = strata_diag_set(diag, STRATA_EIO, "cannot connect to STRATA_TEST_PG_URL: %s",
                              pg_error(c, err, sizeof(err)));
     } else {
         PQsetNoticeProcessor(c, pg_quiet, NULL);
-        PGresult *r = PQexec(c, sql);
-        if (PQresultStatus(r) != PGRES_COMMAND_OK)
+        PGresult *r = PQexec(c, text);
+        ExecStatusType st = PQresultStatus(r);
+        if (st != PGRES_COMMAND_OK && st != PGRES_TUPLES_OK)
             rc = strata_diag_set(diag, STRATA_EIO, "%s: %s", sql, pg_error(c, err, sizeof(err)));
-        PQclear(r);
+        if (rc == STRATA_OK && res != NULL)
+            *res = r;
+        else
+            PQclear(r);
     }
     PQfinish(c);
+    free(text);
     return rc;
+}
+
+static int pg_exec(const char *sql, strata_diag *diag)
+{
+    return pg_run(NULL, sql, NULL, diag);
 }
 
 /* Writes value between single quotes, as a connection string quotes it. */
@@ -249,45 +264,13 @@ int store_pg_fresh_location(char **loc, strata_diag *diag)
     return pg_fresh(loc, diag);
 }
 
-/* Runs "SET search_path TO <loc's schema>" then sql on a connection of its
- * own; *res (when given) receives sql's result. */
+/* pg_run with loc's schema. */
 static int pg_at(const char *loc, const char *sql, PGresult **res, strata_diag *diag)
 {
-    char schema[PG_SCHEMA_MAX + 1], set[PG_SCHEMA_MAX + 32], err[400];
+    char schema[PG_SCHEMA_MAX + 1];
     if (pg_split(loc, schema, diag) == NULL)
         return STRATA_EINVAL;
-    if (pg_url() == NULL)
-        return strata_diag_set(diag, STRATA_EINVAL, "%s", pg_unmet());
-    PGconn *c = PQconnectdb(pg_url());
-    if (c == NULL)
-        return strata_diag_set(diag, STRATA_ENOMEM, "libpq: out of memory");
-    int rc = STRATA_OK;
-    if (PQstatus(c) != CONNECTION_OK) {
-        rc = strata_diag_set(diag, STRATA_EIO, "cannot connect to STRATA_TEST_PG_URL: %s",
-                             pg_error(c, err, sizeof(err)));
-        PQfinish(c);
-        return rc;
-    }
-    PQsetNoticeProcessor(c, pg_quiet, NULL);
-    snprintf(set, sizeof(set), "SET search_path TO %s", schema);
-    PGresult *r = PQexec(c, set);
-    if (PQresultStatus(r) != PGRES_COMMAND_OK)
-        rc = strata_diag_set(diag, STRATA_EIO, "%s: %s", set, pg_error(c, err, sizeof(err)));
-    PQclear(r);
-    if (rc == STRATA_OK) {
-        r = PQexec(c, sql);
-        ExecStatusType st = PQresultStatus(r);
-        if (st != PGRES_COMMAND_OK && st != PGRES_TUPLES_OK) {
-            rc = strata_diag_set(diag, STRATA_EIO, "%s: %s", sql, pg_error(c, err, sizeof(err)));
-            PQclear(r);
-        } else if (res != NULL) {
-            *res = r;
-        } else {
-            PQclear(r);
-        }
-    }
-    PQfinish(c);
-    return rc;
+    return pg_run(schema, sql, res, diag);
 }
 
 int store_pg_exec_at(const char *loc, const char *sql, strata_diag *diag)

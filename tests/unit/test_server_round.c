@@ -746,13 +746,8 @@ static void test_close_retried(void)
  * connection of the test's own), or lets it again. */
 static int round_close_refused(const char *dir, int refused)
 {
-    char db[4096];
-    if (strata_store_path(dir, STRATA_STORE_FILE_DB, 0, 0, db, sizeof(db), NULL) < 0)
-        return -1;
-    sqlite3 *h = NULL;
-    int rc = sqlite3_open(db, &h);
-    if (rc == SQLITE_OK)
-        sqlite3_busy_timeout(h, 10000);
+    sqlite3 *h = fix_state_db(dir);
+    int rc = h != NULL ? SQLITE_OK : SQLITE_CANTOPEN;
     if (rc == SQLITE_OK)
         rc = sqlite3_exec(h,
                           refused ? "CREATE TRIGGER test_refuse_close BEFORE UPDATE ON rounds "

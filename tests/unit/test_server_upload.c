@@ -4,11 +4,7 @@
  * round lacks (a commit whose answer was lost) joining the round. */
 #include "server_fixture.h"
 
-#include "store.h"
-
 #include "strata/hash.h"
-
-#include <sqlite3.h>
 
 static void test_outcomes(void)
 {
@@ -154,18 +150,13 @@ static void test_robust_round(void)
 static int store_behind(const char *dir, uint64_t cid, const uint8_t *body, size_t len,
                         uint64_t samples)
 {
-    char db[4096];
-    if (strata_store_path(dir, STRATA_STORE_FILE_DB, 0, 0, db, sizeof(db), NULL) < 0)
-        return -1;
     uint8_t h[STRATA_SHA256_LEN];
     strata_sha256(body, len, h);
-    sqlite3 *c = NULL;
+    sqlite3 *c = fix_state_db(dir);
     sqlite3_stmt *st = NULL;
-    int rc = sqlite3_open(db, &c);
-    if (rc == SQLITE_OK)
-        sqlite3_busy_timeout(c, 10000);
-    if (rc == SQLITE_OK)
-        rc = sqlite3_exec(c, "BEGIN IMMEDIATE", NULL, NULL, NULL);
+    if (c == NULL)
+        return -1;
+    int rc = sqlite3_exec(c, "BEGIN IMMEDIATE", NULL, NULL, NULL);
     if (rc == SQLITE_OK)
         rc = sqlite3_prepare_v2(c,
                                 "INSERT INTO updates(round, client_id, receipt, sha256, bytes,"
