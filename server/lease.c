@@ -60,7 +60,8 @@ int srv__lease_acquire(strata_store *primary, const char *holder, long lease_ms,
             /* The database is down or unreachable: a standby waits it out
              * (its connection is made again at the next try). */
             if (!failing)
-                strata_log_warn("standby: cannot reach the store: %s (trying again)",
+                strata_log_warn("cannot reach the store to take or wait for the lead: %s "
+                                "(trying again)",
                                 strata_diag_msg(d, rc));
             failing = 1;
             if ((rc = stand_by(stop, d)) < 0)
@@ -68,7 +69,7 @@ int srv__lease_acquire(strata_store *primary, const char *holder, long lease_ms,
             continue;
         }
         if (failing)
-            strata_log_info("standby: the store is reachable again");
+            strata_log_info("the store is reachable again");
         failing = 0;
         if (rc != STRATA_ESTATE || l.epoch <= 0)
             break;

@@ -63,8 +63,9 @@ static int remove_entry(const char *path, const struct stat *st, int flag, struc
     return remove(path) < 0 && errno != ENOENT ? -1 : 0;
 }
 
-/* After a failed start in a fresh state directory: removes what the start
- * made (the whole directory when it made the directory). */
+/* After a failed start in a fresh state directory, or a standby stopped
+ * before it led: removes what the start made (the whole directory when it
+ * made the directory). */
 static void fresh_undo(const char *dir, const fresh_state *f)
 {
     if (!f->fresh)
@@ -214,7 +215,7 @@ out:
         srv_engine_stop(e);
     srv_http_stop(h);
     srv_engine_free(e);
-    if (code != 0 && !started)
+    if (!started) /* a failed start, or a standby stopped before it led */
         fresh_undo(cfg.state_dir, &fresh);
     srv_config_cleanup(&cfg);
     return code;

@@ -274,10 +274,11 @@ static void accept_update(srv_uploads *U, const strata_payload *p, ptrdiff_t k, 
  * lacks (a commit whose answer was lost with the database connection, and
  * the client then sent other content). The round follows the store, as a
  * restart would rebuild it: the stored update joins the round, and the
- * client is answered the conflict. st is a store handle the caller may use
- * now. Lock held. */
-static void adopt_stored(srv_uploads *U, strata_store *st, uint32_t round, uint64_t cid,
-                         ptrdiff_t k)
+ * client is answered the conflict. When the stored update cannot be read,
+ * the client is told to retry instead (STRATA_EIO, 503), so that the round
+ * is not left waiting for it. st is a store handle the caller may use now.
+ * Lock held. */
+static int adopt_stored(srv_uploads *U, strata_store *st, uint32_t round, uint64_t cid, ptrdiff_t k)
 {
     uint8_t *buf = NULL;
     size_t len = 0;
@@ -298,9 +299,11 @@ static void adopt_stored(srv_uploads *U, strata_store *st, uint32_t round, uint6
     } else {
         strata_log_error("round %u: the stored update of client %llu cannot join the round: %s",
                          round, (unsigned long long)cid, strata_diag_msg(&d, rc));
+        rc = STRATA_EIO;
     }
     strata_payload_free(p);
     free(buf);
+    return rc;
 }
 
 /* Wakes the round thread when it may close the open round now that an
@@ -409,7 +412,7 @@ static void upload_alone(srv_uploads *U, uint64_t cid, uint32_t round, const str
             accept_update(U, p, k, len);
             wake_round_thread_if_full(U);
         } else if (rc == STRATA_ESTATE && v == STRATA_STORE_REJECT_CONFLICT) {
-            adopt_stored(U, U->c.store, round, cid, k);
+            rc = adopt_stored(U, U->c.store, round, cid, k) < 0 ? STRATA_EIO : rc;
             wake_round_thread_if_full(U);
         }
         stored_result(U, r, round, rc, &rec, v, strata_diag_msg(&d, rc));
@@ -514,7 +517,9 @@ static void commit_batch(srv_uploads *U)
                 accept_update(U, q->p, q->k, q->len);
             else if (results[i] == STRATA_ESTATE && vs[i] == STRATA_STORE_REJECT_CONFLICT &&
                      !srv__round_report(U->c.rounds, q->k))
-                adopt_stored(U, U->c.wstore, q->round, q->client_id, q->k);
+                results[i] = adopt_stored(U, U->c.wstore, q->round, q->client_id, q->k) < 0
+                                 ? STRATA_EIO
+                                 : results[i];
             stored_result(U, &q->r, q->round, results[i], &recs[i], vs[i],
                           rc < 0 ? strata_diag_msg(&d, rc) : "");
         }
