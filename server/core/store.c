@@ -353,6 +353,12 @@ int strata_store_round_close(strata_store *s, uint32_t round, const char *summar
     return rc < 0 ? rc : s->ops->round_close(s, round, summary_json, diag);
 }
 
+int strata_store_round_seal(strata_store *s, uint32_t round, strata_diag *diag)
+{
+    int rc = strata__store_enter(s, "round seal", diag);
+    return rc < 0 ? rc : s->ops->round_seal(s, round, diag);
+}
+
 int strata_store_last_round(strata_store *s, uint32_t *round, int *found, strata_diag *diag)
 {
     if (round != NULL)
@@ -536,6 +542,37 @@ int strata_store_leader_get(strata_store *s, strata_store_leader *out, strata_di
         return STRATA_OK;
     }
     return s->ops->leader_get(s, out, diag);
+}
+
+/* ---- Change notifications ------------------------------------------------ */
+
+int strata_store_changes_listen(strata_store *s, strata_diag *diag)
+{
+    int rc = strata__store_enter(s, "changes listen", diag);
+    if (rc < 0)
+        return rc;
+    if (s->ops->changes_listen == NULL)
+        return strata_diag_set(diag, STRATA_EINVAL,
+                               "the %s store sends no change notifications (one process owns it)",
+                               s->ops->name);
+    return s->ops->changes_listen(s, diag);
+}
+
+int strata_store_changes_wait(strata_store *s, int timeout_ms, strata_store_changes *out,
+                              strata_diag *diag)
+{
+    if (out != NULL)
+        memset(out, 0, sizeof(*out));
+    int rc = strata__store_enter(s, "changes wait", diag);
+    if (rc < 0)
+        return rc;
+    if (out == NULL || timeout_ms < 0 || timeout_ms > 60000)
+        return strata_diag_set(diag, STRATA_EINVAL,
+                               "changes wait: NULL argument or a timeout not in [0, 60000] ms");
+    if (s->ops->changes_wait == NULL)
+        return strata_diag_set(diag, STRATA_EINVAL, "changes wait: the %s store does not listen",
+                               s->ops->name);
+    return s->ops->changes_wait(s, timeout_ms, out, diag);
 }
 
 /* ---- A version's files -------------------------------------------------- */

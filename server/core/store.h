@@ -227,6 +227,7 @@ typedef struct strata_store_round {
     int64_t opened_unix_ms;
     int64_t deadline_unix_ms;
     int64_t closed_unix_ms; /* 0 while open */
+    int sealed;             /* open, but taking no more updates (strata_store_round_seal) */
     uint64_t *selected;     /* owned, ascending; NULL in lists (see round_list) */
     size_t n_selected;      /* always set */
     uint64_t n_updates;     /* acknowledged updates */
@@ -258,6 +259,15 @@ int strata_store_round_get(strata_store *s, uint32_t round, strata_store_round *
  * for an unknown or already closed round; STRATA_EINVAL for invalid JSON. */
 int strata_store_round_close(strata_store *s, uint32_t round, const char *summary_json,
                              strata_diag *diag);
+
+/* Ends the uploads of open round `round`, the first write of its close:
+ * from this call's commit on, every commit of an update for the round (by
+ * any connection of any process) is refused with
+ * STRATA_STORE_REJECT_ROUND_CLOSED, so the updates a closer lists next are
+ * final. The round stays open (reads back with sealed = 1) until
+ * strata_store_round_close. Sealing a sealed round changes nothing.
+ * Errors: STRATA_ESTATE for an unknown or closed round. */
+int strata_store_round_seal(strata_store *s, uint32_t round, strata_diag *diag);
 
 /* The highest round number. No round yet: STRATA_OK with *found = 0. */
 int strata_store_last_round(strata_store *s, uint32_t *round, int *found, strata_diag *diag);
@@ -429,6 +439,34 @@ int strata_store_renew(strata_store *s, int64_t lease_ms, strata_diag *diag);
 
 /* The store's current leader (epoch 0 and an empty holder when none). */
 int strata_store_leader_get(strata_store *s, strata_store_leader *out, strata_diag *diag);
+
+/* ---- Change notifications ----------------------------------------------- */
+
+/* What changed in the store since the last strata_store_changes_wait. */
+typedef struct strata_store_changes {
+    int clients; /* a client registered (or registered again) */
+    int rounds;  /* a round opened, was sealed or closed */
+    int updates; /* updates were stored */
+    int models;  /* a model version was recorded */
+} strata_store_changes;
+
+/* Subscribes s's connection to the store's change notifications, which
+ * every commit of a write sends, whichever process's connection made it
+ * (PostgreSQL: LISTEN/NOTIFY on a channel of the store's schema). s is
+ * then for the caller's waits alone (one thread). Errors: STRATA_EINVAL for
+ * a backend without notifications (SQLite: one process owns its store),
+ * STRATA_EIO. */
+int strata_store_changes_listen(strata_store *s, strata_diag *diag);
+
+/* Waits up to timeout_ms (0 to 60,000) for notifications on a listening s
+ * and takes every one that has arrived: *out says what changed (all 0:
+ * nothing within the timeout). After the connection was lost (and made
+ * again here), every field is 1: notifications sent meanwhile are lost,
+ * so the caller reads everything again. Errors: STRATA_EINVAL (s does not
+ * listen), STRATA_EIO (the database cannot be reached; wait again
+ * later). */
+int strata_store_changes_wait(strata_store *s, int timeout_ms, strata_store_changes *out,
+                              strata_diag *diag);
 
 /* ---- Checkpoints ------------------------------------------------------ */
 

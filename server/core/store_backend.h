@@ -56,6 +56,7 @@ typedef struct strata_store_ops {
     /* summary_json: valid JSON or NULL. */
     int (*round_close)(strata_store *s, uint32_t round, const char *summary_json,
                        strata_diag *diag);
+    int (*round_seal)(strata_store *s, uint32_t round, strata_diag *diag);
     int (*last_round)(strata_store *s, uint32_t *round, int *found, strata_diag *diag);
     int (*round_list)(strata_store *s, uint32_t from, size_t limit, strata_store_round **out,
                       size_t *n, strata_diag *diag);
@@ -89,6 +90,12 @@ typedef struct strata_store_ops {
                 strata_diag *diag);
     int (*renew)(strata_store *s, int64_t lease_ms, strata_diag *diag);
     int (*leader_get)(strata_store *s, strata_store_leader *out, strata_diag *diag);
+
+    /* Change notifications (NULL for a backend without them). timeout_ms
+     * checked. */
+    int (*changes_listen)(strata_store *s, strata_diag *diag);
+    int (*changes_wait)(strata_store *s, int timeout_ms, strata_store_changes *out,
+                        strata_diag *diag);
 
     /* The version's files (NULL for a backend whose files are the state
      * directory's: store.c then checks existence and unlinks). kind is

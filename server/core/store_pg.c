@@ -8,6 +8,7 @@
 
 #include <errno.h>
 #include <inttypes.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -228,6 +229,7 @@ int strata__pg_tx_begin(pg_store *s, strata_diag *diag)
     if (rc < 0)
         return rc;
     s->in_tx = 1;
+    s->notify = 0;
     PGresult *r = strata__pg_run(s, P_WRITE_LOCK, NULL, 0, 1, "take the store's write lock", diag);
     if (r == NULL) {
         strata__pg_tx_rollback(s);
@@ -258,6 +260,22 @@ int strata__pg_tx_begin(pg_store *s, strata_diag *diag)
 
 int strata__pg_tx_commit(pg_store *s, strata_diag *diag)
 {
+    if (s->notify != 0) { /* delivered to the listeners when the commit is */
+        static const char letters[] = "crum";
+        char what[8];
+        size_t n = 0;
+        for (unsigned i = 0; i < 4; i++)
+            if (s->notify & (1u << i))
+                what[n++] = letters[i];
+        what[n] = '\0';
+        pg_params p = {.n = 0};
+        strata__pg_text(&p, what);
+        PGresult *r = strata__pg_run(s, P_NOTIFY, &p, 0, 1, "notify the store's listeners", diag);
+        if (r == NULL)
+            return STRATA_EIO;
+        PQclear(r);
+        s->notify = 0;
+    }
     int rc = strata__pg_exec(s, P_COMMIT, NULL, "COMMIT", diag);
     if (rc == STRATA_OK)
         s->in_tx = 0;
@@ -421,6 +439,8 @@ static int connect_db(pg_store *s, strata_diag *diag)
     return rc == STRATA_OK ? prepare(s, 0, P_ROLLBACK + 1, diag) : rc;
 }
 
+static int listen_channel(pg_store *s, strata_diag *diag);
+
 int strata__pg_ready(pg_store *s, strata_diag *diag)
 {
     if (PQstatus(s->conn) == CONNECTION_OK && !s->stale)
@@ -440,8 +460,89 @@ int strata__pg_ready(pg_store *s, strata_diag *diag)
     int rc = setup_session(s, diag);
     if (rc == STRATA_OK)
         rc = prepare(s, 0, N_PG_STMT, diag);
+    if (rc == STRATA_OK && s->listening)
+        rc = listen_channel(s, diag);
+    s->missed |= s->listening; /* what was sent while the session was gone is lost */
     s->stale = rc < 0; /* a half-set-up session is not used: the next call resets it again */
     return rc;
+}
+
+/* ---- Change notifications ------------------------------------------------- */
+
+/* LISTEN on the store's channel (its name read once, quoted here). */
+static int listen_channel(pg_store *s, strata_diag *diag)
+{
+    if (s->channel[0] == '\0') {
+        PGresult *r = strata__pg_run(s, P_CHANNEL, NULL, 0, 1, "name the store's channel", diag);
+        if (r == NULL)
+            return STRATA_EIO;
+        snprintf(s->channel, sizeof(s->channel), "%s", PQgetvalue(r, 0, 0));
+        PQclear(r);
+    }
+    char *id = PQescapeIdentifier(s->conn, s->channel, strlen(s->channel));
+    if (id == NULL)
+        return strata_diag_set(diag, STRATA_ENOMEM, "out of memory");
+    char sql[128];
+    snprintf(sql, sizeof(sql), "LISTEN %s", id);
+    PQfreemem(id);
+    return exec_sql(s, sql, "listen to the store's channel", diag);
+}
+
+int strata__pg_changes_listen(strata_store *base, strata_diag *diag)
+{
+    pg_store *s = (pg_store *)base;
+    int rc = strata__pg_ready(s, diag);
+    if (rc == STRATA_OK)
+        rc = listen_channel(s, diag);
+    if (rc == STRATA_OK)
+        s->listening = 1;
+    return rc;
+}
+
+/* Takes the notifications libpq has read into *out; 1 when there was one. */
+static int take_notes(pg_store *s, strata_store_changes *out)
+{
+    int any = 0;
+    PGnotify *n;
+    while ((n = PQnotifies(s->conn)) != NULL) {
+        const char *w = n->extra != NULL ? n->extra : "";
+        out->clients |= strchr(w, 'c') != NULL;
+        out->rounds |= strchr(w, 'r') != NULL;
+        out->updates |= strchr(w, 'u') != NULL;
+        out->models |= strchr(w, 'm') != NULL;
+        any = 1;
+        PQfreemem(n);
+    }
+    return any;
+}
+
+int strata__pg_changes_wait(strata_store *base, int timeout_ms, strata_store_changes *out,
+                            strata_diag *diag)
+{
+    pg_store *s = (pg_store *)base;
+    if (!s->listening)
+        return strata_diag_set(diag, STRATA_EINVAL, "changes wait: the store does not listen");
+    int rc = strata__pg_ready(s, diag);
+    if (rc < 0)
+        return rc;
+    if (s->missed) {
+        s->missed = 0;
+        *out = (strata_store_changes){1, 1, 1, 1};
+        return STRATA_OK;
+    }
+    if (PQconsumeInput(s->conn) == 0)
+        return pg_error(s, NULL, "read notifications", diag);
+    if (take_notes(s, out))
+        return STRATA_OK;
+    struct pollfd pfd = {.fd = PQsocket(s->conn), .events = POLLIN};
+    int pr = poll(&pfd, 1, timeout_ms);
+    if (pr < 0 && errno != EINTR)
+        return strata_diag_set(diag, STRATA_EIO, "poll the database connection: %s",
+                               strerror(errno));
+    if (pr > 0 && PQconsumeInput(s->conn) == 0)
+        return pg_error(s, NULL, "read notifications", diag);
+    take_notes(s, out);
+    return STRATA_OK;
 }
 
 static pg_store *store_alloc(const char *conninfo, const char *dir)
@@ -539,6 +640,7 @@ const strata_store_ops strata__store_pg_ops = {
     .round_open = strata__pg_round_open,
     .round_get = strata__pg_round_get,
     .round_close = strata__pg_round_close,
+    .round_seal = strata__pg_round_seal,
     .last_round = strata__pg_last_round,
     .round_list = strata__pg_round_list,
     .update_commit = strata__pg_update_commit,
@@ -551,6 +653,8 @@ const strata_store_ops strata__store_pg_ops = {
     .lead = strata__pg_lead,
     .renew = strata__pg_renew,
     .leader_get = strata__pg_leader_get,
+    .changes_listen = strata__pg_changes_listen,
+    .changes_wait = strata__pg_changes_wait,
     .file_fetch = strata__pg_file_fetch,
     .file_remove = strata__pg_file_remove,
 };

@@ -55,6 +55,7 @@ enum {
     P_ROUND_SELECTED,
     P_ROUND_CLOSE,
     P_ROUND_STATE,
+    P_ROUND_SEAL,
     P_UPDATE_CHECK,
     P_UPDATE_INSERT,
     P_UPDATE_LIST,
@@ -68,6 +69,8 @@ enum {
     P_LEADER_SET,
     P_LEADER_RENEW,
     P_LEADER_EPOCH,
+    P_NOTIFY,
+    P_CHANNEL,
     P_FILE_DELETE,
     P_FILE_CHUNKS_DELETE,
     P_FILE_HEAD,
@@ -93,7 +96,18 @@ typedef struct pg_store {
     int session_lock; /* holds the leader's session lock */
     int stale;        /* reconnected, but the session's set-up failed: reset again */
     char holder[64];
+    unsigned notify; /* PG_NOTE_* of the open transaction: sent with its commit */
+    int listening;   /* LISTENs on channel (strata_store_changes_listen) */
+    int missed;      /* reconnected while listening: notifications may be lost */
+    char channel[64];
 } pg_store;
+
+/* What a write transaction changed (pg_store.notify), sent as one
+ * notification of these letters when it commits. */
+#define PG_NOTE_CLIENTS 1u /* 'c' */
+#define PG_NOTE_ROUNDS 2u  /* 'r' */
+#define PG_NOTE_UPDATES 4u /* 'u' */
+#define PG_NOTE_MODELS 8u  /* 'm' */
 
 /* At most this many parameters per statement. */
 #define PG_MAX_PARAMS 10
@@ -190,6 +204,10 @@ int strata__pg_round_get(strata_store *s, uint32_t round, strata_store_round *ou
                          strata_diag *diag);
 int strata__pg_round_close(strata_store *s, uint32_t round, const char *summary_json,
                            strata_diag *diag);
+int strata__pg_round_seal(strata_store *s, uint32_t round, strata_diag *diag);
+int strata__pg_changes_listen(strata_store *s, strata_diag *diag);
+int strata__pg_changes_wait(strata_store *s, int timeout_ms, strata_store_changes *out,
+                            strata_diag *diag);
 int strata__pg_last_round(strata_store *s, uint32_t *round, int *found, strata_diag *diag);
 int strata__pg_round_list(strata_store *s, uint32_t from, size_t limit, strata_store_round **out,
                           size_t *n, strata_diag *diag);

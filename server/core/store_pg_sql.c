@@ -97,6 +97,11 @@ const char *const strata__pg_migrations[STRATA__PG_SCHEMA_VERSION] = {
 /* The database server's clock in Unix milliseconds (SQL). */
 #define NOW_MS "(extract(epoch FROM clock_timestamp()) * 1000)::bigint"
 
+#define ROUND_STATE "CASE WHEN state <> 0 THEN 1 WHEN closed_ms <> 0 THEN 2 ELSE 0 END"
+
+/* The store's notification channel: one per schema, as its locks are. */
+#define CHANNEL "'strata_' || hashtext(current_schema())"
+
 #define ROUND_COLUMNS                                                                              \
     "round, model_version, state, opened_ms, deadline_ms, closed_ms, task, summary,"               \
     " (SELECT count(*) FROM round_clients c WHERE c.round = r.round),"                             \
@@ -136,10 +141,13 @@ const char *const strata__pg_stmt_sql[N_PG_STMT] = {
     [P_ROUND_SELECTED] = "SELECT client_id FROM round_clients WHERE round = $1 ORDER BY client_id",
     [P_ROUND_CLOSE] = "UPDATE rounds SET state = 1, closed_ms = $2, summary = $3"
                       " WHERE round = $1 AND state = 0",
-    [P_ROUND_STATE] = "SELECT state FROM rounds WHERE round = $1",
+    /* 0 open, 1 closed, 2 sealed (open, closed_ms set by the seal). */
+    [P_ROUND_STATE] = "SELECT " ROUND_STATE " FROM rounds WHERE round = $1",
+    [P_ROUND_SEAL] = "UPDATE rounds SET closed_ms = $2 WHERE round = $1 AND state = 0"
+                     " AND closed_ms = 0",
     /* One row: the round's state (NULL: no such round), whether the client
      * is selected, and the client's stored update of the round, if any. */
-    [P_UPDATE_CHECK] = "SELECT (SELECT state FROM rounds WHERE round = $1),"
+    [P_UPDATE_CHECK] = "SELECT (SELECT " ROUND_STATE " FROM rounds WHERE round = $1),"
                        " EXISTS(SELECT 1 FROM round_clients WHERE round = $1 AND client_id = $2),"
                        " u.receipt, u.sha256, u.bytes, u.samples, u.received_ms"
                        " FROM (SELECT 1) AS one LEFT JOIN updates u"
@@ -181,6 +189,8 @@ const char *const strata__pg_stmt_sql[N_PG_STMT] = {
         " ELSE locked OR $3::boolean END, renewed_at = clock_timestamp()"
         " WHERE id = 1 AND epoch = $1",
     [P_LEADER_EPOCH] = "SELECT epoch, holder FROM leader WHERE id = 1",
+    [P_NOTIFY] = "SELECT pg_notify(" CHANNEL ", $1)",
+    [P_CHANNEL] = "SELECT " CHANNEL,
     [P_FILE_DELETE] = "DELETE FROM files WHERE kind = $1 AND version = $2",
     [P_FILE_CHUNKS_DELETE] = "DELETE FROM file_chunks WHERE kind = $1 AND version = $2",
     [P_FILE_HEAD] = "INSERT INTO files(kind, version, bytes, sha256, chunks)"

@@ -106,6 +106,7 @@ int strata__pg_client_add(strata_store *base, const uint8_t token_hash[STRATA_ST
     } else if (rc == STRATA_OK) {
         rc = insert_client(s, token_hash, name, registration_id, &id, diag);
     }
+    s->notify |= PG_NOTE_CLIENTS;
     if (rc == STRATA_OK)
         rc = strata__pg_tx_commit(s, diag);
     if (rc < 0) {
@@ -231,6 +232,7 @@ int strata__pg_round_open(strata_store *base, uint32_t round, uint64_t model_ver
         strata__pg_text(&p, ids);
         rc = strata__pg_exec(s, P_ROUND_SEL_INSERT, &p, "insert selected clients", diag);
     }
+    s->notify |= PG_NOTE_ROUNDS;
     if (rc == STRATA_OK)
         rc = strata__pg_tx_commit(s, diag);
     if (rc < 0)
@@ -251,6 +253,9 @@ static int read_round(const PGresult *r, int row, strata_store_round *out, strat
     out->opened_unix_ms = strata__pg_col_int(r, row, 3);
     out->deadline_unix_ms = strata__pg_col_int(r, row, 4);
     out->closed_unix_ms = strata__pg_col_int(r, row, 5);
+    out->sealed = out->state == STRATA_STORE_ROUND_OPEN && out->closed_unix_ms != 0;
+    if (out->sealed)
+        out->closed_unix_ms = 0;
     out->task_json = strata__pg_col_dup(r, row, 6, &oom);
     out->summary_json = strata__pg_col_dup(r, row, 7, &oom);
     out->n_selected = (size_t)strata__pg_col_int(r, row, 8);
@@ -316,6 +321,7 @@ int strata__pg_round_close(strata_store *base, uint32_t round, const char *summa
     strata__pg_int(&p, round);
     strata__pg_int(&p, strata__store_now_ms());
     strata__pg_text(&p, summary_json);
+    s->notify |= PG_NOTE_ROUNDS;
     PGresult *r = strata__pg_run(s, P_ROUND_CLOSE, &p, 0, 0, "close round", diag);
     if (r == NULL)
         rc = STRATA_EIO;
@@ -327,6 +333,33 @@ int strata__pg_round_close(strata_store *base, uint32_t round, const char *summa
         rc = strata__pg_query_int(s, P_ROUND_STATE, &q, &state, &is_null, "round state", diag);
         if (rc == STRATA_OK)
             rc = strata_diag_set(diag, STRATA_ESTATE, "cannot close round %" PRIu32 ": %s", round,
+                                 is_null ? "no such round" : "already closed");
+    }
+    PQclear(r);
+    return strata__pg_tx_end(s, rc, diag);
+}
+
+int strata__pg_round_seal(strata_store *base, uint32_t round, strata_diag *diag)
+{
+    pg_store *s = (pg_store *)base;
+    int rc = strata__pg_tx_begin(s, diag);
+    if (rc < 0)
+        return rc;
+    pg_params p = {.n = 0};
+    strata__pg_int(&p, round);
+    strata__pg_int(&p, strata__store_now_ms());
+    s->notify |= PG_NOTE_ROUNDS;
+    PGresult *r = strata__pg_run(s, P_ROUND_SEAL, &p, 0, 0, "seal round", diag);
+    if (r == NULL)
+        rc = STRATA_EIO;
+    if (r != NULL && strcmp(PQcmdTuples(r), "0") == 0) {
+        pg_params q = {.n = 0};
+        strata__pg_int(&q, round);
+        int64_t state;
+        int is_null;
+        rc = strata__pg_query_int(s, P_ROUND_STATE, &q, &state, &is_null, "round state", diag);
+        if (rc == STRATA_OK && (is_null || state == 1))
+            rc = strata_diag_set(diag, STRATA_ESTATE, "cannot seal round %" PRIu32 ": %s", round,
                                  is_null ? "no such round" : "already closed");
     }
     PQclear(r);
@@ -394,6 +427,7 @@ int strata__pg_checkpoint_record(strata_store *base, uint64_t model_version, uin
     rc = strata__pg_exec(s, P_CKPT_RECORD, &p, "record checkpoint", diag);
     if (rc == STRATA_OK)
         rc = strata__pg_files_put(s, model_version, diag);
+    s->notify |= PG_NOTE_MODELS;
     return strata__pg_tx_end(s, rc, diag);
 }
 

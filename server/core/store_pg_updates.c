@@ -35,7 +35,7 @@ static int check_put(pg_store *s, const strata_store_pending *q, strata_store_re
     if (r == NULL)
         return STRATA_EIO;
     int rc = 0;
-    int no_round = PQgetisnull(r, 0, 0), closed = strata__pg_col_int(r, 0, 0) != 0;
+    int no_round = PQgetisnull(r, 0, 0), state = (int)strata__pg_col_int(r, 0, 0);
     int selected = strcmp(PQgetvalue(r, 0, 1), "t") == 0, stored = !PQgetisnull(r, 0, 2);
     if (stored)
         read_receipt(r, 0, 2, receipt);
@@ -54,9 +54,10 @@ static int check_put(pg_store *s, const strata_store_pending *q, strata_store_re
     } else if (no_round) {
         *verdict = STRATA_STORE_REJECT_UNKNOWN_ROUND;
         rc = strata_diag_set(diag, STRATA_ESTATE, "round %" PRIu32 " does not exist", q->round);
-    } else if (closed) {
+    } else if (state != 0) {
         *verdict = STRATA_STORE_REJECT_ROUND_CLOSED;
-        rc = strata_diag_set(diag, STRATA_ESTATE, "round %" PRIu32 " is closed", q->round);
+        rc = strata_diag_set(diag, STRATA_ESTATE, "round %" PRIu32 " is %s", q->round,
+                             state == 2 ? "closing" : "closed");
     } else if (!selected) {
         *verdict = STRATA_STORE_REJECT_NOT_SELECTED;
         rc = strata_diag_set(diag, STRATA_ESTATE,
@@ -151,6 +152,7 @@ int strata__pg_update_commit(strata_store *base, strata_store_pending *const *p,
         receipts[i].received_unix_ms = received;
         if (stored_one == NULL)
             stored_one = q->r.id;
+        s->notify |= PG_NOTE_UPDATES;
     }
     rc = strata__pg_tx_commit(s, diag);
     if (rc < 0 && stored_one != NULL && PQstatus(s->conn) == CONNECTION_BAD)

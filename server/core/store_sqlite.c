@@ -115,7 +115,11 @@ static const char *const stmt_sql[N_STMT] = {
     [S_ROUND_SELECTED] = "SELECT client_id FROM round_clients WHERE round = ?1 ORDER BY client_id",
     [S_ROUND_CLOSE] = "UPDATE rounds SET state = 1, closed_ms = ?2, summary = ?3"
                       " WHERE round = ?1 AND state = 0",
-    [S_ROUND_STATE] = "SELECT state FROM rounds WHERE round = ?1",
+    /* 0 open, 1 closed, 2 sealed (open, closed_ms set by the seal). */
+    [S_ROUND_STATE] = "SELECT CASE WHEN state <> 0 THEN 1 WHEN closed_ms <> 0 THEN 2 ELSE 0 END"
+                      " FROM rounds WHERE round = ?1",
+    [S_ROUND_SEAL] = "UPDATE rounds SET closed_ms = ?2 WHERE round = ?1 AND state = 0"
+                     " AND closed_ms = 0",
     [S_IS_SELECTED] = "SELECT 1 FROM round_clients WHERE round = ?1 AND client_id = ?2",
     [S_UPDATE_GET] = "SELECT receipt, sha256, bytes, samples, received_ms FROM updates"
                      " WHERE round = ?1 AND client_id = ?2",
@@ -501,6 +505,7 @@ const strata_store_ops strata__store_sqlite_ops = {
     .round_open = strata__sqlite_round_open,
     .round_get = strata__sqlite_round_get,
     .round_close = strata__sqlite_round_close,
+    .round_seal = strata__sqlite_round_seal,
     .last_round = strata__sqlite_last_round,
     .round_list = strata__sqlite_round_list,
     .update_commit = strata__sqlite_update_commit,

@@ -35,6 +35,7 @@ enum {
     S_ROUND_SELECTED,
     S_ROUND_CLOSE,
     S_ROUND_STATE,
+    S_ROUND_SEAL,
     S_IS_SELECTED,
     S_UPDATE_GET,
     S_UPDATE_INSERT,
@@ -149,6 +150,7 @@ int strata__sqlite_round_open(strata_store *s, uint32_t round, uint64_t model_ve
                               const char *task_json, strata_diag *diag);
 int strata__sqlite_round_get(strata_store *s, uint32_t round, strata_store_round *out, int *found,
                              strata_diag *diag);
+int strata__sqlite_round_seal(strata_store *s, uint32_t round, strata_diag *diag);
 int strata__sqlite_round_close(strata_store *s, uint32_t round, const char *summary_json,
                                strata_diag *diag);
 int strata__sqlite_last_round(strata_store *s, uint32_t *round, int *found, strata_diag *diag);

@@ -102,6 +102,9 @@ static int read_round(sqlite3_stmt *st, strata_store_round *r, strata_diag *diag
     r->opened_unix_ms = sqlite3_column_int64(st, 3);
     r->deadline_unix_ms = sqlite3_column_int64(st, 4);
     r->closed_unix_ms = sqlite3_column_int64(st, 5);
+    r->sealed = r->state == STRATA_STORE_ROUND_OPEN && r->closed_unix_ms != 0;
+    if (r->sealed)
+        r->closed_unix_ms = 0;
     r->task_json = strata__store_dup_column_text(st, 6, &oom);
     r->summary_json = strata__store_dup_column_text(st, 7, &oom);
     r->n_selected = (size_t)sqlite3_column_int64(st, 8);
@@ -180,6 +183,32 @@ int strata__sqlite_round_close(strata_store *base, uint32_t round, const char *s
                                      diag);
         if (rc == STRATA_OK)
             rc = strata_diag_set(diag, STRATA_ESTATE, "cannot close round %" PRIu32 ": %s", round,
+                                 is_null ? "no such round" : "already closed");
+    }
+    if (rc == STRATA_OK)
+        rc = strata__store_tx_commit(s, diag);
+    if (rc < 0)
+        strata__store_tx_rollback(s);
+    return rc;
+}
+
+int strata__sqlite_round_seal(strata_store *base, uint32_t round, strata_diag *diag)
+{
+    sq_store *s = (sq_store *)base;
+    int rc = strata__store_tx_begin(s, diag);
+    if (rc < 0)
+        return rc;
+    sqlite3_stmt *st = strata__store_stmt(s, S_ROUND_SEAL);
+    sqlite3_bind_int64(st, 1, round);
+    sqlite3_bind_int64(st, 2, strata__store_now_ms());
+    rc = strata__store_exec_stmt(s, S_ROUND_SEAL, diag, "seal round");
+    if (rc == STRATA_OK && sqlite3_changes(s->db) == 0) {
+        int64_t state;
+        int is_null;
+        rc = strata__store_query_int(s, S_ROUND_STATE, 1, round, 0, &state, &is_null, "round state",
+                                     diag);
+        if (rc == STRATA_OK && (is_null || state == 1))
+            rc = strata_diag_set(diag, STRATA_ESTATE, "cannot seal round %" PRIu32 ": %s", round,
                                  is_null ? "no such round" : "already closed");
     }
     if (rc == STRATA_OK)

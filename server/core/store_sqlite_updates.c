@@ -98,7 +98,8 @@ static int check_put(sq_store *s, uint32_t round, uint64_t client,
     }
     if (state != 0) {
         *verdict = STRATA_STORE_REJECT_ROUND_CLOSED;
-        return strata_diag_set(diag, STRATA_ESTATE, "round %" PRIu32 " is closed", round);
+        return strata_diag_set(diag, STRATA_ESTATE, "round %" PRIu32 " is %s", round,
+                               state == 2 ? "closing" : "closed");
     }
     int64_t one;
     rc = strata__store_query_int(s, S_IS_SELECTED, 2, round, (int64_t)client, &one, &is_null,

@@ -292,8 +292,8 @@ int store_pg_query_at(const char *loc, const char *sql, char *buf, size_t n, str
 /* ---- The list ----------------------------------------------------------- */
 
 const store_backend STORE_BACKENDS[STORE_N_BACKENDS] = {
-    {"sqlite", sqlite_unmet, sqlite_open, sqlite_remove, 0, 0},
-    {"postgresql", pg_unmet, pg_open, pg_remove, 1, 1},
+    {"sqlite", sqlite_unmet, sqlite_open, sqlite_remove, 0, 0, 0},
+    {"postgresql", pg_unmet, pg_open, pg_remove, 1, 1, 1},
 };
 
 const store_backend *store_backend_find(const char *name)

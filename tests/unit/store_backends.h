@@ -43,6 +43,9 @@ typedef struct store_backend {
     /* 1 when the store keeps a version's files itself and the state
      * directory is only a cache (strata_store_file_fetch): PostgreSQL. */
     int files_kept;
+    /* 1 when the store sends change notifications to its listeners
+     * (strata_store_changes_listen): PostgreSQL. */
+    int notifies;
 } store_backend;
 
 /* Every backend: SQLite, then PostgreSQL (which needs STRATA_TEST_PG_URL,

@@ -1886,6 +1886,160 @@ static void test_files(void)
     CU_ASSERT_EQUAL(found, F.b->files_kept); /* SQLite's copy was the unlinked file */
 }
 
+/* ---- Sealing a round ------------------------------------------------------- */
+
+/* A sealed round stays open, but no connection stores an update for it any
+ * more (a duplicate still gets its receipt); it closes as an open round
+ * does, and sealing is refused for unknown and closed rounds. */
+static void test_seal(void)
+{
+    FRESH_STORE(s);
+    strata_diag d;
+    uint64_t ids[3];
+    add_clients(s, 3, ids);
+    CU_ASSERT_EQUAL(strata_store_round_open(s, 0, 0, ids, 3, 0, NULL, &d), STRATA_OK);
+    strata_store_receipt rec;
+    strata_store_verdict v;
+    CU_ASSERT_EQUAL(strata_store_update_put(s, 0, ids[0], (const uint8_t *)"a", 1, 1, &rec, &v, &d),
+                    STRATA_OK);
+    CU_ASSERT_EQUAL(strata_store_round_seal(s, 0, &d), STRATA_OK);
+    CU_ASSERT_EQUAL(strata_store_round_seal(s, 0, &d), STRATA_OK); /* again: nothing changes */
+    strata_store_round r;
+    int found = 0;
+    CU_ASSERT_EQUAL(strata_store_round_get(s, 0, &r, &found, &d), STRATA_OK);
+    CU_ASSERT_EQUAL(r.state, STRATA_STORE_ROUND_OPEN);
+    CU_ASSERT_EQUAL(r.sealed, 1);
+    CU_ASSERT_EQUAL(r.closed_unix_ms, 0);
+    CU_ASSERT_EQUAL(r.n_updates, 1);
+    strata_store_round_cleanup(&r);
+    /* Refused on another connection too; the duplicate keeps its receipt. */
+    strata_store *sec = fx_secondary(&F);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(sec);
+    CU_ASSERT_EQUAL(
+        strata_store_update_put(sec, 0, ids[1], (const uint8_t *)"b", 1, 1, &rec, &v, &d),
+        STRATA_ESTATE);
+    CU_ASSERT_EQUAL(v, STRATA_STORE_REJECT_ROUND_CLOSED);
+    CU_ASSERT(strstr(d.msg, "closing") != NULL);
+    strata_store_pending *p = NULL;
+    CU_ASSERT_EQUAL(strata_store_update_prepare(sec, 0, ids[2], (const uint8_t *)"c", 1, 1, &p, &d),
+                    STRATA_OK);
+    int res = 0;
+    CU_ASSERT_EQUAL(strata_store_update_commit_many(sec, &p, 1, &rec, &v, &res, &d), STRATA_OK);
+    CU_ASSERT_EQUAL(res, STRATA_ESTATE);
+    CU_ASSERT_EQUAL(v, STRATA_STORE_REJECT_ROUND_CLOSED);
+    CU_ASSERT_EQUAL(
+        strata_store_update_put(sec, 0, ids[0], (const uint8_t *)"a", 1, 1, &rec, &v, &d),
+        STRATA_OK);
+    CU_ASSERT_EQUAL(v, STRATA_STORE_DUPLICATE);
+    strata_store_update *ups = NULL;
+    size_t n = 9;
+    CU_ASSERT_EQUAL(strata_store_update_list(s, 0, &ups, &n, &d), STRATA_OK);
+    CU_ASSERT_EQUAL(n, 1);
+    strata_store_update_list_free(ups, n);
+    /* It survives a reopen, then closes; a closed or unknown round is not
+     * sealed. */
+    s = fx_reopen(&F);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(s);
+    CU_ASSERT_EQUAL(strata_store_round_get(s, 0, &r, &found, &d), STRATA_OK);
+    CU_ASSERT_EQUAL(r.sealed, 1);
+    strata_store_round_cleanup(&r);
+    CU_ASSERT_EQUAL(strata_store_round_close(s, 0, NULL, &d), STRATA_OK);
+    CU_ASSERT_EQUAL(strata_store_round_get(s, 0, &r, &found, &d), STRATA_OK);
+    CU_ASSERT_EQUAL(r.state, STRATA_STORE_ROUND_CLOSED);
+    CU_ASSERT_EQUAL(r.sealed, 0);
+    CU_ASSERT(r.closed_unix_ms > 0);
+    strata_store_round_cleanup(&r);
+    CU_ASSERT_EQUAL(strata_store_round_seal(s, 0, &d), STRATA_ESTATE);
+    CU_ASSERT(strstr(d.msg, "already closed") != NULL);
+    CU_ASSERT_EQUAL(strata_store_round_seal(s, 5, &d), STRATA_ESTATE);
+    CU_ASSERT(strstr(d.msg, "no such round") != NULL);
+    /* The next round opens unsealed. */
+    CU_ASSERT_EQUAL(strata_store_round_open(s, 1, 0, ids, 3, 0, NULL, &d), STRATA_OK);
+    CU_ASSERT_EQUAL(strata_store_round_get(s, 1, &r, &found, &d), STRATA_OK);
+    CU_ASSERT_EQUAL(r.sealed, 0);
+    strata_store_round_cleanup(&r);
+}
+
+/* ---- Change notifications ------------------------------------------------- */
+
+/* The changes a listener sees within 5 s of a write on another connection
+ * (notifications may come in several parts). */
+static strata_store_changes await_changes(strata_store *l, int want_ms)
+{
+    strata_store_changes all = {0, 0, 0, 0}, one;
+    strata_diag d;
+    for (int waited = 0; waited < want_ms; waited += 100) {
+        if (strata_store_changes_wait(l, 100, &one, &d) != STRATA_OK)
+            break;
+        all.clients |= one.clients;
+        all.rounds |= one.rounds;
+        all.updates |= one.updates;
+        all.models |= one.models;
+    }
+    return all;
+}
+
+/* Every committed write of another connection notifies a listener with what
+ * it changed; a rolled-back write and a read notify nothing. A backend
+ * without notifications refuses to listen. */
+static void test_changes(void)
+{
+    FRESH_STORE(s);
+    strata_diag d;
+    strata_store_changes c;
+    CU_ASSERT_EQUAL(strata_store_changes_wait(s, 0, &c, &d), STRATA_EINVAL); /* not listening */
+    CU_ASSERT_EQUAL(strata_store_changes_wait(s, -1, &c, &d), STRATA_EINVAL);
+    CU_ASSERT_EQUAL(strata_store_changes_listen(NULL, &d), STRATA_EINVAL);
+    strata_store *l = fx_secondary(&F);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(l);
+    if (!F.b->notifies) {
+        CU_ASSERT_EQUAL(strata_store_changes_listen(l, &d), STRATA_EINVAL);
+        CU_ASSERT(strstr(d.msg, "no change notifications") != NULL);
+        return;
+    }
+    CU_ASSERT_EQUAL_FATAL(strata_store_changes_listen(l, &d), STRATA_OK);
+    c = await_changes(l, 300);
+    CU_ASSERT(!c.clients && !c.rounds && !c.updates && !c.models);
+    uint64_t ids[2];
+    add_clients(s, 2, ids);
+    c = await_changes(l, 300);
+    CU_ASSERT(c.clients && !c.rounds && !c.updates && !c.models);
+    CU_ASSERT_EQUAL(strata_store_round_open(s, 0, 0, ids, 2, 0, NULL, &d), STRATA_OK);
+    c = await_changes(l, 300);
+    CU_ASSERT(!c.clients && c.rounds && !c.updates);
+    strata_store_receipt rec;
+    strata_store_verdict v;
+    CU_ASSERT_EQUAL(strata_store_update_put(s, 0, ids[0], (const uint8_t *)"a", 1, 1, &rec, &v, &d),
+                    STRATA_OK);
+    c = await_changes(l, 300);
+    CU_ASSERT(c.updates && !c.rounds);
+    /* A duplicate and a refusal store nothing: no notification. */
+    CU_ASSERT_EQUAL(strata_store_update_put(s, 0, ids[0], (const uint8_t *)"a", 1, 1, &rec, &v, &d),
+                    STRATA_OK);
+    CU_ASSERT_EQUAL(strata_store_update_put(s, 9, ids[0], (const uint8_t *)"a", 1, 1, &rec, &v, &d),
+                    STRATA_ESTATE);
+    c = await_changes(l, 300);
+    CU_ASSERT(!c.updates);
+    CU_ASSERT_EQUAL(strata_store_round_seal(s, 0, &d), STRATA_OK);
+    c = await_changes(l, 300);
+    CU_ASSERT(c.rounds);
+    char ck[4096];
+    CU_ASSERT_EQUAL(strata_store_checkpoint_path(s, 1, ck, sizeof(ck), &d), STRATA_OK);
+    CU_ASSERT_EQUAL(write_file(ck, "model", 5), 0);
+    CU_ASSERT_EQUAL(strata_store_checkpoint_record(s, 1, &d), STRATA_OK);
+    CU_ASSERT_EQUAL(strata_store_round_close(s, 0, NULL, &d), STRATA_OK);
+    c = await_changes(l, 300);
+    CU_ASSERT(c.models && c.rounds && !c.clients);
+    /* Refused writes (closing again) notify nothing; the listener itself
+     * may still read. */
+    CU_ASSERT_EQUAL(strata_store_round_close(s, 0, NULL, &d), STRATA_ESTATE);
+    c = await_changes(l, 300);
+    CU_ASSERT(!c.rounds);
+    uint64_t count = 0;
+    CU_ASSERT_EQUAL(strata_store_client_count(l, &count, &d), STRATA_OK);
+    CU_ASSERT_EQUAL(count, 2);
+}
+
 /* ---- Leadership ----------------------------------------------------------- */
 
 static void sleep_ms(long ms)
@@ -2037,6 +2191,8 @@ int main(int argc, char **argv)
         {"checkpoints: record, latest", test_checkpoints},
         {"leadership: lead, renew, expiry, fencing, a dead leader's place", test_leadership},
         {"files: a version's files recorded, fetched into the directory, removed", test_files},
+        {"seal: a sealed round takes no update on any connection, then closes", test_seal},
+        {"changes: committed writes notify listeners of what changed", test_changes},
         {"concurrent connections store one update once", test_concurrent_same_update},
         {"concurrent conflicting updates: one wins", test_concurrent_conflicting_updates},
         {"prepare in threads while others commit", test_prepare_concurrent_with_commits},
