@@ -136,6 +136,8 @@ static int open_models(srv_engine *e, uint64_t version, strata_diag *d)
     int rc = srv__models_new(e->store, &e->mu, cfg->downlink_on, cfg->downlink_keep, &e->models);
     if (rc < 0)
         return rc;
+    if (e->follower)
+        srv__models_set_follower(e->models);
     strata_model *seeded = NULL;
     char *recipe = NULL;
     size_t len = 0;
@@ -216,7 +218,8 @@ static int open_rounds(srv_engine *e, strata_model *x, uint64_t version,
                               .reg = e->reg,
                               .waiters = e->waiters,
                               .models = e->models,
-                              .budgets = e->budgets};
+                              .budgets = e->budgets,
+                              .mirror = e->follower};
     if ((rc = srv__rounds_new(&rcfg, &e->rounds)) < 0 ||
         (rc = srv__round_resume(e->rounds, srv__eval_test(e->eval)->n, d)) < 0 ||
         (rc = srv__lgreco_restore(e->budgets, e->store, srv__round_current(e->rounds), d)) < 0)
@@ -249,7 +252,8 @@ static int open_clients(srv_engine *e, strata_diag *d)
                               .store = e->store,
                               .mu = &e->mu,
                               .wake = &e->cv,
-                              .met = e->met};
+                              .met = e->met,
+                              .shared = cfg->database != NULL};
     return srv__registry_new(&gc, &e->reg, d);
 }
 
@@ -265,37 +269,89 @@ static int open_admin(srv_engine *e, strata_diag *d)
                            .waiters = e->waiters};
     int rc = srv__admin_new(&ac, &e->admin, d);
     if (rc == 0 && srv__admin_stopped(e->admin)) {
-        if ((rc = srv__round_abandon(e->rounds, d)) == 0)
+        if (!e->follower && (rc = srv__round_abandon(e->rounds, d)) == 0)
+            srv__round_finish(e->rounds, 1);
+        else if (e->follower)
             srv__round_finish(e->rounds, 1);
     }
     return rc;
 }
 
-/* With a shared store: waits as a standby until this coordinator leads it
- * (before any write; the connections opened afterwards are fenced). */
-static int lead(srv_engine *e, strata_diag *d)
+/* With a shared store: leads it when no other coordinator does; follows
+ * the one that does once the store holds a model version; waits as a
+ * standby before that (before any write; the connections opened afterwards
+ * are fenced). A lead handed from this process's previous engine is kept. */
+static int lead(srv_engine *e, srv_engine_lead *handed, strata_diag *d)
 {
     if (e->cfg->database == NULL)
         return STRATA_OK;
-    char name[64];
     if (e->cfg->coordinator_name != NULL) {
-        snprintf(name, sizeof(name), "%s", e->cfg->coordinator_name);
+        snprintf(e->holder, sizeof(e->holder), "%s", e->cfg->coordinator_name);
     } else {
         char host[48] = "";
         gethostname(host, sizeof(host) - 1);
-        snprintf(name, sizeof(name), "%s:%ld", host[0] != '\0' ? host : "coordinator",
+        snprintf(e->holder, sizeof(e->holder), "%s:%ld", host[0] != '\0' ? host : "coordinator",
                  (long)getpid());
     }
-    return srv__lease_acquire(e->store, name, (long)(e->cfg->lease * 1000.0), strata_stop_install(),
-                              &e->lease, d);
+    if (handed != NULL) {
+        e->lease = handed->lease;
+        handed->lease = NULL;
+        return STRATA_OK;
+    }
+    volatile sig_atomic_t *stop = strata_stop_install();
+    int rc = srv__lease_acquire(e->store, e->holder, (long)(e->cfg->lease * 1000.0), stop, 1,
+                                &e->lease, d);
+    if (rc == STRATA_ESTATE && !*stop && e->lease == NULL) {
+        e->follower = 1;
+        rc = STRATA_OK;
+    }
+    return rc;
+}
+
+/* The watch thread of a coordinator on a shared store (replica.h). */
+static int open_replica(srv_engine *e, strata_diag *d)
+{
+    if (e->cfg->database == NULL)
+        return STRATA_OK;
+    srv_replica_config pc = {.follower = e->follower,
+                             .store = e->store,
+                             .mu = &e->mu,
+                             .holder = e->holder,
+                             .lease_ms = (long)(e->cfg->lease * 1000.0),
+                             .reg = e->reg,
+                             .rounds = e->rounds,
+                             .models = e->models,
+                             .waiters = e->waiters};
+    return srv__replica_new(&pc, &e->replica, d);
 }
 
 int srv_engine_open(const srv_config *cfg, srv_engine **out, strata_diag *d)
 {
+    return srv_engine_open_led(cfg, NULL, out, d);
+}
+
+void srv_engine_lead_free(srv_engine_lead *lead)
+{
+    if (lead == NULL)
+        return;
+    srv__lease_free(lead->lease);
+    strata_store_close(lead->store);
+    free(lead);
+}
+
+int srv_engine_open_led(const srv_config *cfg, srv_engine_lead *handed, srv_engine **out,
+                        strata_diag *d)
+{
     *out = NULL;
     srv_engine *e = calloc(1, sizeof(*e));
-    if (e == NULL)
+    if (e == NULL) {
+        srv_engine_lead_free(handed);
         return STRATA_ENOMEM;
+    }
+    if (handed != NULL) {
+        e->store = handed->store;
+        handed->store = NULL;
+    }
     e->cfg = cfg;
     e->total_rounds = cfg->rounds;
     e->jlim.max_bytes = (size_t)cfg->max_json_bytes;
@@ -312,10 +368,12 @@ int srv_engine_open(const srv_config *cfg, srv_engine **out, strata_diag *d)
     if ((rc = strata_robust_parse(cfg->aggregator, &method, d)) < 0 ||
         (rc = strata_robust_check(method, cfg->trim_fraction, cfg->clip_norm, d)) < 0)
         goto fail;
-    if ((rc = cfg->database != NULL
+    if ((rc = e->store != NULL ? 0
+              : cfg->database != NULL
                   ? strata_store_open_database(cfg->database, cfg->state_dir, &e->store, d)
                   : strata_store_open(cfg->state_dir, &e->store, d)) < 0 ||
-        (rc = lead(e, d)) < 0 || (rc = strata_store_open_secondary(e->store, &e->wstore, d)) < 0 ||
+        (rc = lead(e, handed, d)) < 0 ||
+        (rc = strata_store_open_secondary(e->store, &e->wstore, d)) < 0 ||
         (rc = strata_store_open_secondary(e->store, &e->rstore, d)) < 0)
         goto fail;
     strata_log_info("state directory %s (%s store; %zu temporary files of an interrupted write "
@@ -345,20 +403,73 @@ int srv_engine_open(const srv_config *cfg, srv_engine **out, strata_diag *d)
         goto fail;
     rc = open_rounds(e, x, version, method, d); /* takes x */
     x = NULL;
-    if (rc < 0 || (rc = open_admin(e, d)) < 0)
+    if (rc < 0 || (rc = open_admin(e, d)) < 0 || (rc = open_replica(e, d)) < 0)
         goto fail;
+    srv_engine_lead_free(handed);
     *out = e;
     return 0;
 fail:
+    srv_engine_lead_free(handed);
     strata_model_free(x);
     srv_engine_free(e);
     return rc;
+}
+
+int srv_engine_promoted(srv_engine *e)
+{
+    return srv__replica_promoted(e->replica);
+}
+
+srv_engine_lead *srv_engine_take_lead(srv_engine *e)
+{
+    srv_lease *L = srv__replica_take_lead(e->replica);
+    if (L == NULL)
+        return NULL;
+    srv_engine_lead *lead = calloc(1, sizeof(*lead));
+    if (lead == NULL) {
+        srv__lease_free(L);
+        return NULL;
+    }
+    /* The counters go to the store before the connection changes hands. */
+    if (e->met != NULL)
+        srv__metrics_flush(e->met, e->store);
+    srv__registry_flush_seen(e->reg);
+    lead->lease = L;
+    lead->store = e->store;
+    e->store = NULL;
+    return lead;
 }
 
 void srv_engine_set_waiters(srv_engine *e, srv_waiter_fn suspend, srv_waiter_fn resume)
 {
     srv__waiters_set(e->waiters, suspend, resume);
     srv__uploads_set_conn(e->uploads, suspend, resume);
+}
+
+/* Before a close: seals the due round in the store, so that no update of
+ * it is stored any more, by this coordinator or another of its store, and
+ * brings in the updates others stored (srv__round_adopt): the round's
+ * updates are then final. A round whose close is being retried was sealed
+ * before. The lock is dropped meanwhile. 0, or < 0 when the store failed
+ * (logged; the round thread tries again at its next turn). */
+static int seal_due_round(srv_engine *e)
+{
+    if (srv__round_closing(e->rounds))
+        return 0;
+    uint32_t r = srv__round_current(e->rounds);
+    pthread_mutex_unlock(&e->mu);
+    strata_diag d = {{0}};
+    int rc = strata_store_round_seal(e->rstore, r, &d);
+    if (rc == 0)
+        rc = srv__round_adopt(e->rounds, e->rstore, NULL, &d);
+    if (rc < 0 && !e->seal_failing)
+        strata_log_warn("round %u: cannot seal it before its close: %s (trying again)", r,
+                        strata_diag_msg(&d, rc));
+    else if (rc == 0 && e->seal_failing)
+        strata_log_info("round %u: sealed for its close", r);
+    e->seal_failing = rc < 0;
+    pthread_mutex_lock(&e->mu);
+    return rc;
 }
 
 /* The round thread: opens a round once min_clients are registered (unless
@@ -370,9 +481,13 @@ static void *round_thread(void *arg)
     pthread_mutex_lock(&e->mu);
     while (!e->stopping) {
         int64_t now = strata_clock_unix_ms();
-        srv__round_maybe_open(e->rounds, srv__admin_paused(e->admin));
-        if (!srv__uploads_busy(e->uploads) && srv__close_due(e->rounds, now))
-            srv__close_round(e->close, e->rounds);
+        if (!e->follower) {
+            srv__round_maybe_open(e->rounds, srv__admin_paused(e->admin));
+            if (!srv__uploads_busy(e->uploads) && srv__close_due(e->rounds, now) &&
+                seal_due_round(e) == 0 && !srv__uploads_busy(e->uploads) &&
+                srv__close_due(e->rounds, now))
+                srv__close_round(e->close, e->rounds);
+        }
         srv__waiters_wake_expired(e->waiters, strata_clock_unix_ms());
         struct timespec ts = strata_clock_abstime_in(TICK_MS);
         if (!e->stopping)
@@ -387,11 +502,13 @@ int srv_engine_start(srv_engine *e)
     if (pthread_create(&e->thread, NULL, round_thread, e) != 0)
         return STRATA_ENOMEM;
     e->started = 1;
-    return e->lease != NULL ? srv__lease_start(e->lease) : 0;
+    int rc = e->lease != NULL ? srv__lease_start(e->lease) : 0;
+    return rc == 0 && e->replica != NULL ? srv__replica_start(e->replica) : rc;
 }
 
 void srv_engine_stop(srv_engine *e)
 {
+    srv__replica_stop(e->replica);
     pthread_mutex_lock(&e->mu);
     e->stopping = 1;
     pthread_cond_broadcast(&e->cv);
@@ -411,6 +528,7 @@ void srv_engine_free(srv_engine *e)
         srv__metrics_flush(e->met, e->store);
     if (e->reg != NULL)
         srv__registry_flush_seen(e->reg);
+    srv__replica_free(e->replica);
     srv__admin_free(e->admin);
     srv__uploads_free(e->uploads);
     srv__rounds_free(e->rounds);

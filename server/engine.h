@@ -62,6 +62,31 @@ typedef void (*srv_waiter_fn)(void *waiter);
  * diag says which. *out is NULL on error. */
 int srv_engine_open(const srv_config *cfg, srv_engine **out, strata_diag *diag);
 
+/* With --database: the lead of the store that a follower took
+ * (srv_engine_promoted), handed from its engine to the next one. */
+typedef struct srv_engine_lead srv_engine_lead;
+
+/* srv_engine_open with a lead taken by the previous engine of this
+ * process (lead is taken in every case; NULL: none). With --database and
+ * no lead, the engine leads when no other coordinator does, and otherwise
+ * follows (serves registration, tasks, uploads, models and views from the
+ * store, bidding for the lead) once the store holds a model version; while
+ * it holds none, it waits to lead as a standby. */
+int srv_engine_open_led(const srv_config *cfg, srv_engine_lead *lead, srv_engine **out,
+                        strata_diag *diag);
+
+/* Whether this follower took the lead (the process then stops the engine,
+ * takes its lead with srv_engine_take_lead and opens a new one with it);
+ * SIGUSR1 tells the process when it happens. Any thread. */
+int srv_engine_promoted(srv_engine *e);
+
+/* After srv_engine_stop of a promoted engine: its lead (NULL when none);
+ * srv_engine_free then leaves it open. */
+srv_engine_lead *srv_engine_take_lead(srv_engine *e);
+
+/* Closes a lead that is not handed on. Accepts NULL. */
+void srv_engine_lead_free(srv_engine_lead *lead);
+
 /* Sets the waiter callbacks (before srv_engine_start; not thread-safe). */
 void srv_engine_set_waiters(srv_engine *e, srv_waiter_fn suspend, srv_waiter_fn resume);
 

@@ -8,6 +8,8 @@
 
 #include "result_internal.h"
 
+#include "strata/clock.h"
+
 #include <jansson.h>
 #include <stdio.h>
 #include <string.h>
@@ -110,6 +112,14 @@ void srv_engine_model(srv_engine *e, uint64_t version, int want_zstd, const char
 void srv_engine_admin(srv_engine *e, const char *action, const uint8_t *body, size_t len,
                       srv_result *r)
 {
+    if (e->follower) { /* the leader's engine decides; its address is the operator's */
+        srv_result_error(r, SRV_E_UNAVAILABLE,
+                         "this coordinator (%s) follows; send admin actions to the one that "
+                         "leads the store (GET /v1/health names it)",
+                         e->holder);
+        r->retry_after = 1;
+        return;
+    }
     srv__admin_action(e->admin, action, body, len, r);
 }
 
@@ -128,6 +138,7 @@ void srv_engine_metrics(srv_engine *e, srv_result *r)
                              .clients = srv__registry_count(e->reg),
                              .round = srv__round_current(e->rounds),
                              .model_version = srv__models_version(e->models)};
+    live.replica = e->cfg->database != NULL;
     if (e->lease != NULL) {
         srv_lease_gauges g;
         srv__lease_gauges(e->lease, &g);
@@ -180,19 +191,28 @@ void srv_engine_health(srv_engine *e, srv_result *r)
     int rc = STRATA_OK;
     if (e->lease != NULL) {
         rc = srv__lease_health(e->lease, &now, &ms, &d);
+    } else if (e->follower) {
+        pthread_mutex_lock(&e->mu);
+        double t0 = strata_clock_mono_s();
+        rc = strata_store_leader_get(e->store, &now, &d);
+        ms = (strata_clock_mono_s() - t0) * 1e3;
+        pthread_mutex_unlock(&e->mu);
     } else {
         now.epoch = 1;
         snprintf(now.holder, sizeof(now.holder), "%s", "this coordinator");
     }
     if (rc < 0) {
-        srv_result_error(r, SRV_E_UNAVAILABLE, "this coordinator does not lead the store: %s",
+        srv_result_error(r, SRV_E_UNAVAILABLE, "%s: %s",
+                         e->follower ? "this follower cannot reach the store"
+                                     : "this coordinator does not lead the store",
                          strata_diag_msg(&d, rc));
         return;
     }
-    srv__result_json(r, SRV_OK,
-                     json_pack("{s:b, s:b, s:b, s:s, s:I, s:s, s:o, s:f}", "live", 1, "ready", 1,
-                               "leader", 1, "store", strata_store_backend(e->store), "epoch",
-                               (json_int_t)now.epoch, "holder", now.holder, "lease_ms_left",
-                               e->lease != NULL ? json_integer(now.expires_in_ms) : json_null(),
-                               "store_latency_ms", ms));
+    srv__result_json(
+        r, SRV_OK,
+        json_pack("{s:b, s:b, s:b, s:s, s:I, s:s, s:o, s:f}", "live", 1, "ready", 1, "leader",
+                  !e->follower, "store", strata_store_backend(e->store), "epoch",
+                  (json_int_t)now.epoch, "holder", now.holder, "lease_ms_left",
+                  e->cfg->database != NULL ? json_integer(now.expires_in_ms) : json_null(),
+                  "store_latency_ms", ms));
 }

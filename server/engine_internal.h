@@ -30,6 +30,7 @@
 #include "metrics.h"
 #include "models.h"
 #include "registry.h"
+#include "replica.h"
 #include "round.h"
 #include "upload.h"
 #include "waiters.h"
@@ -70,6 +71,19 @@ struct srv_engine {
     srv_uploads *uploads;
     srv_admin *admin;
     srv_lease *lease; /* with --database: this coordinator's leadership; NULL with SQLite */
+    /* With --database: follower (another coordinator leads; the engine
+     * serves, but opens and closes no round), the watch thread, and this
+     * coordinator's name in the lease. */
+    int follower;
+    int seal_failing; /* the round thread's last seal failed (logged once) */
+    srv_replica *replica;
+    char holder[64];
+};
+
+/* A follower's lead, handed from its engine to the next (main.c). */
+struct srv_engine_lead {
+    strata_store *store; /* the primary connection that leads */
+    srv_lease *lease;
 };
 
 #endif

@@ -48,8 +48,42 @@ static int stand_by(volatile sig_atomic_t *stop, strata_diag *d)
     return *stop ? strata_diag_set(d, STRATA_ESTATE, "stopped while standing by") : STRATA_OK;
 }
 
+/* The lease just taken (l) as *out, with its own connection. */
+static int made(strata_store *primary, const char *holder, long lease_ms,
+                const strata_store_leader *l, srv_lease **out, strata_diag *d)
+{
+    int rc;
+    srv_lease *L = calloc(1, sizeof(*L));
+    if (L == NULL)
+        return strata_diag_set(d, STRATA_ENOMEM, "out of memory");
+    snprintf(L->holder, sizeof(L->holder), "%s", holder);
+    L->lease_ms = lease_ms;
+    L->epoch = l->epoch;
+    L->renewed_ms = strata_clock_mono_ms(); /* the lead was just taken */
+    pthread_mutex_init(&L->mu, NULL);
+    pthread_mutex_init(&L->gmu, NULL);
+    pthread_cond_init(&L->cv, NULL);
+    if ((rc = strata_store_open_secondary(primary, &L->store, d)) < 0) {
+        srv__lease_free(L);
+        return rc;
+    }
+    strata_log_info("leading the store as %s (epoch %lld, lease %ld ms)", holder,
+                    (long long)l->epoch, lease_ms);
+    *out = L;
+    return STRATA_OK;
+}
+
+/* Whether the store holds a model version: a federation a follower can
+ * serve. */
+static int servable(strata_store *primary)
+{
+    uint64_t v = 0;
+    int found = 0;
+    return strata_store_latest_model_version(primary, &v, &found, NULL) == STRATA_OK && found;
+}
+
 int srv__lease_acquire(strata_store *primary, const char *holder, long lease_ms,
-                       volatile sig_atomic_t *stop, srv_lease **out, strata_diag *d)
+                       volatile sig_atomic_t *stop, int follow, srv_lease **out, strata_diag *d)
 {
     *out = NULL;
     strata_store_leader l;
@@ -73,6 +107,13 @@ int srv__lease_acquire(strata_store *primary, const char *holder, long lease_ms,
         failing = 0;
         if (rc != STRATA_ESTATE || l.epoch <= 0)
             break;
+        if (follow && servable(primary)) {
+            strata_log_info("following: %s leads the store (epoch %lld); this coordinator (%s) "
+                            "serves beside it and takes over when its session ends or its "
+                            "lease runs out",
+                            l.holder, (long long)l.epoch, holder);
+            return rc;
+        }
         if (!waited)
             strata_log_info("standby: %s leads the store (epoch %lld); this coordinator (%s) "
                             "takes over when its session ends or its lease runs out "
@@ -82,26 +123,16 @@ int srv__lease_acquire(strata_store *primary, const char *holder, long lease_ms,
         if ((rc = stand_by(stop, d)) < 0)
             return rc;
     }
-    if (rc < 0)
-        return rc;
-    srv_lease *L = calloc(1, sizeof(*L));
-    if (L == NULL)
-        return strata_diag_set(d, STRATA_ENOMEM, "out of memory");
-    snprintf(L->holder, sizeof(L->holder), "%s", holder);
-    L->lease_ms = lease_ms;
-    L->epoch = l.epoch;
-    L->renewed_ms = strata_clock_mono_ms(); /* the lead was just taken */
-    pthread_mutex_init(&L->mu, NULL);
-    pthread_mutex_init(&L->gmu, NULL);
-    pthread_cond_init(&L->cv, NULL);
-    if ((rc = strata_store_open_secondary(primary, &L->store, d)) < 0) {
-        srv__lease_free(L);
-        return rc;
-    }
-    strata_log_info("leading the store as %s (epoch %lld, lease %ld ms)", holder,
-                    (long long)l.epoch, lease_ms);
-    *out = L;
-    return STRATA_OK;
+    return rc < 0 ? rc : made(primary, holder, lease_ms, &l, out, d);
+}
+
+int srv__lease_try(strata_store *primary, const char *holder, long lease_ms, srv_lease **out,
+                   strata_diag *d)
+{
+    *out = NULL;
+    strata_store_leader l;
+    int rc = strata_store_lead(primary, holder, lease_ms, &l, d);
+    return rc < 0 ? rc : made(primary, holder, lease_ms, &l, out, d);
 }
 
 static void *renew_thread(void *arg)

@@ -23,10 +23,18 @@ typedef struct srv_lease srv_lease;
 /* Leads primary's store as holder for lease_ms, waiting as a standby
  * (logging once who leads, polling every 250 ms) while another leads, and
  * through outages of the database (STRATA_EIO: logged once, tried again
- * every 250 ms); gives up with STRATA_ESTATE when *stop becomes set. *out
- * is the caller's (srv__lease_free). */
+ * every 250 ms); gives up with STRATA_ESTATE when *stop becomes set. With
+ * follow, returns STRATA_ESTATE (*out NULL) as soon as another leads a
+ * store that holds a model version, which this coordinator can then serve
+ * as a follower. *out is the caller's (srv__lease_free). */
 int srv__lease_acquire(strata_store *primary, const char *holder, long lease_ms,
-                       volatile sig_atomic_t *stop, srv_lease **out, strata_diag *d);
+                       volatile sig_atomic_t *stop, int follow, srv_lease **out, strata_diag *d);
+
+/* One bid for the lead of primary's store, without waiting: STRATA_OK
+ * with *out (the caller's) when this coordinator leads now, STRATA_ESTATE
+ * when another does, STRATA_EIO. */
+int srv__lease_try(strata_store *primary, const char *holder, long lease_ms, srv_lease **out,
+                   strata_diag *d);
 
 /* Starts the renewal thread: every lease/3 ms (lease/10 after a failed
  * renewal); fenced, or no renewal for a

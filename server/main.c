@@ -36,6 +36,11 @@ typedef struct fresh_state {
     int existed[NFRESH];
 } fresh_state;
 
+static void on_wake(int sig)
+{
+    (void)sig;
+}
+
 static int exists(const char *path)
 {
     struct stat st;
@@ -163,58 +168,82 @@ int main(int argc, char **argv)
     sigemptyset(&set);
     sigaddset(&set, SIGINT);
     sigaddset(&set, SIGTERM);
+    sigaddset(&set, SIGUSR1);
     g_stop = strata_stop_install();
+    /* SIGUSR1: a follower took the lead (replica.c); it only ends the wait. */
+    struct sigaction wake = {.sa_handler = on_wake};
+    sigemptyset(&wake.sa_mask);
+    sigaction(SIGUSR1, &wake, NULL);
     /* Threads started from here on leave the signals to the main thread. */
     pthread_sigmask(SIG_BLOCK, &set, NULL);
 
-    srv_engine *e = NULL;
-    srv_http *h = NULL;
     int code = 1, started = 0;
-    unsigned port = 0;
+    unsigned port = cfg.port;
     fresh_state fresh;
     fresh_note(cfg.state_dir, &fresh);
-    if ((rc = srv_engine_open(&cfg, &e, &d)) < 0) {
-        /* A standby stopped by SIGINT or SIGTERM stops cleanly. */
-        if (*g_stop) {
-            strata_log_info("%s", strata_diag_msg(&d, rc));
-            code = 0;
-        } else {
-            strata_log_error("%s", strata_diag_msg(&d, rc));
+    /* One engine after another: a follower that takes the lead of the
+     * store (SIGUSR1) stops its engine and opens the next as the leader,
+     * on the same port, with the lead handed over. */
+    srv_engine_lead *lead = NULL;
+    for (;;) {
+        srv_engine *e = NULL;
+        srv_http *h = NULL;
+        int promoted = 0;
+        rc = srv_engine_open_led(&cfg, lead, &e, &d);
+        lead = NULL; /* taken, in every case */
+        if (rc < 0) {
+            /* A standby stopped by SIGINT or SIGTERM stops cleanly. */
+            if (*g_stop) {
+                strata_log_info("%s", strata_diag_msg(&d, rc));
+                code = 0;
+            } else {
+                strata_log_error("%s", strata_diag_msg(&d, rc));
+            }
+            break;
         }
-        goto out;
-    }
-    srv_http_opts ho = {.host = cfg.host,
-                        .port = cfg.port,
-                        .tls_cert = cfg.tls_cert,
-                        .tls_key = cfg.tls_key,
-                        .connection_timeout = cfg.connection_timeout,
-                        .max_connections = cfg.max_connections,
-                        .request_timeout = cfg.request_timeout,
-                        .threads = (unsigned)cfg.http_threads};
-    if ((rc = srv_http_start(e, &ho, &h, &port, &d)) < 0) {
-        strata_log_error("%s", strata_diag_msg(&d, rc));
-        goto out;
-    }
-    if ((rc = srv_engine_start(e)) < 0) {
-        strata_log_error("cannot start the round thread");
-        goto out;
-    }
-    started = 1;
-    /* This line stays on stdout, in this form: tests and strata-sim read
-     * the address from it. */
-    printf("strata-server: listening on %s://%s:%u\n", cfg.tls_cert ? "https" : "http", cfg.host,
-           port);
-    fflush(stdout);
-    pthread_sigmask(SIG_UNBLOCK, &set, NULL);
-    while (!*g_stop)
-        pause();
-    strata_log_info("stopping");
-    code = 0;
-out:
-    if (e != NULL)
+        srv_http_opts ho = {.host = cfg.host,
+                            .port = port,
+                            .tls_cert = cfg.tls_cert,
+                            .tls_key = cfg.tls_key,
+                            .connection_timeout = cfg.connection_timeout,
+                            .max_connections = cfg.max_connections,
+                            .request_timeout = cfg.request_timeout,
+                            .threads = (unsigned)cfg.http_threads};
+        if ((rc = srv_http_start(e, &ho, &h, &port, &d)) < 0) {
+            strata_log_error("%s", strata_diag_msg(&d, rc));
+        } else if ((rc = srv_engine_start(e)) < 0) {
+            strata_log_error("cannot start the round thread");
+        } else {
+            if (!started) {
+                /* This line stays on stdout, in this form: tests and
+                 * strata-sim read the address from it. */
+                printf("strata-server: listening on %s://%s:%u\n", cfg.tls_cert ? "https" : "http",
+                       cfg.host, port);
+                fflush(stdout);
+            }
+            started = 1;
+            /* The signals stay blocked but while sigsuspend waits, so none
+             * is taken between the test and the wait. */
+            sigset_t waiting;
+            pthread_sigmask(SIG_BLOCK, NULL, &waiting);
+            sigdelset(&waiting, SIGINT);
+            sigdelset(&waiting, SIGTERM);
+            sigdelset(&waiting, SIGUSR1);
+            while (!*g_stop && !(promoted = srv_engine_promoted(e)))
+                sigsuspend(&waiting);
+            code = 0;
+        }
+        if (!promoted)
+            strata_log_info("stopping");
         srv_engine_stop(e);
-    srv_http_stop(h);
-    srv_engine_free(e);
+        srv_http_stop(h);
+        if (promoted)
+            lead = srv_engine_take_lead(e);
+        srv_engine_free(e);
+        if (!promoted || rc < 0 || *g_stop)
+            break;
+    }
+    srv_engine_lead_free(lead);
     if (!started) /* a failed start, or a standby stopped before it led */
         fresh_undo(cfg.state_dir, &fresh);
     srv_config_cleanup(&cfg);

@@ -276,6 +276,12 @@ void srv__metrics_text(const srv_metrics *m, const srv_metrics_live *live, srv_r
             "# TYPE strata_model_version gauge\nstrata_model_version %llu\n",
             live->paused, live->close_pending, m->agg_s, m->round_s, m->acc, m->loss,
             m->eval_samples, live->clients, live->round, (unsigned long long)live->model_version);
+    if (rc == 0 && live->replica)
+        rc = strata_buf_appendf(&b,
+                                "# HELP strata_leader 1 when this coordinator leads the store "
+                                "(runs the rounds), 0 when it follows (--database).\n"
+                                "# TYPE strata_leader gauge\nstrata_leader %d\n",
+                                live->leading);
     if (rc == 0 && live->leading)
         rc = strata_buf_appendf(
             &b,

@@ -124,7 +124,9 @@ typedef struct srv_metrics_live {
     size_t clients;         /* registered clients */
     uint32_t round;         /* the open round, or the next to open */
     uint64_t model_version; /* the current global model version */
-    /* With --database: this coordinator's lead of the store (lease.h) */
+    /* With --database: one coordinator of several on the store (replica),
+     * and its lead of the store (lease.h) when it leads */
+    int replica;
     int leading;
     int64_t lease_epoch;
     double lease_age_s, lease_renew_s;

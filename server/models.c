@@ -48,6 +48,10 @@ struct srv_models {
      * never changed afterwards (read without the lock). */
     char *recipe;
     size_t recipe_len;
+    /* A follower's (srv__models_set_follower): it publishes the leader's
+     * versions from their checkpoints, one at a time (follow_mu). */
+    int follower;
+    pthread_mutex_t follow_mu;
 };
 
 int srv__models_new(strata_store *store, pthread_mutex_t *mu, int deltas, long keep,
@@ -64,6 +68,7 @@ int srv__models_new(strata_store *store, pthread_mutex_t *mu, int deltas, long k
     pthread_mutex_init(&M->old_mu, NULL);
     pthread_mutex_init(&M->chain_mu, NULL);
     pthread_mutex_init(&M->fetch_mu, NULL);
+    pthread_mutex_init(&M->follow_mu, NULL);
     strata_tensor_list_init(&M->chain_xhat);
     int rc = strata_store_open_secondary(store, &M->fstore, NULL);
     if (rc == 0)
@@ -141,6 +146,7 @@ void srv__models_free(srv_models *M)
     srv__model_blob_cleanup(&M->cache);
     strata_store_close(M->fstore);
     pthread_mutex_destroy(&M->fetch_mu);
+    pthread_mutex_destroy(&M->follow_mu);
     strata_zctx_free(M->zctx);
     strata_zctx_free(M->old_zctx);
     pthread_mutex_destroy(&M->old_mu);
@@ -195,10 +201,74 @@ static int read_old(srv_models *M, uint64_t version, int want_zstd, uint8_t **ou
     return 0;
 }
 
+void srv__models_set_follower(srv_models *M)
+{
+    M->follower = 1;
+}
+
+/* A follower asked for a version just above the one it publishes: the
+ * leader may have published it a moment ago (the notification is on its
+ * way). Only the next two are looked for, so that requests for far
+ * versions cost the store nothing. No lock on entry. */
+static void catch_up(srv_models *M, uint64_t version)
+{
+    if (!M->follower)
+        return;
+    pthread_mutex_lock(M->mu);
+    uint64_t cur = M->version;
+    pthread_mutex_unlock(M->mu);
+    if (version > cur && version - cur <= 2)
+        srv__models_follow(M, version, NULL);
+}
+
+static int follow_locked(srv_models *M, uint64_t version, strata_diag *d);
+
+int srv__models_follow(srv_models *M, uint64_t version, strata_diag *d)
+{
+    pthread_mutex_lock(&M->follow_mu);
+    int rc = follow_locked(M, version, d);
+    pthread_mutex_unlock(&M->follow_mu);
+    return rc;
+}
+
+/* srv__models_follow, follow_mu held. */
+static int follow_locked(srv_models *M, uint64_t version, strata_diag *d)
+{
+    pthread_mutex_lock(M->mu);
+    int newer = version > M->version;
+    pthread_mutex_unlock(M->mu);
+    if (!newer)
+        return STRATA_OK;
+    char path[4096];
+    int rc = strata_store_checkpoint_path(M->store, version, path, sizeof(path), d);
+    if (rc == 0 && (rc = fetch(M, STRATA_STORE_FILE_CHECKPOINT, version)) == 0)
+        rc = strata_diag_set(d, STRATA_ESTATE, "model version %llu has no checkpoint",
+                             (unsigned long long)version);
+    strata_model *m = NULL;
+    if (rc == 1)
+        rc = strata_checkpoint_load(path, &m, d);
+    srv_model_blob blob;
+    memset(&blob, 0, sizeof(blob));
+    if (rc == 0)
+        rc = srv__models_encode(M, m, &blob, d);
+    if (rc == 0) {
+        char digest[STRATA_DIGEST_HEX_SIZE];
+        strata_downlink_digest(strata_model_params(m), digest);
+        pthread_mutex_lock(M->mu);
+        if (version > M->version)
+            srv__models_publish(M, version, &blob, digest);
+        pthread_mutex_unlock(M->mu);
+    }
+    srv__model_blob_cleanup(&blob);
+    strata_model_free(m);
+    return rc < 0 ? rc : STRATA_OK;
+}
+
 void srv__models_get(srv_models *M, uint64_t version, int want_zstd, const char *inm, srv_result *r)
 {
     char etag[32];
     snprintf(etag, sizeof(etag), "\"m%llu\"", (unsigned long long)version);
+    catch_up(M, version);
     pthread_mutex_lock(M->mu);
     uint64_t cur = M->version;
     if (version > cur) {
@@ -330,6 +400,7 @@ void srv__models_delta(srv_models *M, uint64_t to, uint64_t from, const char *in
     char etag[48];
     snprintf(etag, sizeof(etag), "\"d%llu-%llu\"", (unsigned long long)from,
              (unsigned long long)to);
+    catch_up(M, to);
     pthread_mutex_lock(M->mu);
     uint64_t cur = M->version;
     size_t snapshot = M->cache.zst_len;

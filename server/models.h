@@ -61,6 +61,19 @@ uint64_t srv__models_version(const srv_models *M);
 void srv__models_digest(const srv_models *M, char out[STRATA_DIGEST_HEX_SIZE]);
 size_t srv__models_snapshot_bytes(const srv_models *M);
 
+/* A follower's: publishes the recorded version `version` from its
+ * checkpoint, as the leader's close published it (a version not newer than
+ * the published one changes nothing). Reads the store and the file without
+ * the lock and takes it to publish; one call at a time (a follower has no
+ * round thread, the only other user of the encoder). Errors: STRATA_ESTATE (no such
+ * checkpoint), the store's, the checkpoint reader's, the encoders'. */
+int srv__models_follow(srv_models *M, uint64_t version, strata_diag *d);
+
+/* Makes M a follower's: a request for one of the two versions after the
+ * published one first looks for it in the store (srv__models_follow), as
+ * the leader may have published it a moment ago. Start-up. */
+void srv__models_set_follower(srv_models *M);
+
 /* Makes recipe (len bytes, taken) version 0's recipe, served by
  * srv__models_init. Start-up. */
 void srv__models_set_recipe(srv_models *M, char *recipe, size_t len);

@@ -73,8 +73,18 @@ struct srv_registry {
     size_t nclients, capclients;
     tok_entry *toks;
     uint8_t admin_hash[STRATA_STORE_HASH_LEN];
-    peer *peers; /* PEERS entries; addr "" when unused */
+    peer *peers;     /* PEERS entries; addr "" when unused */
+    bucket lookups;  /* a shared store's lookups of unknown tokens */
+    uint64_t synced; /* every client of the store up to this id is here */
 };
+
+static int load_clients(srv_registry *g, strata_diag *d);
+static double bucket_wait_ms(bucket *b, double rate, int64_t now);
+
+/* Store lookups of unknown tokens a minute (a bucket that holds as many):
+ * a burst of clients that registered elsewhere passes, a stream of bad
+ * tokens costs the store little. */
+#define LOOKUPS_PER_MINUTE 6000
 
 static int cmp_u64(const void *a, const void *b)
 {
@@ -129,9 +139,11 @@ static void tok_replace(srv_registry *g, uint64_t id, const uint8_t hash[STRATA_
     tok_insert(g, g->nclients - 1, hash, id);
 }
 
-/* Adds a registered client (ids arrive ascending), its token hash, and its
- * state: a full upload-rate bucket and the last time it was seen. Lock held
- * (or start-up). */
+/* Adds a registered client, its token hash, and its state: a full
+ * upload-rate bucket and the last time it was seen. Ids mostly arrive
+ * ascending, but on a shared store another coordinator's client may come
+ * after a higher one registered here: it goes to its place. Lock held (or
+ * start-up). */
 static int add_client(srv_registry *g, uint64_t id, const uint8_t hash[STRATA_STORE_HASH_LEN],
                       int64_t seen_ms)
 {
@@ -149,11 +161,16 @@ static int add_client(srv_registry *g, uint64_t id, const uint8_t hash[STRATA_ST
         return STRATA_ENOMEM;
     g->capclients = c1; /* the three grew alike, from the same capacity */
     tok_insert(g, g->nclients, hash, id);
-    g->cstate[g->nclients] =
-        (client_state){.uploads = {(double)g->c.upload_rate, strata_clock_unix_ms()},
-                       .seen_ms = seen_ms,
-                       .stored_ms = seen_ms};
-    g->clients[g->nclients++] = id; /* ids grow, the array stays sorted */
+    size_t at = g->nclients;
+    while (at > 0 && g->clients[at - 1] > id)
+        at--;
+    memmove(&g->clients[at + 1], &g->clients[at], (g->nclients - at) * sizeof(*g->clients));
+    memmove(&g->cstate[at + 1], &g->cstate[at], (g->nclients - at) * sizeof(*g->cstate));
+    g->cstate[at] = (client_state){.uploads = {(double)g->c.upload_rate, strata_clock_unix_ms()},
+                                   .seen_ms = seen_ms,
+                                   .stored_ms = seen_ms};
+    g->clients[at] = id;
+    g->nclients++;
     return STRATA_OK;
 }
 
@@ -221,6 +238,33 @@ static int hash_equal(const uint8_t *a, const uint8_t *b)
     return diff == 0;
 }
 
+static const tok_entry *tok_find(const srv_registry *g, const uint8_t *hash)
+{
+    return g->nclients ? bsearch(hash, g->toks, g->nclients, sizeof(*g->toks), cmp_tok) : NULL;
+}
+
+/* On a shared store, a token this registry does not know may be one that
+ * another coordinator gave a client a moment ago (a new registration, or
+ * one again under its registration id): looked up in the store, the client
+ * is added (with every other new one) or takes its new token here too.
+ * Lock held. */
+static const tok_entry *lookup_token(srv_registry *g, const uint8_t *hash)
+{
+    int64_t now = strata_clock_unix_ms();
+    if (!g->c.shared || bucket_wait_ms(&g->lookups, LOOKUPS_PER_MINUTE, now) > 0)
+        return NULL;
+    g->lookups.tokens -= 1.0;
+    strata_store_client c;
+    int found = 0;
+    if (strata_store_client_find(g->c.store, hash, &c, &found, NULL) < 0 || !found)
+        return NULL;
+    if (srv__id_find(g->clients, g->nclients, c.id) >= 0)
+        tok_replace(g, c.id, hash);
+    else if (load_clients(g, NULL) < 0)
+        return NULL;
+    return tok_find(g, hash);
+}
+
 /* Looks a bearer token up among the clients: 1 and the id when found, 0
  * when not. Takes the lock. */
 static int client_of_token(srv_registry *g, const char *tok, uint64_t *client_id)
@@ -228,8 +272,9 @@ static int client_of_token(srv_registry *g, const char *tok, uint64_t *client_id
     uint8_t hash[STRATA_STORE_HASH_LEN];
     strata_sha256(tok, strlen(tok), hash);
     pthread_mutex_lock(g->c.mu);
-    const tok_entry *k =
-        g->nclients ? bsearch(hash, g->toks, g->nclients, sizeof(*g->toks), cmp_tok) : NULL;
+    const tok_entry *k = tok_find(g, hash);
+    if (k == NULL)
+        k = lookup_token(g, hash);
     *client_id = k ? k->id : 0;
     pthread_mutex_unlock(g->c.mu);
     return k != NULL;
@@ -435,13 +480,19 @@ void srv__registry_register(srv_registry *g, const char *peer, const uint8_t *bo
                          json_pack("{s:I,s:s}", "client_id", (json_int_t)id, "token", tok));
 }
 
-/* Every registered client of the store, by id. */
+/* Every registered client of the store that the registry does not have
+ * yet, by id: those above the ids it has read from the store before (a
+ * shared store's other coordinators register clients too, so an id this
+ * registry gave out says nothing of the ones below it). */
 static int load_clients(srv_registry *g, strata_diag *d)
 {
     uint64_t count = 0;
     int rc = strata_store_client_count(g->c.store, &count, d);
     /* Ids are assigned ascending from 1 and never deleted; allow gaps. */
-    for (uint64_t id = 1, misses = 0; rc == 0 && g->nclients < count && misses < 100000; id++) {
+    for (uint64_t id = g->synced + 1, misses = 0; rc == 0 && g->nclients < count && misses < 100000;
+         id++) {
+        if (srv__id_find(g->clients, g->nclients, id) >= 0)
+            continue;
         strata_store_client cl;
         int found = 0;
         rc = strata_store_client_get(g->c.store, id, &cl, &found, d);
@@ -450,6 +501,8 @@ static int load_clients(srv_registry *g, strata_diag *d)
         else
             misses++;
     }
+    if (rc == 0 && g->nclients >= count && g->nclients > 0)
+        g->synced = g->clients[g->nclients - 1];
     return rc;
 }
 
@@ -500,6 +553,7 @@ int srv__registry_new(const srv_registry_config *c, srv_registry **out, strata_d
     if (g == NULL)
         return strata_diag_set(d, STRATA_ENOMEM, "out of memory");
     g->c = *c;
+    g->lookups = (bucket){LOOKUPS_PER_MINUTE, strata_clock_unix_ms()};
     g->peers = calloc(PEERS, sizeof(*g->peers));
     int rc = g->peers == NULL ? strata_diag_set(d, STRATA_ENOMEM, "out of memory") : 0;
     if (rc == 0)
@@ -512,6 +566,17 @@ int srv__registry_new(const srv_registry_config *c, srv_registry **out, strata_d
     }
     *out = g;
     return 0;
+}
+
+int srv__registry_sync(srv_registry *g, strata_diag *d)
+{
+    pthread_mutex_lock(g->c.mu);
+    size_t before = g->nclients;
+    int rc = load_clients(g, d);
+    if (g->nclients > before)
+        pthread_cond_broadcast(g->c.wake);
+    pthread_mutex_unlock(g->c.mu);
+    return rc;
 }
 
 void srv__registry_free(srv_registry *g)

@@ -39,6 +39,9 @@ typedef struct srv_registry_config {
     pthread_mutex_t *mu;          /* the engine lock */
     pthread_cond_t *wake;         /* wakes the round thread (a client registered) */
     srv_metrics *met;
+    /* Other coordinators register clients in the store too (--database): a
+     * token not known here is looked up there (srv__registry_auth). */
+    int shared;
 } srv_registry_config;
 
 /* Index of x in the ascending array v[0, n), or -1. */
@@ -57,6 +60,12 @@ int srv__registry_new(const srv_registry_config *c, srv_registry **out, strata_d
 
 /* Frees g. Accepts NULL. */
 void srv__registry_free(srv_registry *g);
+
+/* Adds the clients that other coordinators of a shared store registered
+ * since (those with an id above the registry's highest); wakes the round
+ * thread when there are any. Takes the lock (and reads the store under
+ * it). Errors: the store's (the clients read so far stay). */
+int srv__registry_sync(srv_registry *g, strata_diag *d);
 
 /* srv_engine_register, srv_engine_auth, srv_engine_admin_auth and
  * srv_engine_rate_take (engine.h says what each answers). Each takes the

@@ -145,7 +145,7 @@ static int replay_updates(srv_rounds *R, strata_diag *d)
         size_t len = (size_t)ups[i].receipt.bytes;
         strata_payload *p = NULL;
         double norm = NAN;
-        if (R->c.method == STRATA_ROBUST_FEDAVG) {
+        if (R->c.method == STRATA_ROBUST_FEDAVG && !R->c.mirror) {
             rc = strata_store_update_read(R->c.store, R->next_round, ups[i].client_id, &buf, &len,
                                           d);
             if (rc == 0)
@@ -216,8 +216,12 @@ static int reopen(srv_rounds *R, uint32_t last, strata_store_round *rd, strata_d
     R->nselected = rd->n_selected;
     R->task_json = rd->task_json;
     rd->task_json = NULL;
+    R->version = rd->model_version;
     R->opened_ms = rd->opened_unix_ms;
-    R->deadline_ms = rd->deadline_unix_ms;
+    /* A round sealed before the restart takes no update any more: it is
+     * due now (a follower's mirror shows it closing). */
+    R->deadline_ms = rd->sealed ? rd->opened_unix_ms : rd->deadline_unix_ms;
+    R->closing = R->c.mirror && rd->sealed;
     R->reported = calloc(R->nselected ? R->nselected : 1, 1);
     R->norms = calloc(R->nselected ? R->nselected : 1, sizeof(*R->norms));
     R->budgets = calloc(R->c.nlayers, sizeof(*R->budgets));
@@ -249,11 +253,108 @@ static int resume_state(srv_rounds *R, strata_diag *d)
     if (rd.state == STRATA_STORE_ROUND_OPEN) {
         /* Aggregated and checkpointed before the crash: just close it. */
         if (rd.model_version < srv__models_version(R->c.models))
-            rc = close_recovered(R, last, &rd, d);
+            rc = R->c.mirror ? 0 : close_recovered(R, last, &rd, d);
         else
             rc = reopen(R, last, &rd, d);
     }
     strata_store_round_cleanup(&rd);
+    return rc;
+}
+
+/* Whether the stored update of client_id for `round` is one the open
+ * round still lacks: its index among the selected clients, or -1. Lock
+ * held. */
+static ptrdiff_t lacking(const srv_rounds *R, uint32_t round, uint64_t client_id)
+{
+    if (!R->open || R->closing || R->c.mirror || R->next_round != round)
+        return -1;
+    ptrdiff_t k = srv__id_find(R->selected, R->nselected, client_id);
+    return k >= 0 && !R->reported[k] ? k : -1;
+}
+
+int srv__round_adopt(srv_rounds *R, strata_store *st, size_t *adopted, strata_diag *d)
+{
+    size_t n_adopted = 0;
+    pthread_mutex_lock(R->c.mu);
+    int open = R->open && !R->closing && !R->c.mirror;
+    uint32_t round = R->next_round;
+    pthread_mutex_unlock(R->c.mu);
+    strata_store_update *ups = NULL;
+    size_t n = 0;
+    int rc = open ? strata_store_update_list(st, round, &ups, &n, d) : 0;
+    for (size_t i = 0; rc == 0 && i < n; i++) {
+        pthread_mutex_lock(R->c.mu);
+        ptrdiff_t k = lacking(R, round, ups[i].client_id);
+        pthread_mutex_unlock(R->c.mu);
+        if (k < 0)
+            continue;
+        uint8_t *buf = NULL;
+        size_t len = 0;
+        strata_payload *p = NULL;
+        rc = strata_store_update_read(st, round, ups[i].client_id, &buf, &len, d);
+        if (rc == 0)
+            rc = strata_payload_decode(buf, len, &R->c.limits, &p, d);
+        pthread_mutex_lock(R->c.mu);
+        if (rc == 0 && (k = lacking(R, round, ups[i].client_id)) >= 0) {
+            srv__round_accept(R, p, k, len);
+            srv__ctr_add(R->c.met, SRV_CTR_ACCEPTED, 1);
+            srv__ctr_add(R->c.met, SRV_CTR_UPLINK, (int64_t)len);
+            n_adopted++;
+        }
+        pthread_mutex_unlock(R->c.mu);
+        strata_payload_free(p);
+        free(buf);
+    }
+    strata_store_update_list_free(ups, n);
+    pthread_mutex_lock(R->c.mu);
+    if (n_adopted > 0 && srv__round_full(R))
+        pthread_cond_broadcast(R->c.wake);
+    pthread_mutex_unlock(R->c.mu);
+    if (adopted != NULL)
+        *adopted = n_adopted;
+    return rc;
+}
+
+int srv__round_mirror_updates(srv_rounds *R, strata_store *st, strata_diag *d)
+{
+    pthread_mutex_lock(R->c.mu);
+    int open = R->open && R->c.mirror;
+    uint32_t round = R->next_round;
+    pthread_mutex_unlock(R->c.mu);
+    strata_store_update *ups = NULL;
+    size_t n = 0;
+    int rc = open ? strata_store_update_list(st, round, &ups, &n, d) : 0;
+    pthread_mutex_lock(R->c.mu);
+    for (size_t i = 0; rc == 0 && i < n && R->open && R->next_round == round; i++) {
+        ptrdiff_t k = srv__id_find(R->selected, R->nselected, ups[i].client_id);
+        if (k >= 0 && !R->reported[k]) {
+            R->reported[k] = SRV_REPORT_UPDATE;
+            R->nreported++;
+        }
+    }
+    pthread_mutex_unlock(R->c.mu);
+    strata_store_update_list_free(ups, n);
+    return rc;
+}
+
+void srv__round_catch_up(srv_rounds *R, uint32_t round)
+{
+    int behind = R->c.mirror &&
+                 ((round == R->next_round && !R->open) || (R->open && round == R->next_round + 1));
+    strata_diag d = {{0}};
+    int rc = behind ? srv__round_mirror(R, &d) : 0;
+    if (rc < 0)
+        strata_log_warn("round %u: cannot read the leader's round: %s", round,
+                        strata_diag_msg(&d, rc));
+}
+
+int srv__round_mirror(srv_rounds *R, strata_diag *d)
+{
+    srv__round_reset(R);
+    int rc = resume_state(R, d);
+    if (rc < 0)
+        srv__round_reset(R);
+    R->finished = R->stopped || (!R->open && R->next_round >= (uint32_t)R->c.rounds);
     return rc;
 }
 

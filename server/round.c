@@ -240,7 +240,7 @@ int srv__round_report(const srv_rounds *R, ptrdiff_t k)
 
 uint64_t srv__round_task_version(const srv_rounds *R)
 {
-    return srv__models_version(R->c.models);
+    return R->open ? R->version : srv__models_version(R->c.models);
 }
 
 const strata_budget *srv__round_task_budgets(const srv_rounds *R, size_t *ncands)
@@ -257,7 +257,7 @@ int srv__round_full(const srv_rounds *R)
 
 void srv__round_accept(srv_rounds *R, const strata_payload *p, ptrdiff_t k, size_t len)
 {
-    if (R->c.method == STRATA_ROBUST_FEDAVG) {
+    if (R->c.method == STRATA_ROBUST_FEDAVG && !R->c.mirror) {
         strata_diag d = {{0}};
         int rc = strata_agg_add_clipped(R->agg, p->layers, p->num_layers, (double)p->sample_count,
                                         R->c.clip_norm, &R->norms[k], &d);
@@ -434,6 +434,7 @@ static int open_round(srv_rounds *R, strata_diag *d)
     R->cands = cands;
     R->ncands = ncands;
     R->task_json = tj;
+    R->version = srv__models_version(c->models);
     R->opened_ms = now;
     R->deadline_ms = deadline;
     R->open = 1;

@@ -68,6 +68,10 @@ typedef struct srv_rounds_config {
     srv_waiters *waiters;
     srv_models *models;
     srv_budgets *budgets;
+    /* A follower's (another coordinator leads the store): the open round is
+     * the store's, read again by srv__round_mirror; nothing is aggregated,
+     * opened or closed here. */
+    int mirror;
 } srv_rounds_config;
 
 /* No round open yet (srv__round_resume restores the state directory's).
@@ -90,6 +94,38 @@ void srv__rounds_free(srv_rounds *R);
  * Start-up only. Errors: the store's, STRATA_EPROTO (unreadable task),
  * STRATA_ENOMEM. */
 int srv__round_resume(srv_rounds *R, size_t test_n, strata_diag *d);
+
+/* A follower's view of the leader's round (c.mirror): forgets the open
+ * round and reads the store's again, as the resumption does but without a
+ * write or an aggregate (an open round whose model version is older than
+ * the published one is the leader's to close: not open here); a sealed
+ * round is closing. Lock held. Errors: the store's, STRATA_EPROTO,
+ * STRATA_ENOMEM (then no round is open here). */
+int srv__round_mirror(srv_rounds *R, strata_diag *d);
+
+/* A follower's view of the open round's updates: every client whose update
+ * st holds for it (stored through any coordinator) has reported, so it is
+ * not given the task again. Reads st without the lock, takes it to mark
+ * them. Errors: the store's. */
+int srv__round_mirror_updates(srv_rounds *R, strata_store *st, strata_diag *d);
+
+/* A mirror that an upload finds behind the leader (for the round it does
+ * not hold open, or the one after it): reads the store's round again
+ * first, as srv__round_mirror, so that the upload is decided on the
+ * leader's round (a failure leaves the mirror as it was and is logged).
+ * No-op for a leader or a round the mirror holds open. Lock held. */
+void srv__round_catch_up(srv_rounds *R, uint32_t round);
+
+/* The leader's share of updates that other coordinators of its store
+ * took: every update st holds for the open round (not closing) from a
+ * selected client the round has no report of is read, decoded and
+ * accepted (aggregated, counted) as if it had been uploaded here; the
+ * round thread is woken when the round is then full. Reads the store
+ * without the lock (st is the caller's connection), takes it to accept.
+ * *adopted (may be NULL) counts them. No-op for a mirror. Errors: the
+ * store's and the decoder's (the update is then left out and the error
+ * returned; a later call tries again). */
+int srv__round_adopt(srv_rounds *R, strata_store *st, size_t *adopted, strata_diag *d);
 
 /* ---- round.c: the round thread and the engine's composition ---- */
 

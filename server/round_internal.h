@@ -42,6 +42,7 @@ struct srv_rounds {
     strata_budget *cands; /* the task's error-table candidates (lgreco), or NULL */
     size_t ncands;
     char *task_json;
+    uint64_t version; /* the model version the open round's task is for */
     int64_t opened_ms, deadline_ms;
     /* Bodies of the open round: uplink its accepted updates; downlink the
      * model bodies sent since the last round's summary was stored (a client

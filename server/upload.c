@@ -513,10 +513,15 @@ static void commit_batch(srv_uploads *U)
         for (size_t i = 0; i < n; i++) {
             srv_upload *q = batch[i];
             q->pend = NULL; /* the commit took it */
-            if (results[i] == 0 && !srv__round_report(U->c.rounds, q->k))
+            /* A follower's round may have been read again meanwhile (a
+             * leader's cannot change during a commit): its place, if any. */
+            q->k = q->round == srv__round_current(U->c.rounds) && srv__round_is_open(U->c.rounds)
+                       ? srv__round_find(U->c.rounds, q->client_id)
+                       : -1;
+            int lacks = q->k >= 0 && !srv__round_report(U->c.rounds, q->k);
+            if (results[i] == 0 && lacks)
                 accept_update(U, q->p, q->k, q->len);
-            else if (results[i] == STRATA_ESTATE && vs[i] == STRATA_STORE_REJECT_CONFLICT &&
-                     !srv__round_report(U->c.rounds, q->k))
+            else if (results[i] == STRATA_ESTATE && vs[i] == STRATA_STORE_REJECT_CONFLICT && lacks)
                 results[i] = adopt_stored(U, U->c.wstore, q->round, q->client_id, q->k) < 0
                                  ? STRATA_EIO
                                  : results[i];
@@ -602,6 +607,7 @@ void srv__uploads_upload(srv_uploads *U, uint64_t cid, uint32_t round, const uin
      * without it. */
     strata_store_pending *pend = NULL;
     pthread_mutex_lock(U->c.mu);
+    srv__round_catch_up(U->c.rounds, round);
     ptrdiff_t k = round == srv__round_current(U->c.rounds) && !srv__round_closing(U->c.rounds)
                       ? srv__round_find(U->c.rounds, cid)
                       : -1;

@@ -234,6 +234,21 @@ int strata_store_registration_find(strata_store *s, const char *registration_id,
     return s->ops->registration_find(s, registration_id, client_id, found, diag);
 }
 
+int strata_store_client_find(strata_store *s, const uint8_t token_hash[STRATA_STORE_HASH_LEN],
+                             strata_store_client *out, int *found, strata_diag *diag)
+{
+    if (out != NULL)
+        memset(out, 0, sizeof(*out));
+    if (found != NULL)
+        *found = 0;
+    int rc = strata__store_enter(s, "client find", diag);
+    if (rc < 0)
+        return rc;
+    if (token_hash == NULL || out == NULL || found == NULL)
+        return strata_diag_set(diag, STRATA_EINVAL, "client find: NULL argument");
+    return s->ops->client_find(s, token_hash, out, found, diag);
+}
+
 int strata_store_client_get(strata_store *s, uint64_t client_id, strata_store_client *out,
                             int *found, strata_diag *diag)
 {

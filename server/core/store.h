@@ -203,6 +203,11 @@ int strata_store_registration_find(strata_store *s, const char *registration_id,
 int strata_store_client_get(strata_store *s, uint64_t client_id, strata_store_client *out,
                             int *found, strata_diag *diag);
 
+/* Looks a client up by the SHA-256 of its token. Not registered: STRATA_OK
+ * with *found = 0. */
+int strata_store_client_find(strata_store *s, const uint8_t token_hash[STRATA_STORE_HASH_LEN],
+                             strata_store_client *out, int *found, strata_diag *diag);
+
 int strata_store_client_count(strata_store *s, uint64_t *count, strata_diag *diag);
 
 /* Sets the last-seen time of clients ids[0, n) to seen_ms[i] (Unix ms;

@@ -42,6 +42,8 @@ typedef struct strata_store_ops {
                              int *found, strata_diag *diag);
     int (*client_get)(strata_store *s, uint64_t client_id, strata_store_client *out, int *found,
                       strata_diag *diag);
+    int (*client_find)(strata_store *s, const uint8_t token_hash[STRATA_STORE_HASH_LEN],
+                       strata_store_client *out, int *found, strata_diag *diag);
     int (*client_count)(strata_store *s, uint64_t *count, strata_diag *diag);
     int (*clients_seen)(strata_store *s, const uint64_t *ids, const int64_t *seen_ms, size_t n,
                         strata_diag *diag);

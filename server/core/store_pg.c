@@ -635,6 +635,7 @@ const strata_store_ops strata__store_pg_ops = {
     .client_add = strata__pg_client_add,
     .registration_find = strata__pg_registration_find,
     .client_get = strata__pg_client_get,
+    .client_find = strata__pg_client_find,
     .client_count = strata__pg_client_count,
     .clients_seen = strata__pg_clients_seen,
     .round_open = strata__pg_round_open,

@@ -194,6 +194,8 @@ int strata__pg_registration_find(strata_store *s, const char *registration_id, u
                                  int *found, strata_diag *diag);
 int strata__pg_client_get(strata_store *s, uint64_t client_id, strata_store_client *out, int *found,
                           strata_diag *diag);
+int strata__pg_client_find(strata_store *s, const uint8_t token_hash[STRATA_STORE_HASH_LEN],
+                           strata_store_client *out, int *found, strata_diag *diag);
 int strata__pg_client_count(strata_store *s, uint64_t *count, strata_diag *diag);
 int strata__pg_clients_seen(strata_store *s, const uint64_t *ids, const int64_t *seen_ms, size_t n,
                             strata_diag *diag);

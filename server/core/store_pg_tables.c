@@ -135,6 +135,14 @@ int strata__pg_client_get(strata_store *base, uint64_t client_id, strata_store_c
     return fetch_client((pg_store *)base, P_CLIENT_BY_ID, &p, out, found, diag);
 }
 
+int strata__pg_client_find(strata_store *base, const uint8_t token_hash[STRATA_STORE_HASH_LEN],
+                           strata_store_client *out, int *found, strata_diag *diag)
+{
+    pg_params p = {.n = 0};
+    strata__pg_bytes(&p, token_hash, STRATA_STORE_HASH_LEN);
+    return fetch_client((pg_store *)base, P_CLIENT_BY_TOKEN, &p, out, found, diag);
+}
+
 int strata__pg_client_count(strata_store *base, uint64_t *count, strata_diag *diag)
 {
     int64_t v;

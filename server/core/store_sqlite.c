@@ -500,6 +500,7 @@ const strata_store_ops strata__store_sqlite_ops = {
     .client_add = strata__sqlite_client_add,
     .registration_find = strata__sqlite_registration_find,
     .client_get = strata__sqlite_client_get,
+    .client_find = strata__sqlite_client_find,
     .client_count = strata__sqlite_client_count,
     .clients_seen = strata__sqlite_clients_seen,
     .round_open = strata__sqlite_round_open,

@@ -142,6 +142,8 @@ int strata__sqlite_registration_find(strata_store *s, const char *registration_i
                                      uint64_t *client_id, int *found, strata_diag *diag);
 int strata__sqlite_client_get(strata_store *s, uint64_t client_id, strata_store_client *out,
                               int *found, strata_diag *diag);
+int strata__sqlite_client_find(strata_store *s, const uint8_t token_hash[STRATA_STORE_HASH_LEN],
+                               strata_store_client *out, int *found, strata_diag *diag);
 int strata__sqlite_client_count(strata_store *s, uint64_t *count, strata_diag *diag);
 int strata__sqlite_clients_seen(strata_store *s, const uint64_t *ids, const int64_t *seen_ms,
                                 size_t n, strata_diag *diag);

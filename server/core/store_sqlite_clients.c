@@ -152,6 +152,15 @@ int strata__sqlite_client_get(strata_store *base, uint64_t client_id, strata_sto
     return strata__store_fetch_client(s, st, out, found, diag);
 }
 
+int strata__sqlite_client_find(strata_store *base, const uint8_t token_hash[STRATA_STORE_HASH_LEN],
+                               strata_store_client *out, int *found, strata_diag *diag)
+{
+    sq_store *s = (sq_store *)base;
+    sqlite3_stmt *st = strata__store_stmt(s, S_CLIENT_BY_TOKEN);
+    sqlite3_bind_blob(st, 1, token_hash, STRATA_STORE_HASH_LEN, SQLITE_STATIC);
+    return strata__store_fetch_client(s, st, out, found, diag);
+}
+
 int strata__sqlite_client_count(strata_store *base, uint64_t *count, strata_diag *diag)
 {
     sq_store *s = (sq_store *)base;

@@ -4,7 +4,7 @@
 # shutdowns of a throw-away PostgreSQL 15 cluster (tests/unit/with_postgres.sh)
 # under load, each followed by a start; the leading coordinator stays up,
 # reconnects, and must acknowledge new uploads after each outage, and a
-# standby coordinator on the same store must never take the lead. The
+# following coordinator on the same store must never take the lead. The
 # checks on the store are test_kill_load.sh's.
 here=$(cd "$(dirname "$0")" && pwd)
 exec bash "$here/../unit/with_postgres.sh" bash -c \

@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
-# A leader and a standby on one PostgreSQL store behind HAProxy, and the
+# A leader and a follower on one PostgreSQL store behind HAProxy, and the
 # leader lost twice. In a throw-away PostgreSQL cluster
 # (tests/unit/with_postgres.sh): coordinators A and B (--database, each its
 # own state directory, a 2 s lease) and HAProxy in front, which sends
-# requests to whichever answers GET /v1/health with 200 (a standby does not
-# listen). bench_load --persist runs 20 clients through HAProxy, retrying
+# requests to both while they answer GET /v1/health with 200 (the follower
+# serves too). bench_load --persist runs 20 clients through HAProxy, retrying
 # through every outage. Then:
-#  1. A leads; B waits as a standby;
+#  1. A leads; B follows;
 #  2. A is killed (SIGKILL) during an upload window: B takes over as soon
 #     as A's database session ends, and the clients go on through B;
-#  3. A is started again and waits as a standby;
+#  3. A is started again and follows;
 #  4. B is stopped (SIGSTOP) for longer than its lease: A takes over when
 #     the lease runs out, and the clients go on through A; A's /metrics
 #     shows its lead (strata_lease_epoch as in GET /v1/health, renewed
@@ -67,7 +67,7 @@ wait_until 60 "A listening" logged a1 "leading the store as A"
 wait_until 30 "A's listening line" grep -q "listening on" "$WORK/a1.out"
 start_coordinator B "$PB" b
 B=$CPID
-wait_until 30 "B standing by" logged b "standby: A leads"
+wait_until 30 "B following" logged b "following: A leads"
 cat >"$WORK/haproxy.cfg" <<EOF
 defaults
     mode http
@@ -108,10 +108,10 @@ wait_until 30 "B leading" leader_is B
 FAIL1=$(($(now_ms) - t0))
 wait_until 60 "acknowledgements through B" acked_over $((before + 100))
 
-# 3. A again, as a standby.
+# 3. A again, as a follower.
 start_coordinator A "$PA" a2
 A=$CPID
-wait_until 30 "A standing by" logged a2 "standby: B leads"
+wait_until 30 "A following" logged a2 "following: B leads"
 
 # 4. B paused past its lease: A takes over when it runs out.
 acks

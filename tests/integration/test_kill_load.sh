@@ -24,11 +24,11 @@
 # server is what goes down: an immediate shutdown (every session cut, as in
 # a crash of the database server; crash recovery at the next start), down
 # for a moment, then started again. The coordinator must reconnect and go
-# on without a restart of its own; the checks are the same. A standby
-# coordinator waits on the same store meanwhile: a restart of the database
-# ends the leader's session too, yet the standby must not take the lead
-# (the leader comes back within its lease), so it never listens and the
-# store's epoch stays 1.
+# on without a restart of its own; the checks are the same. A second
+# coordinator follows on the same store meanwhile (it serves, and bids for
+# the lead): a restart of the database ends the leader's session too, yet
+# the follower must not take the lead (the leader comes back within its
+# lease), so it never leads and the store's epoch stays 1.
 
 # A watchdog: the whole test stops within ~120 s whatever happens (every wait
 # below is bounded too; this is the last resort).
@@ -183,15 +183,15 @@ if [ "$TARGET" = database ]; then
         >"$WORK/standby.out" 2>"$WORK/standby.err" &
     STANDBY_PID=$!
     PIDS+=("$STANDBY_PID")
-    standing_by() { alive "$STANDBY_PID" && grep -q "standby: .* leads the store" "$WORK/standby.err"; }
-    wait_until 30 "the standby coordinator waiting" standing_by
+    standing_by() { alive "$STANDBY_PID" && grep -q "following: .* leads the store" "$WORK/standby.err"; }
+    wait_until 30 "the second coordinator following" standing_by
 fi
-# The standby never led: it never listened, and the epoch is still 1.
+# The follower never led, and the epoch is still 1.
 standby_never_led() {
     [ -n "$STANDBY_PID" ] || return 0
-    alive "$STANDBY_PID" || die "the standby coordinator exited: $(tail -n 5 "$WORK/standby.err")"
-    ! grep -q "listening on" "$WORK/standby.out" ||
-        die "the standby took the lead after a restart of the database: $(grep -i "lead" "$WORK/standby.err" | tail -n 3)"
+    alive "$STANDBY_PID" || die "the following coordinator exited: $(tail -n 5 "$WORK/standby.err")"
+    ! grep -q "leads the store now\|leading the store as" "$WORK/standby.err" ||
+        die "the follower took the lead after a restart of the database: $(grep -i "lead" "$WORK/standby.err" | tail -n 3)"
     local epoch
     epoch=$(store_query "$STATE" "SELECT epoch FROM leader")
     [ "$epoch" = 1 ] || die "the store's epoch is $epoch, not 1: the lead changed hands"

@@ -742,18 +742,20 @@ static void test_close_retried(void)
 }
 
 /* Makes the store refuse to close a round, as a full disk or an I/O error
- * at commit would (a trigger on the rounds table, added or dropped over a
- * connection of the test's own), or lets it again. */
+ * at commit would (a trigger on the rounds table's state, added or dropped
+ * over a connection of the test's own; the seal before a close, which sets
+ * closed_ms only, passes), or lets it again. */
 static int round_close_refused(const char *dir, int refused)
 {
     sqlite3 *h = fix_state_db(dir);
     int rc = h != NULL ? SQLITE_OK : SQLITE_CANTOPEN;
     if (rc == SQLITE_OK)
         rc = sqlite3_exec(h,
-                          refused ? "CREATE TRIGGER test_refuse_close BEFORE UPDATE ON rounds "
-                                    "BEGIN SELECT RAISE(ABORT, 'database or disk is full "
-                                    "(injected)'); END"
-                                  : "DROP TRIGGER test_refuse_close",
+                          refused
+                              ? "CREATE TRIGGER test_refuse_close BEFORE UPDATE OF state ON rounds "
+                                "BEGIN SELECT RAISE(ABORT, 'database or disk is full "
+                                "(injected)'); END"
+                              : "DROP TRIGGER test_refuse_close",
                           NULL, NULL, NULL);
     sqlite3_close(h);
     return rc == SQLITE_OK ? 0 : -1;

@@ -1886,6 +1886,48 @@ static void test_files(void)
     CU_ASSERT_EQUAL(found, F.b->files_kept); /* SQLite's copy was the unlinked file */
 }
 
+/* ---- Finding a client by its token ----------------------------------------- */
+
+/* A client is found by its token hash, on any connection; a registration
+ * again under the same registration id moves it to the new hash. */
+static void test_client_find(void)
+{
+    FRESH_STORE(s);
+    strata_diag d;
+    uint64_t ids[2];
+    add_clients(s, 2, ids);
+    uint8_t h[STRATA_STORE_HASH_LEN], h9[STRATA_STORE_HASH_LEN];
+    token_hash(2, h);
+    token_hash(9, h9);
+    strata_store_client c;
+    int found = 0;
+    CU_ASSERT_EQUAL(strata_store_client_find(s, h, &c, &found, &d), STRATA_OK);
+    CU_ASSERT_EQUAL(found, 1);
+    CU_ASSERT_EQUAL(c.id, ids[1]);
+    CU_ASSERT(memcmp(c.token_hash, h, sizeof(h)) == 0);
+    CU_ASSERT_EQUAL(strata_store_client_find(s, h9, &c, &found, &d), STRATA_OK);
+    CU_ASSERT_EQUAL(found, 0);
+    CU_ASSERT_EQUAL(c.id, 0);
+    CU_ASSERT_EQUAL(strata_store_client_find(s, NULL, &c, &found, &d), STRATA_EINVAL);
+    CU_ASSERT_EQUAL(strata_store_client_find(s, h, NULL, &found, &d), STRATA_EINVAL);
+    uint64_t id = 0;
+    uint8_t h7[STRATA_STORE_HASH_LEN];
+    token_hash(7, h7);
+    CU_ASSERT_EQUAL(strata_store_client_add(s, h7, "seven", "reg-7", &id, NULL, &d), STRATA_OK);
+    int existed = 0;
+    uint64_t again = 0;
+    CU_ASSERT_EQUAL(strata_store_client_add(s, h9, "seven", "reg-7", &again, &existed, &d),
+                    STRATA_OK);
+    CU_ASSERT_EQUAL(existed, 1);
+    strata_store *sec = fx_secondary(&F);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(sec);
+    CU_ASSERT_EQUAL(strata_store_client_find(sec, h9, &c, &found, &d), STRATA_OK);
+    CU_ASSERT_EQUAL(found, 1);
+    CU_ASSERT_EQUAL(c.id, id);
+    CU_ASSERT_EQUAL(strata_store_client_find(sec, h7, &c, &found, &d), STRATA_OK);
+    CU_ASSERT_EQUAL(found, 0);
+}
+
 /* ---- Sealing a round ------------------------------------------------------- */
 
 /* A sealed round stays open, but no connection stores an update for it any
@@ -2191,6 +2233,7 @@ int main(int argc, char **argv)
         {"checkpoints: record, latest", test_checkpoints},
         {"leadership: lead, renew, expiry, fencing, a dead leader's place", test_leadership},
         {"files: a version's files recorded, fetched into the directory, removed", test_files},
+        {"client find: by token hash, on any connection, after a new token", test_client_find},
         {"seal: a sealed round takes no update on any connection, then closes", test_seal},
         {"changes: committed writes notify listeners of what changed", test_changes},
         {"concurrent connections store one update once", test_concurrent_same_update},
