@@ -219,7 +219,8 @@ static int open_rounds(srv_engine *e, strata_model *x, uint64_t version,
                               .waiters = e->waiters,
                               .models = e->models,
                               .budgets = e->budgets,
-                              .mirror = e->follower};
+                              .mirror = e->follower,
+                              .shared = cfg->database != NULL};
     if ((rc = srv__rounds_new(&rcfg, &e->rounds)) < 0 ||
         (rc = srv__round_resume(e->rounds, srv__eval_test(e->eval)->n, d)) < 0 ||
         (rc = srv__lgreco_restore(e->budgets, e->store, srv__round_current(e->rounds), d)) < 0)

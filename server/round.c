@@ -272,6 +272,19 @@ void srv__round_accept(srv_rounds *R, const strata_payload *p, ptrdiff_t k, size
 
 /* ---- tasks and skips ------------------------------------------------------------ */
 
+/* On a shared store, the check before a task is handed out: whether the
+ * store holds the client's update for the open round already (it uploaded
+ * through another coordinator, whose notification has not arrived). A failed lookup
+ * answers no: the task is handed out, and an upload of the same round is
+ * then refused or taken as the store decides. Lock held. */
+static int stored_elsewhere(const srv_rounds *R, uint64_t client_id)
+{
+    int found = 0;
+    return strata_store_update_find(R->c.store, R->next_round, client_id, NULL, &found, NULL) ==
+               STRATA_OK &&
+           found;
+}
+
 void srv__round_task(srv_rounds *R, uint64_t client_id, int64_t deadline_ms, void *conn,
                      int *parked, srv_result *r)
 {
@@ -289,6 +302,15 @@ void srv__round_task(srv_rounds *R, uint64_t client_id, int64_t deadline_ms, voi
         return;
     }
     ptrdiff_t k = R->open && !R->closing ? srv__id_find(R->selected, R->nselected, client_id) : -1;
+    if (k >= 0 && !R->reported[k] && R->c.shared && stored_elsewhere(R, client_id)) {
+        /* Uploaded through another coordinator a moment ago: a mirror
+         * notes it, a leader's watch thread is about to adopt it. */
+        if (R->c.mirror) {
+            R->reported[k] = SRV_REPORT_UPDATE;
+            R->nreported++;
+        }
+        k = -1;
+    }
     if (k >= 0 && !R->reported[k]) {
         char *t = strdup(R->task_json);
         pthread_mutex_unlock(R->c.mu);

@@ -72,6 +72,8 @@ typedef struct srv_rounds_config {
      * the store's, read again by srv__round_mirror; nothing is aggregated,
      * opened or closed here. */
     int mirror;
+    /* Other coordinators take uploads for this store too (--database). */
+    int shared;
 } srv_rounds_config;
 
 /* No round open yet (srv__round_resume restores the state directory's).

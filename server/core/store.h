@@ -405,6 +405,12 @@ int strata_store_update_list(strata_store *s, uint32_t round, strata_store_updat
 
 void strata_store_update_list_free(strata_store_update *updates, size_t n);
 
+/* Looks up client_id's update for a round: *found 1 and its receipt in
+ * *receipt (duplicate = 0; may be NULL), or *found 0. Changes nothing.
+ * Errors: STRATA_EINVAL (NULL found), the database's. */
+int strata_store_update_find(strata_store *s, uint32_t round, uint64_t client_id,
+                             strata_store_receipt *receipt, int *found, strata_diag *diag);
+
 /* Reads client_id's payload for a round into a new buffer *buf (free()) and
  * checks its length and SHA-256 against the row. Errors: STRATA_ESTATE when
  * there is no such update, STRATA_EIO when the stored bytes do not match

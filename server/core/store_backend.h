@@ -71,6 +71,8 @@ typedef struct strata_store_ops {
                          int *results, strata_diag *item_diag, strata_diag *diag);
     int (*update_list)(strata_store *s, uint32_t round, strata_store_update **out, size_t *n,
                        strata_diag *diag);
+    int (*update_find)(strata_store *s, uint32_t round, uint64_t client_id,
+                       strata_store_receipt *receipt, int *found, strata_diag *diag);
     int (*update_read)(strata_store *s, uint32_t round, uint64_t client_id, uint8_t **buf,
                        size_t *len, strata_diag *diag);
 

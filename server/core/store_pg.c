@@ -646,6 +646,7 @@ const strata_store_ops strata__store_pg_ops = {
     .round_list = strata__pg_round_list,
     .update_commit = strata__pg_update_commit,
     .update_list = strata__pg_update_list,
+    .update_find = strata__pg_update_find,
     .update_read = strata__pg_update_read,
     .checkpoint_record = strata__pg_checkpoint_record,
     .latest_model_version = strata__pg_latest_model_version,

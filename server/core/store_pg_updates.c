@@ -107,6 +107,23 @@ static int commit_outcome(pg_store *s, const char *receipt, int failed, strata_d
     return committed ? STRATA_OK : failed;
 }
 
+int strata__pg_update_find(strata_store *base, uint32_t round, uint64_t client_id,
+                           strata_store_receipt *receipt, int *found, strata_diag *diag)
+{
+    pg_params p = {.n = 0};
+    strata__pg_int(&p, round);
+    strata__pg_int(&p, (int64_t)client_id);
+    PGresult *r =
+        strata__pg_run((pg_store *)base, P_UPDATE_CHECK, &p, 0, 1, "look up update", diag);
+    if (r == NULL)
+        return STRATA_EIO;
+    *found = !PQgetisnull(r, 0, 2);
+    if (*found && receipt != NULL)
+        read_receipt(r, 0, 2, receipt);
+    PQclear(r);
+    return STRATA_OK;
+}
+
 int strata__pg_update_commit(strata_store *base, strata_store_pending *const *p, size_t n,
                              strata_store_receipt *receipts, strata_store_verdict *verdicts,
                              int *results, strata_diag *item_diag, strata_diag *diag)

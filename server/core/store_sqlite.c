@@ -511,6 +511,7 @@ const strata_store_ops strata__store_sqlite_ops = {
     .round_list = strata__sqlite_round_list,
     .update_commit = strata__sqlite_update_commit,
     .update_list = strata__sqlite_update_list,
+    .update_find = strata__sqlite_update_find,
     .update_read = strata__sqlite_update_read,
     .checkpoint_record = strata__sqlite_checkpoint_record,
     .latest_model_version = strata__sqlite_latest_model_version,

@@ -158,6 +158,8 @@ int strata__sqlite_round_close(strata_store *s, uint32_t round, const char *summ
 int strata__sqlite_last_round(strata_store *s, uint32_t *round, int *found, strata_diag *diag);
 int strata__sqlite_round_list(strata_store *s, uint32_t from, size_t limit,
                               strata_store_round **out, size_t *n, strata_diag *diag);
+int strata__sqlite_update_find(strata_store *s, uint32_t round, uint64_t client_id,
+                               strata_store_receipt *receipt, int *found, strata_diag *diag);
 int strata__sqlite_update_commit(strata_store *s, strata_store_pending *const *p, size_t n,
                                  strata_store_receipt *receipts, strata_store_verdict *verdicts,
                                  int *results, strata_diag *item_diag, strata_diag *diag);

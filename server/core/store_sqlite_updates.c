@@ -137,6 +137,12 @@ static int insert_update(sq_store *s, const strata_store_pending *q, int64_t rec
     return strata__store_exec_stmt(s, S_PAYLOAD_INSERT, diag, "insert payload");
 }
 
+int strata__sqlite_update_find(strata_store *base, uint32_t round, uint64_t client_id,
+                               strata_store_receipt *receipt, int *found, strata_diag *diag)
+{
+    return find_update((sq_store *)base, round, client_id, receipt, found, diag);
+}
+
 int strata__sqlite_update_commit(strata_store *base, strata_store_pending *const *p, size_t n,
                                  strata_store_receipt *receipts, strata_store_verdict *verdicts,
                                  int *results, strata_diag *item_diag, strata_diag *diag)

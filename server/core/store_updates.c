@@ -218,6 +218,23 @@ void strata_store_update_list_free(strata_store_update *updates, size_t n)
     free(updates);
 }
 
+int strata_store_update_find(strata_store *s, uint32_t round, uint64_t client_id,
+                             strata_store_receipt *receipt, int *found, strata_diag *diag)
+{
+    if (receipt != NULL)
+        memset(receipt, 0, sizeof(*receipt));
+    if (found != NULL)
+        *found = 0;
+    int rc = strata__store_enter(s, "update find", diag);
+    if (rc < 0)
+        return rc;
+    if (found == NULL)
+        return strata_diag_set(diag, STRATA_EINVAL, "update find: NULL argument");
+    if (!FITS_I64(client_id))
+        return STRATA_OK;
+    return s->ops->update_find(s, round, client_id, receipt, found, diag);
+}
+
 int strata_store_update_read(strata_store *s, uint32_t round, uint64_t client_id, uint8_t **buf,
                              size_t *len, strata_diag *diag)
 {

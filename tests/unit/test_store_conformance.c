@@ -1944,6 +1944,18 @@ static void test_seal(void)
     strata_store_verdict v;
     CU_ASSERT_EQUAL(strata_store_update_put(s, 0, ids[0], (const uint8_t *)"a", 1, 1, &rec, &v, &d),
                     STRATA_OK);
+    strata_store_receipt got;
+    int have = 0;
+    CU_ASSERT_EQUAL(strata_store_update_find(s, 0, ids[0], &got, &have, &d), STRATA_OK);
+    CU_ASSERT_EQUAL(have, 1);
+    CU_ASSERT_STRING_EQUAL(got.id, rec.id);
+    CU_ASSERT_EQUAL(got.bytes, 1);
+    CU_ASSERT_EQUAL(got.samples, 1);
+    CU_ASSERT_EQUAL(strata_store_update_find(s, 0, ids[1], &got, &have, &d), STRATA_OK);
+    CU_ASSERT_EQUAL(have, 0);
+    CU_ASSERT_EQUAL(strata_store_update_find(s, 7, ids[0], NULL, &have, &d), STRATA_OK);
+    CU_ASSERT_EQUAL(have, 0);
+    CU_ASSERT_EQUAL(strata_store_update_find(s, 0, ids[0], NULL, NULL, &d), STRATA_EINVAL);
     CU_ASSERT_EQUAL(strata_store_round_seal(s, 0, &d), STRATA_OK);
     CU_ASSERT_EQUAL(strata_store_round_seal(s, 0, &d), STRATA_OK); /* again: nothing changes */
     strata_store_round r;
@@ -2234,7 +2246,8 @@ int main(int argc, char **argv)
         {"leadership: lead, renew, expiry, fencing, a dead leader's place", test_leadership},
         {"files: a version's files recorded, fetched into the directory, removed", test_files},
         {"client find: by token hash, on any connection, after a new token", test_client_find},
-        {"seal: a sealed round takes no update on any connection, then closes", test_seal},
+        {"seal: a sealed round takes no update on any connection, then closes; update find",
+         test_seal},
         {"changes: committed writes notify listeners of what changed", test_changes},
         {"concurrent connections store one update once", test_concurrent_same_update},
         {"concurrent conflicting updates: one wins", test_concurrent_conflicting_updates},
