@@ -270,9 +270,8 @@ static int open_admin(srv_engine *e, strata_diag *d)
                            .waiters = e->waiters};
     int rc = srv__admin_new(&ac, &e->admin, d);
     if (rc == 0 && srv__admin_stopped(e->admin)) {
-        if (!e->follower && (rc = srv__round_abandon(e->rounds, d)) == 0)
-            srv__round_finish(e->rounds, 1);
-        else if (e->follower)
+        /* (a follower's mirror is the leader's to close) */
+        if (e->follower || (rc = srv__round_abandon(e->rounds, d)) == 0)
             srv__round_finish(e->rounds, 1);
     }
     return rc;
@@ -473,6 +472,19 @@ static int seal_due_round(srv_engine *e)
     return rc;
 }
 
+/* Closes the open round when it is due and no group commit is in flight:
+ * sealed first (the lock is dropped meanwhile, so both are checked again
+ * after). Lock held. */
+static void close_if_due(srv_engine *e, int64_t now)
+{
+    if (srv__uploads_busy(e->uploads) || !srv__close_due(e->rounds, now))
+        return;
+    if (seal_due_round(e) < 0)
+        return;
+    if (!srv__uploads_busy(e->uploads) && srv__close_due(e->rounds, now))
+        srv__close_round(e->close, e->rounds);
+}
+
 /* The round thread: opens a round once min_clients are registered (unless
  * paused or finished), closes it when due and no group commit is in
  * flight, wakes expired long-polls; runs until e->stopping. */
@@ -484,10 +496,7 @@ static void *round_thread(void *arg)
         int64_t now = strata_clock_unix_ms();
         if (!e->follower) {
             srv__round_maybe_open(e->rounds, srv__admin_paused(e->admin));
-            if (!srv__uploads_busy(e->uploads) && srv__close_due(e->rounds, now) &&
-                seal_due_round(e) == 0 && !srv__uploads_busy(e->uploads) &&
-                srv__close_due(e->rounds, now))
-                srv__close_round(e->close, e->rounds);
+            close_if_due(e, now);
         }
         srv__waiters_wake_expired(e->waiters, strata_clock_unix_ms());
         struct timespec ts = strata_clock_abstime_in(TICK_MS);

@@ -112,7 +112,10 @@ size_t srv_engine_max_json(const srv_engine *e);
 /* Checks a client's Authorization header value (borrowed, may be NULL):
  * "Bearer TOKEN" with a registered client's token. Returns STRATA_OK with
  * *client_id set, or STRATA_EPROTO with *client_id 0 and r set to
- * SRV_E_UNAUTHORIZED (missing, malformed or unknown token). No I/O. */
+ * SRV_E_UNAUTHORIZED (missing, malformed or unknown token). No I/O, but
+ * with --database, where another coordinator may have registered the
+ * client a moment ago: an unknown token is looked up in the store (at most
+ * 6,000 a minute; beyond, r is SRV_E_UNAVAILABLE with Retry-After 1). */
 int srv_engine_auth(srv_engine *e, const char *authorization, uint64_t *client_id, srv_result *r);
 
 /* Checks an admin request's Authorization header: STRATA_OK when it carries

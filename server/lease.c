@@ -182,6 +182,8 @@ static void *renew_thread(void *arg)
 
 int srv__lease_start(srv_lease *L)
 {
+    if (L->started)
+        return STRATA_OK;
     if (pthread_create(&L->thread, NULL, renew_thread, L) != 0)
         return STRATA_EIO;
     L->started = 1;

@@ -36,7 +36,7 @@ int srv__lease_acquire(strata_store *primary, const char *holder, long lease_ms,
 int srv__lease_try(strata_store *primary, const char *holder, long lease_ms, srv_lease **out,
                    strata_diag *d);
 
-/* Starts the renewal thread: every lease/3 ms (lease/10 after a failed
+/* Starts the renewal thread (once; again is a no-op): every lease/3 ms (lease/10 after a failed
  * renewal); fenced, or no renewal for a
  * whole lease, logs why and sends SIGTERM to the process. */
 int srv__lease_start(srv_lease *L);

@@ -189,6 +189,7 @@ int main(int argc, char **argv)
         srv_engine *e = NULL;
         srv_http *h = NULL;
         int promoted = 0;
+        code = 1;
         rc = srv_engine_open_led(&cfg, lead, &e, &d);
         lead = NULL; /* taken, in every case */
         if (rc < 0) {

@@ -248,11 +248,15 @@ static const tok_entry *tok_find(const srv_registry *g, const uint8_t *hash)
  * one again under its registration id): looked up in the store, the client
  * is added (with every other new one) or takes its new token here too.
  * Lock held. */
-static const tok_entry *lookup_token(srv_registry *g, const uint8_t *hash)
+static const tok_entry *lookup_token(srv_registry *g, const uint8_t *hash, int *throttled)
 {
     int64_t now = strata_clock_unix_ms();
-    if (!g->c.shared || bucket_wait_ms(&g->lookups, LOOKUPS_PER_MINUTE, now) > 0)
+    if (!g->c.shared)
         return NULL;
+    if (bucket_wait_ms(&g->lookups, LOOKUPS_PER_MINUTE, now) > 0) {
+        *throttled = 1;
+        return NULL;
+    }
     g->lookups.tokens -= 1.0;
     strata_store_client c;
     int found = 0;
@@ -266,18 +270,20 @@ static const tok_entry *lookup_token(srv_registry *g, const uint8_t *hash)
 }
 
 /* Looks a bearer token up among the clients: 1 and the id when found, 0
- * when not. Takes the lock. */
+ * when not, 2 when a shared store's lookup was not made now (too many
+ * unknown tokens: the caller asks the client to retry). Takes the lock. */
 static int client_of_token(srv_registry *g, const char *tok, uint64_t *client_id)
 {
     uint8_t hash[STRATA_STORE_HASH_LEN];
     strata_sha256(tok, strlen(tok), hash);
+    int throttled = 0;
     pthread_mutex_lock(g->c.mu);
     const tok_entry *k = tok_find(g, hash);
     if (k == NULL)
-        k = lookup_token(g, hash);
+        k = lookup_token(g, hash, &throttled);
     *client_id = k ? k->id : 0;
     pthread_mutex_unlock(g->c.mu);
-    return k != NULL;
+    return k != NULL ? 1 : throttled ? 2 : 0;
 }
 
 int srv__registry_auth(srv_registry *g, const char *h, uint64_t *client_id, srv_result *r)
@@ -288,7 +294,13 @@ int srv__registry_auth(srv_registry *g, const char *h, uint64_t *client_id, srv_
         srv_result_error(r, SRV_E_UNAUTHORIZED, "missing or malformed bearer token");
         return STRATA_EPROTO;
     }
-    if (!client_of_token(g, tok, client_id)) {
+    int known = client_of_token(g, tok, client_id);
+    if (known == 2) {
+        srv_result_error(r, SRV_E_UNAVAILABLE, "too many unknown tokens to look up now; retry");
+        r->retry_after = 1;
+        return STRATA_EPROTO;
+    }
+    if (!known) {
         srv_result_error(r, SRV_E_UNAUTHORIZED, "unknown token");
         return STRATA_EPROTO;
     }
@@ -307,7 +319,7 @@ int srv__registry_admin_auth(srv_registry *g, const char *h, srv_result *r)
     if (hash_equal(hash, g->admin_hash))
         return STRATA_OK;
     uint64_t id = 0;
-    if (client_of_token(g, tok, &id))
+    if (client_of_token(g, tok, &id) == 1)
         srv_result_error(r, SRV_E_FORBIDDEN, "client %llu's token cannot use admin endpoints",
                          (unsigned long long)id);
     else

@@ -17,6 +17,11 @@
 #define REPLICA_WAIT_MS 500
 #define REPLICA_BID_MS 500
 
+/* Without a notification for this long the view is read again in full: a
+ * listening connection cut without an error (a half-open TCP connection)
+ * loses notifications silently. */
+#define REPLICA_REREAD_MS 10000
+
 struct srv_replica {
     srv_replica_config c;
     strata_store *lstore; /* the watch thread's, listening */
@@ -86,19 +91,30 @@ static int apply(srv_replica *P, const strata_store_changes *ch, strata_diag *d)
     return rc;
 }
 
-/* A follower's bid for the lead: once it leads, the process opens its
- * engine again as the leader (main.c waits for SIGUSR1). */
+/* A follower's bid for the lead, made only when the leader row says the
+ * lease ran out or no session holds the leader's lock (a read on the
+ * watch connection, without the engine lock: a bid is a write transaction,
+ * which waits for the store's other writes). Once it leads, its lease is
+ * renewed from then on and the process opens its engine again as the
+ * leader (main.c waits for SIGUSR1). */
 static void bid(srv_replica *P)
 {
+    strata_store_leader l;
+    if (strata_store_leader_get(P->lstore, &l, NULL) == STRATA_OK && l.epoch > 0 &&
+        l.expires_in_ms > 0 && l.lock_held)
+        return; /* the leader lives */
     strata_diag d = {{0}};
     pthread_mutex_lock(P->c.mu);
     int rc = srv__lease_try(P->c.store, P->c.holder, P->c.lease_ms, &P->lead, &d);
     pthread_mutex_unlock(P->c.mu);
-    if (rc == 0) {
+    if (rc == 0 && srv__lease_start(P->lead) == 0) {
         strata_log_info("this follower (%s) leads the store now: opening the round engine",
                         P->c.holder);
         atomic_store(&P->promoted, 1);
         kill(getpid(), SIGUSR1);
+    } else if (rc == 0) { /* no renewal thread: let the lead go */
+        srv__lease_free(P->lead);
+        P->lead = NULL;
     }
 }
 
@@ -114,7 +130,7 @@ static void *watch_main(void *arg)
     /* Whatever changed before the thread listened is read once first. */
     strata_store_changes ch = {1, 1, 1, 1};
     int failing = 0, waiting = 0;
-    int64_t next_bid = 0;
+    int64_t next_bid = 0, last_note = strata_clock_mono_ms();
     while (!atomic_load(&P->stopping)) {
         strata_diag d = {{0}};
         int rc = apply(P, &ch, &d);
@@ -140,9 +156,17 @@ static void *watch_main(void *arg)
             continue;
         }
         waiting = 0;
-        if (rc == 0 && !failing)
+        int any = got.clients || got.rounds || got.updates || got.models;
+        int64_t now = strata_clock_mono_ms();
+        if (any)
+            last_note = now;
+        else if (now - last_note >= REPLICA_REREAD_MS) {
+            got = (strata_store_changes){1, 1, 1, 1};
+            last_note = now;
+        }
+        if (!failing) {
             ch = got;
-        else if (rc == 0) { /* keep the full re-read pending, add what came */
+        } else { /* keep the full re-read pending, add what came */
             ch.clients |= got.clients;
             ch.rounds |= got.rounds;
             ch.updates |= got.updates;

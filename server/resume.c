@@ -262,14 +262,15 @@ static int resume_state(srv_rounds *R, strata_diag *d)
 }
 
 /* Whether the stored update of client_id for `round` is one the open
- * round still lacks: its index among the selected clients, or -1. Lock
- * held. */
+ * round still lacks: its index among the selected clients, or -1. A skip
+ * the client sent here does not count against it: its update, stored
+ * through another coordinator, was acknowledged. Lock held. */
 static ptrdiff_t lacking(const srv_rounds *R, uint32_t round, uint64_t client_id)
 {
     if (!R->open || R->closing || R->c.mirror || R->next_round != round)
         return -1;
     ptrdiff_t k = srv__id_find(R->selected, R->nselected, client_id);
-    return k >= 0 && !R->reported[k] ? k : -1;
+    return k >= 0 && R->reported[k] != SRV_REPORT_UPDATE ? k : -1;
 }
 
 int srv__round_adopt(srv_rounds *R, strata_store *st, size_t *adopted, strata_diag *d)
@@ -291,14 +292,22 @@ int srv__round_adopt(srv_rounds *R, strata_store *st, size_t *adopted, strata_di
         uint8_t *buf = NULL;
         size_t len = 0;
         strata_payload *p = NULL;
+        strata_diag pd = {{0}};
         rc = strata_store_update_read(st, round, ups[i].client_id, &buf, &len, d);
-        if (rc == 0)
-            rc = strata_payload_decode(buf, len, &R->c.limits, &p, d);
+        int bad = rc == 0 ? strata_payload_decode(buf, len, &R->c.limits, &p, &pd) : 0;
+        if (bad < 0) /* another coordinator took it: another configuration? */
+            strata_log_error("round %u: the update of client %llu that another coordinator "
+                             "stored cannot be decoded here (%s); it is left out",
+                             round, (unsigned long long)ups[i].client_id,
+                             strata_diag_msg(&pd, bad));
         pthread_mutex_lock(R->c.mu);
-        if (rc == 0 && (k = lacking(R, round, ups[i].client_id)) >= 0) {
+        if (rc == 0 && bad == 0 && (k = lacking(R, round, ups[i].client_id)) >= 0) {
+            if (R->reported[k] == SRV_REPORT_SKIPPED) {
+                R->reported[k] = SRV_REPORT_NONE;
+                R->nskipped--;
+            }
             srv__round_accept(R, p, k, len);
-            srv__ctr_add(R->c.met, SRV_CTR_ACCEPTED, 1);
-            srv__ctr_add(R->c.met, SRV_CTR_UPLINK, (int64_t)len);
+            srv__ctr_add(R->c.met, SRV_CTR_ACCEPTED, 1); /* derived: not saved */
             n_adopted++;
         }
         pthread_mutex_unlock(R->c.mu);
@@ -341,8 +350,14 @@ void srv__round_catch_up(srv_rounds *R, uint32_t round)
 {
     int behind = R->c.mirror &&
                  ((round == R->next_round && !R->open) || (R->open && round == R->next_round + 1));
+    uint32_t last = 0;
+    int found = 0;
     strata_diag d = {{0}};
-    int rc = behind ? srv__round_mirror(R, &d) : 0;
+    /* Only a round the store has (one cheap read first): an upload for a
+     * round that does not exist yet costs no re-read. */
+    int rc = behind ? strata_store_last_round(R->c.store, &last, &found, &d) : 0;
+    if (rc == 0 && behind && found && last >= round)
+        rc = srv__round_mirror(R, &d);
     if (rc < 0)
         strata_log_warn("round %u: cannot read the leader's round: %s", round,
                         strata_diag_msg(&d, rc));

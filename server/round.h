@@ -112,21 +112,23 @@ int srv__round_mirror(srv_rounds *R, strata_diag *d);
 int srv__round_mirror_updates(srv_rounds *R, strata_store *st, strata_diag *d);
 
 /* A mirror that an upload finds behind the leader (for the round it does
- * not hold open, or the one after it): reads the store's round again
- * first, as srv__round_mirror, so that the upload is decided on the
- * leader's round (a failure leaves the mirror as it was and is logged).
- * No-op for a leader or a round the mirror holds open. Lock held. */
+ * not hold open, or the one after it, when the store has that round):
+ * reads the store's round again first, as srv__round_mirror, so that the
+ * upload is decided on the leader's round (a failure is logged and leaves
+ * no round open here until the next re-read). No-op for a leader or a
+ * round the mirror holds open. Lock held. */
 void srv__round_catch_up(srv_rounds *R, uint32_t round);
 
 /* The leader's share of updates that other coordinators of its store
  * took: every update st holds for the open round (not closing) from a
  * selected client the round has no report of is read, decoded and
  * accepted (aggregated, counted) as if it had been uploaded here; the
- * round thread is woken when the round is then full. Reads the store
- * without the lock (st is the caller's connection), takes it to accept.
- * *adopted (may be NULL) counts them. No-op for a mirror. Errors: the
- * store's and the decoder's (the update is then left out and the error
- * returned; a later call tries again). */
+ * round thread is woken when the round is then full; a skip the client
+ * sent here gives way to its stored update. Reads the store without the
+ * lock (st is the caller's connection), takes it to accept. *adopted (may
+ * be NULL) counts them. An update that does not decode here is logged and
+ * left out. No-op for a mirror. Errors: the store's (a later call tries
+ * again). */
 int srv__round_adopt(srv_rounds *R, strata_store *st, size_t *adopted, strata_diag *d);
 
 /* ---- round.c: the round thread and the engine's composition ---- */

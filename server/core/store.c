@@ -554,6 +554,7 @@ int strata_store_leader_get(strata_store *s, strata_store_leader *out, strata_di
         out->epoch = 1;
         snprintf(out->holder, sizeof(out->holder), "%s", "this process");
         out->expires_in_ms = INT64_MAX;
+        out->lock_held = 1;
         return STRATA_OK;
     }
     return s->ops->leader_get(s, out, diag);

@@ -425,6 +425,9 @@ typedef struct strata_store_leader {
     int64_t epoch;         /* raised by every change of leader; 0: none yet */
     char holder[64];       /* the leader's name (strata_store_lead's holder) */
     int64_t expires_in_ms; /* its lease's time left (<= 0: expired) */
+    int lock_held;         /* some session holds the leader's lock (strata_store_lead): the
+                              leader's process is alive or the lock was just taken (1 for
+                              a store whose opener always leads) */
 } strata_store_leader;
 
 /* Makes s (and every secondary opened from it afterwards) the store's

@@ -72,6 +72,7 @@ static int read_leader(pg_store *s, strata_store_leader *out, int *locked, int *
         out->expires_in_ms = strata__pg_col_int(r, 0, 2);
         *locked = strcmp(PQgetvalue(r, 0, 3), "t") == 0;
         *restarted = strcmp(PQgetvalue(r, 0, 4), "t") == 0;
+        out->lock_held = strcmp(PQgetvalue(r, 0, 5), "t") == 0;
     }
     PQclear(r);
     return STRATA_OK;

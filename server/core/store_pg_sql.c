@@ -175,9 +175,15 @@ const char *const strata__pg_stmt_sql[N_PG_STMT] = {
     [P_COUNTER_GET] = "SELECT value FROM counters WHERE name = $1",
     /* The last column: the database server started after the last renewal
      * (its sessions, the leader's too, ended with the restart). */
-    [P_LEADER_GET] = "SELECT epoch, holder, expires_ms - " NOW_MS ", locked,"
-                     " coalesce(renewed_at < pg_postmaster_start_time(), false) FROM leader"
-                     " WHERE id = 1",
+    [P_LEADER_GET] =
+        "SELECT epoch, holder, expires_ms - " NOW_MS ", locked,"
+        " coalesce(renewed_at < pg_postmaster_start_time(), false),"
+        " EXISTS(SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND granted"
+        " AND classid::bigint = " PG_STR(
+            STRATA__PG_LOCK_PRIMARY) " AND objsubid = 2"
+                                     " AND objid::bigint = (hashtext(current_schema())::bigint & "
+                                     "4294967295))"
+                                     " FROM leader WHERE id = 1",
     [P_LEADER_SET] = "INSERT INTO leader(id, epoch, holder, expires_ms, locked, renewed_at)"
                      " VALUES(1, $1, $2, " NOW_MS " + $3::bigint, $4::boolean, clock_timestamp())"
                      " ON CONFLICT(id) DO UPDATE SET epoch = excluded.epoch,"

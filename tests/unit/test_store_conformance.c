@@ -2121,6 +2121,7 @@ static void test_leadership(void)
         CU_ASSERT_EQUAL(strata_store_renew(s, 1000, &d), STRATA_OK);
         CU_ASSERT_EQUAL(strata_store_leader_get(s, &l, &d), STRATA_OK);
         CU_ASSERT(l.epoch >= 1 && l.expires_in_ms > 0);
+        CU_ASSERT_EQUAL(l.lock_held, 1);
         CU_ASSERT_EQUAL(strata_store_counter_add(s, "after-lead", 1, &d), STRATA_OK);
         return;
     }
@@ -2142,6 +2143,8 @@ static void test_leadership(void)
     CU_ASSERT_STRING_EQUAL(l.holder, "a");
     CU_ASSERT_EQUAL(l.epoch, e);
     CU_ASSERT(strstr(d.msg, "a leads") != NULL);
+    CU_ASSERT_EQUAL(strata_store_leader_get(c, &l, &d), STRATA_OK);
+    CU_ASSERT_EQUAL(l.lock_held, 1); /* a's session holds the lock */
     CU_ASSERT_EQUAL(strata_store_counter_add(a, "led", 1, &d), STRATA_OK);
     CU_ASSERT_EQUAL(strata_store_renew(a, 60000, &d), STRATA_OK);
     /* Leading again renews: the same epoch. */
@@ -2181,6 +2184,16 @@ static void test_leadership(void)
     }
     CU_ASSERT_EQUAL(strata_store_lead(c, "c", 60000, &l, &d), STRATA_ESTATE);
     fx_close_secondary(&F, b);
+    /* Nobody holds the lock once b's session ended (seen without a bid). */
+    int held = 1;
+    for (int i = 0; i < 40 && held; i++) {
+        CU_ASSERT_EQUAL(strata_store_leader_get(s, &l, &d), STRATA_OK);
+        held = l.lock_held;
+        if (held)
+            sleep_ms(50);
+    }
+    CU_ASSERT_EQUAL(held, 0);
+    CU_ASSERT_STRING_EQUAL(l.holder, "b");
     int took = STRATA_ESTATE;
     for (int i = 0; i < 40 && took != STRATA_OK; i++) { /* the server ends the session */
         took = strata_store_lead(c, "c", 60000, &l, &d);
