@@ -139,6 +139,7 @@ void srv_engine_metrics(srv_engine *e, srv_result *r)
                              .round = srv__round_current(e->rounds),
                              .model_version = srv__models_version(e->models)};
     live.replica = e->cfg->database != NULL;
+    live.store_read_s = srv__replica_read_s(e->replica);
     if (e->lease != NULL) {
         srv_lease_gauges g;
         srv__lease_gauges(e->lease, &g);

@@ -282,6 +282,14 @@ void srv__metrics_text(const srv_metrics *m, const srv_metrics_live *live, srv_r
                                 "(runs the rounds), 0 when it follows (--database).\n"
                                 "# TYPE strata_leader gauge\nstrata_leader %d\n",
                                 live->leading);
+    if (rc == 0 && live->replica && !live->leading && live->store_read_s >= 0)
+        rc = strata_buf_appendf(&b,
+                                "# HELP strata_store_read_seconds Duration of a follower's last "
+                                "read of the leader row (every half second): the database's "
+                                "latency.\n"
+                                "# TYPE strata_store_read_seconds gauge\n"
+                                "strata_store_read_seconds %.6f\n",
+                                live->store_read_s);
     if (rc == 0 && live->leading)
         rc = strata_buf_appendf(
             &b,

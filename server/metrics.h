@@ -127,6 +127,7 @@ typedef struct srv_metrics_live {
     /* With --database: one coordinator of several on the store (replica),
      * and its lead of the store (lease.h) when it leads */
     int replica;
+    double store_read_s; /* a follower's last read of the leader row (-1: none) */
     int leading;
     int64_t lease_epoch;
     double lease_age_s, lease_renew_s;

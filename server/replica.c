@@ -28,7 +28,8 @@ struct srv_replica {
     pthread_t thread;
     int started;
     atomic_int stopping, promoted;
-    srv_lease *lead; /* a follower's, once it took the lead */
+    atomic_llong read_ns; /* the last read of the leader row, in ns (-1: none yet) */
+    srv_lease *lead;      /* a follower's, once it took the lead */
 };
 
 int srv__replica_new(const srv_replica_config *c, srv_replica **out, strata_diag *d)
@@ -38,6 +39,7 @@ int srv__replica_new(const srv_replica_config *c, srv_replica **out, strata_diag
     if (P == NULL)
         return strata_diag_set(d, STRATA_ENOMEM, "out of memory");
     P->c = *c;
+    atomic_store(&P->read_ns, -1);
     int rc = strata_store_open_secondary(c->store, &P->lstore, d);
     if (rc == 0)
         rc = strata_store_changes_listen(P->lstore, d);
@@ -100,12 +102,15 @@ static int apply(srv_replica *P, const strata_store_changes *ch, strata_diag *d)
 static void bid(srv_replica *P)
 {
     strata_store_leader l;
-    if (strata_store_leader_get(P->lstore, &l, NULL) == STRATA_OK && l.epoch > 0 &&
-        l.expires_in_ms > 0 && l.lock_held)
+    double t0 = strata_clock_mono_s();
+    int rc = strata_store_leader_get(P->lstore, &l, NULL);
+    if (rc == STRATA_OK)
+        atomic_store(&P->read_ns, (long long)((strata_clock_mono_s() - t0) * 1e9));
+    if (rc == STRATA_OK && l.epoch > 0 && l.expires_in_ms > 0 && l.lock_held)
         return; /* the leader lives */
     strata_diag d = {{0}};
     pthread_mutex_lock(P->c.mu);
-    int rc = srv__lease_try(P->c.store, P->c.holder, P->c.lease_ms, &P->lead, &d);
+    rc = srv__lease_try(P->c.store, P->c.holder, P->c.lease_ms, &P->lead, &d);
     pthread_mutex_unlock(P->c.mu);
     if (rc == 0 && srv__lease_start(P->lead) == 0) {
         strata_log_info("this follower (%s) leads the store now: opening the round engine",
@@ -191,6 +196,12 @@ void srv__replica_stop(srv_replica *P)
     atomic_store(&P->stopping, 1);
     pthread_join(P->thread, NULL);
     P->started = 0;
+}
+
+double srv__replica_read_s(srv_replica *P)
+{
+    long long ns = P != NULL ? atomic_load(&P->read_ns) : -1;
+    return ns < 0 ? -1.0 : (double)ns / 1e9;
 }
 
 int srv__replica_promoted(srv_replica *P)

@@ -57,6 +57,11 @@ int srv__replica_start(srv_replica *P);
 /* Stops the watch thread (waits for it). Idempotent. */
 void srv__replica_stop(srv_replica *P);
 
+/* A follower's last read of the leader row (every REPLICA_BID_MS, on the
+ * watch connection), in seconds: the database's latency as it sees it;
+ * -1 before the first (and for a leader). Any thread. */
+double srv__replica_read_s(srv_replica *P);
+
 /* Whether a follower took the lead (then the process opens its engine
  * again); any thread. */
 int srv__replica_promoted(srv_replica *P);

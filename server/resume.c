@@ -279,16 +279,19 @@ int srv__round_adopt(srv_rounds *R, strata_store *st, size_t *adopted, strata_di
     pthread_mutex_lock(R->c.mu);
     int open = R->open && !R->closing && !R->c.mirror;
     uint32_t round = R->next_round;
+    size_t from = R->stored_seen;
     pthread_mutex_unlock(R->c.mu);
     strata_store_update *ups = NULL;
-    size_t n = 0;
-    int rc = open ? strata_store_update_list(st, round, &ups, &n, d) : 0;
+    size_t n = 0, done = 0; /* done: the updates gone through (a failed read stops) */
+    int rc = open ? strata_store_update_list_from(st, round, from, &ups, &n, d) : 0;
     for (size_t i = 0; rc == 0 && i < n; i++) {
         pthread_mutex_lock(R->c.mu);
         ptrdiff_t k = lacking(R, round, ups[i].client_id);
         pthread_mutex_unlock(R->c.mu);
-        if (k < 0)
+        if (k < 0) {
+            done = i + 1;
             continue;
+        }
         uint8_t *buf = NULL;
         size_t len = 0;
         strata_payload *p = NULL;
@@ -313,9 +316,13 @@ int srv__round_adopt(srv_rounds *R, strata_store *st, size_t *adopted, strata_di
         pthread_mutex_unlock(R->c.mu);
         strata_payload_free(p);
         free(buf);
+        if (rc == 0)
+            done = i + 1;
     }
     strata_store_update_list_free(ups, n);
     pthread_mutex_lock(R->c.mu);
+    if (R->next_round == round && R->open && from + done > R->stored_seen)
+        R->stored_seen = from + done;
     if (n_adopted > 0 && srv__round_full(R))
         pthread_cond_broadcast(R->c.wake);
     pthread_mutex_unlock(R->c.mu);
@@ -329,18 +336,22 @@ int srv__round_mirror_updates(srv_rounds *R, strata_store *st, strata_diag *d)
     pthread_mutex_lock(R->c.mu);
     int open = R->open && R->c.mirror;
     uint32_t round = R->next_round;
+    size_t from = R->stored_seen;
     pthread_mutex_unlock(R->c.mu);
     strata_store_update *ups = NULL;
     size_t n = 0;
-    int rc = open ? strata_store_update_list(st, round, &ups, &n, d) : 0;
+    int rc = open ? strata_store_update_list_from(st, round, from, &ups, &n, d) : 0;
     pthread_mutex_lock(R->c.mu);
-    for (size_t i = 0; rc == 0 && i < n && R->open && R->next_round == round; i++) {
+    int same = rc == 0 && R->open && R->next_round == round;
+    for (size_t i = 0; same && i < n; i++) {
         ptrdiff_t k = srv__id_find(R->selected, R->nselected, ups[i].client_id);
         if (k >= 0 && !R->reported[k]) {
             R->reported[k] = SRV_REPORT_UPDATE;
             R->nreported++;
         }
     }
+    if (same && from + n > R->stored_seen)
+        R->stored_seen = from + n;
     pthread_mutex_unlock(R->c.mu);
     strata_store_update_list_free(ups, n);
     return rc;

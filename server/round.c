@@ -395,7 +395,7 @@ void srv__round_reset(srv_rounds *R)
     R->cands = NULL;
     R->ncands = 0;
     R->task_json = NULL;
-    R->nselected = R->nreported = R->nskipped = R->enough = 0;
+    R->nselected = R->nreported = R->nskipped = R->enough = R->stored_seen = 0;
     R->open = R->closing = 0;
     R->close_failures = 0;
     R->close_retry_ms = 0;

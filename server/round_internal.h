@@ -42,7 +42,9 @@ struct srv_rounds {
     strata_budget *cands; /* the task's error-table candidates (lgreco), or NULL */
     size_t ncands;
     char *task_json;
-    uint64_t version; /* the model version the open round's task is for */
+    uint64_t version;   /* the model version the open round's task is for */
+    size_t stored_seen; /* the open round's stored updates (in acceptance order)
+                           that srv__round_adopt or _mirror_updates went through */
     int64_t opened_ms, deadline_ms;
     /* Bodies of the open round: uplink its accepted updates; downlink the
      * model bodies sent since the last round's summary was stored (a client

@@ -403,6 +403,12 @@ typedef struct strata_store_update {
 int strata_store_update_list(strata_store *s, uint32_t round, strata_store_update **out, size_t *n,
                              strata_diag *diag);
 
+/* strata_store_update_list without the first `from` updates of that order
+ * (which never changes: an update is only ever appended to it), so that a
+ * caller that listed them before reads only what came since. */
+int strata_store_update_list_from(strata_store *s, uint32_t round, size_t from,
+                                  strata_store_update **out, size_t *n, strata_diag *diag);
+
 void strata_store_update_list_free(strata_store_update *updates, size_t n);
 
 /* Looks up client_id's update for a round: *found 1 and its receipt in

@@ -69,8 +69,9 @@ typedef struct strata_store_ops {
     int (*update_commit)(strata_store *s, strata_store_pending *const *p, size_t n,
                          strata_store_receipt *receipts, strata_store_verdict *verdicts,
                          int *results, strata_diag *item_diag, strata_diag *diag);
-    int (*update_list)(strata_store *s, uint32_t round, strata_store_update **out, size_t *n,
-                       strata_diag *diag);
+    /* from: the updates to leave out first, in acceptance order (fits int64_t). */
+    int (*update_list)(strata_store *s, uint32_t round, size_t from, strata_store_update **out,
+                       size_t *n, strata_diag *diag);
     int (*update_find)(strata_store *s, uint32_t round, uint64_t client_id,
                        strata_store_receipt *receipt, int *found, strata_diag *diag);
     int (*update_read)(strata_store *s, uint32_t round, uint64_t client_id, uint8_t **buf,

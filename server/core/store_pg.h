@@ -218,8 +218,8 @@ int strata__pg_update_find(strata_store *s, uint32_t round, uint64_t client_id,
 int strata__pg_update_commit(strata_store *s, strata_store_pending *const *p, size_t n,
                              strata_store_receipt *receipts, strata_store_verdict *verdicts,
                              int *results, strata_diag *item_diag, strata_diag *diag);
-int strata__pg_update_list(strata_store *s, uint32_t round, strata_store_update **out, size_t *n,
-                           strata_diag *diag);
+int strata__pg_update_list(strata_store *s, uint32_t round, size_t from, strata_store_update **out,
+                           size_t *n, strata_diag *diag);
 int strata__pg_update_read(strata_store *s, uint32_t round, uint64_t client_id, uint8_t **buf,
                            size_t *len, strata_diag *diag);
 int strata__pg_checkpoint_record(strata_store *s, uint64_t model_version, uint64_t bytes,

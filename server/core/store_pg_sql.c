@@ -156,7 +156,7 @@ const char *const strata__pg_stmt_sql[N_PG_STMT] = {
                         " samples, received_ms) VALUES($1, $2, $3, $4, $5, $6, $7) RETURNING seq)"
                         " INSERT INTO payloads(seq, body) SELECT seq, $8::bytea FROM u",
     [P_UPDATE_LIST] = "SELECT client_id, receipt, sha256, bytes, samples, received_ms FROM updates"
-                      " WHERE round = $1 ORDER BY seq",
+                      " WHERE round = $1 ORDER BY seq OFFSET $2",
     [P_RECEIPT_FIND] = "SELECT 1 FROM updates WHERE receipt = $1",
     /* LEFT JOIN: an update whose payload row is missing is corruption
      * (STRATA_EIO), not "no such update". Binary results. */

@@ -186,12 +186,13 @@ out:
     return rc;
 }
 
-int strata__pg_update_list(strata_store *base, uint32_t round, strata_store_update **out, size_t *n,
-                           strata_diag *diag)
+int strata__pg_update_list(strata_store *base, uint32_t round, size_t from,
+                           strata_store_update **out, size_t *n, strata_diag *diag)
 {
     pg_store *s = (pg_store *)base;
     pg_params p = {.n = 0};
     strata__pg_int(&p, round);
+    strata__pg_int(&p, (int64_t)from);
     PGresult *r = strata__pg_run(s, P_UPDATE_LIST, &p, 0, 1, "list updates", diag);
     if (r == NULL)
         return STRATA_EIO;

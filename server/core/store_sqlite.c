@@ -126,7 +126,7 @@ static const char *const stmt_sql[N_STMT] = {
     [S_UPDATE_INSERT] = "INSERT INTO updates(round, client_id, receipt, sha256, bytes, samples,"
                         " received_ms) VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7)",
     [S_UPDATE_LIST] = "SELECT client_id, receipt, sha256, bytes, samples, received_ms FROM updates"
-                      " WHERE round = ?1 ORDER BY seq",
+                      " WHERE round = ?1 ORDER BY seq LIMIT -1 OFFSET ?2",
     [S_PAYLOAD_INSERT] = "INSERT INTO payloads(seq, body) VALUES(?1, ?2)",
     /* LEFT JOIN: an update whose payload row is missing is corruption
      * (STRATA_EIO), not "no such update". */

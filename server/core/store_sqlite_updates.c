@@ -194,14 +194,15 @@ out:
     return rc;
 }
 
-int strata__sqlite_update_list(strata_store *base, uint32_t round, strata_store_update **out,
-                               size_t *n, strata_diag *diag)
+int strata__sqlite_update_list(strata_store *base, uint32_t round, size_t from,
+                               strata_store_update **out, size_t *n, strata_diag *diag)
 {
     sq_store *s = (sq_store *)base;
     strata_store_update *arr = NULL;
     size_t k = 0, cap = 0;
     sqlite3_stmt *st = strata__store_stmt(s, S_UPDATE_LIST);
     sqlite3_bind_int64(st, 1, round);
+    sqlite3_bind_int64(st, 2, (int64_t)from);
     int step, rc = STRATA_OK;
     while ((step = sqlite3_step(st)) == SQLITE_ROW) {
         strata_store_update *grown = strata_array_grow(arr, &cap, k + 1, sizeof(*arr));

@@ -200,6 +200,12 @@ int strata_store_update_put(strata_store *s, uint32_t round, uint64_t client_id,
 int strata_store_update_list(strata_store *s, uint32_t round, strata_store_update **out, size_t *n,
                              strata_diag *diag)
 {
+    return strata_store_update_list_from(s, round, 0, out, n, diag);
+}
+
+int strata_store_update_list_from(strata_store *s, uint32_t round, size_t from,
+                                  strata_store_update **out, size_t *n, strata_diag *diag)
+{
     if (out != NULL)
         *out = NULL;
     if (n != NULL)
@@ -207,9 +213,9 @@ int strata_store_update_list(strata_store *s, uint32_t round, strata_store_updat
     int rc = strata__store_enter(s, "update list", diag);
     if (rc < 0)
         return rc;
-    if (out == NULL || n == NULL)
-        return strata_diag_set(diag, STRATA_EINVAL, "update list: NULL argument");
-    return s->ops->update_list(s, round, out, n, diag);
+    if (out == NULL || n == NULL || !FITS_I64(from))
+        return strata_diag_set(diag, STRATA_EINVAL, "update list: NULL argument or bad start");
+    return s->ops->update_list(s, round, from, out, n, diag);
 }
 
 void strata_store_update_list_free(strata_store_update *updates, size_t n)

@@ -26,8 +26,9 @@
 # new model equals the previous one plus the mean of that round's stored
 # updates weighted by their samples (agg_check, from the store's own
 # copies of the checkpoints and payloads); no round was closed twice (each
-# round's progress line appears once over all logs). The test prints the
-# failover times it measured.
+# round's progress line appears once over all logs); /metrics gives each
+# coordinator's role (and a follower's database latency). The test prints
+# the failover times it measured. KEEP_WORK=1 keeps its work directory.
 . "$(dirname "$0")/lib.sh"
 . "$(dirname "$0")/../unit/with_postgres.sh"
 SERVER=${STRATA_SERVER_BIN:-$BUILD/strata-server}
@@ -139,6 +140,14 @@ wait_until 120 "round 0 closed" closed_at_least 1
 for n in A B C; do
     r=$("${C[@]}" "http://127.0.0.1:${PORT[$n]}/metrics" | sed -n 's/^strata_downlink_bytes_total //p')
     [ -n "$r" ] && [ "${r%.*}" -gt 0 ] || die "$n served no model: downlink bytes '$r'"
+done
+# /metrics says each one's role; a follower's, its database latency.
+m() { "${C[@]}" "http://127.0.0.1:${PORT[$1]}/metrics" | sed -n "s/^$2 //p"; }
+[ "$(m A strata_leader)" = 1 ] && [ -n "$(m A strata_lease_epoch)" ] || die "A's /metrics: not the leader"
+for n in B C; do
+    [ "$(m $n strata_leader)" = 0 ] || die "$n's /metrics: strata_leader '$(m $n strata_leader)'"
+    awk -v x="$(m $n strata_store_read_seconds)" 'BEGIN { exit !(x > 0 && x < 5) }' ||
+        die "$n's strata_store_read_seconds is '$(m $n strata_store_read_seconds)'"
 done
 
 # failover NAME: waits for a leader other than NAME that serves as the

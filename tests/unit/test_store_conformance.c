@@ -1157,6 +1157,19 @@ static void test_list_order(void)
             CU_ASSERT_PTR_NOT_NULL_FATAL(s);
         }
     }
+    /* From a place in that order: what came after it. */
+    for (size_t from = 0; from <= 7; from++) {
+        strata_store_update *part = NULL;
+        size_t m = 99;
+        CU_ASSERT_EQUAL(strata_store_update_list_from(s, 1, from, &part, &m, &d), STRATA_OK);
+        CU_ASSERT_EQUAL(m, from < 6 ? 6 - from : 0);
+        for (size_t k = 0; k < m; k++)
+            CU_ASSERT_EQUAL(part[k].client_id, ids[order[from + k]]);
+        strata_store_update_list_free(part, m);
+    }
+    strata_store_update *bad = NULL;
+    size_t nb = 0;
+    CU_ASSERT_EQUAL(strata_store_update_list_from(s, 1, SIZE_MAX, &bad, &nb, &d), STRATA_EINVAL);
     /* An unknown round lists nothing. */
     strata_store_update *list = (strata_store_update *)&d;
     size_t n = 9;
@@ -2252,7 +2265,8 @@ int main(int argc, char **argv)
         {"updates: prepared is invisible until committed; the commit decides",
          test_prepare_then_commit},
         {"group commit: per-item outcomes in order, all or nothing", test_commit_many},
-        {"update list: acceptance order, across connections and reopening", test_list_order},
+        {"update list: acceptance order, across connections and reopening, from a place",
+         test_list_order},
         {"update read: exact bytes of every size", test_payload_bytes},
         {"counters: add, add_many all or nothing, names, overflow, persistence", test_counters},
         {"checkpoints: record, latest", test_checkpoints},
