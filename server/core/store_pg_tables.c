@@ -318,19 +318,24 @@ int strata__pg_round_get(strata_store *base, uint32_t round, strata_store_round 
     return rc;
 }
 
-int strata__pg_round_close(strata_store *base, uint32_t round, const char *summary_json,
-                           strata_diag *diag)
+/* Closes (P_ROUND_CLOSE, with the summary) or seals (P_ROUND_SEAL) open
+ * round `round` in one transaction. An UPDATE that changed no row says why
+ * from the round's state: no such round, or closed already; a sealed round
+ * sealed again is no change (STRATA_OK). */
+static int round_update(pg_store *s, int id, uint32_t round, const char *summary_json,
+                        strata_diag *diag)
 {
-    pg_store *s = (pg_store *)base;
+    int closing = id == P_ROUND_CLOSE;
     int rc = strata__pg_tx_begin(s, diag);
     if (rc < 0)
         return rc;
     pg_params p = {.n = 0};
     strata__pg_int(&p, round);
     strata__pg_int(&p, strata__store_now_ms());
-    strata__pg_text(&p, summary_json);
+    if (closing)
+        strata__pg_text(&p, summary_json);
     s->notify |= PG_NOTE_ROUNDS;
-    PGresult *r = strata__pg_run(s, P_ROUND_CLOSE, &p, 0, 0, "close round", diag);
+    PGresult *r = strata__pg_run(s, id, &p, 0, 0, closing ? "close round" : "seal round", diag);
     if (r == NULL)
         rc = STRATA_EIO;
     if (r != NULL && strcmp(PQcmdTuples(r), "0") == 0) {
@@ -339,39 +344,24 @@ int strata__pg_round_close(strata_store *base, uint32_t round, const char *summa
         int64_t state;
         int is_null;
         rc = strata__pg_query_int(s, P_ROUND_STATE, &q, &state, &is_null, "round state", diag);
-        if (rc == STRATA_OK)
-            rc = strata_diag_set(diag, STRATA_ESTATE, "cannot close round %" PRIu32 ": %s", round,
+        if (rc == STRATA_OK && (is_null || state == 1 || closing))
+            rc = strata_diag_set(diag, STRATA_ESTATE, "cannot %s round %" PRIu32 ": %s",
+                                 closing ? "close" : "seal", round,
                                  is_null ? "no such round" : "already closed");
     }
     PQclear(r);
     return strata__pg_tx_end(s, rc, diag);
 }
 
+int strata__pg_round_close(strata_store *base, uint32_t round, const char *summary_json,
+                           strata_diag *diag)
+{
+    return round_update((pg_store *)base, P_ROUND_CLOSE, round, summary_json, diag);
+}
+
 int strata__pg_round_seal(strata_store *base, uint32_t round, strata_diag *diag)
 {
-    pg_store *s = (pg_store *)base;
-    int rc = strata__pg_tx_begin(s, diag);
-    if (rc < 0)
-        return rc;
-    pg_params p = {.n = 0};
-    strata__pg_int(&p, round);
-    strata__pg_int(&p, strata__store_now_ms());
-    s->notify |= PG_NOTE_ROUNDS;
-    PGresult *r = strata__pg_run(s, P_ROUND_SEAL, &p, 0, 0, "seal round", diag);
-    if (r == NULL)
-        rc = STRATA_EIO;
-    if (r != NULL && strcmp(PQcmdTuples(r), "0") == 0) {
-        pg_params q = {.n = 0};
-        strata__pg_int(&q, round);
-        int64_t state;
-        int is_null;
-        rc = strata__pg_query_int(s, P_ROUND_STATE, &q, &state, &is_null, "round state", diag);
-        if (rc == STRATA_OK && (is_null || state == 1))
-            rc = strata_diag_set(diag, STRATA_ESTATE, "cannot seal round %" PRIu32 ": %s", round,
-                                 is_null ? "no such round" : "already closed");
-    }
-    PQclear(r);
-    return strata__pg_tx_end(s, rc, diag);
+    return round_update((pg_store *)base, P_ROUND_SEAL, round, NULL, diag);
 }
 
 int strata__pg_last_round(strata_store *base, uint32_t *round, int *found, strata_diag *diag)

@@ -163,26 +163,31 @@ int strata__sqlite_round_get(strata_store *base, uint32_t round, strata_store_ro
     return rc;
 }
 
-int strata__sqlite_round_close(strata_store *base, uint32_t round, const char *summary_json,
-                               strata_diag *diag)
+/* Closes (S_ROUND_CLOSE, with the summary) or seals (S_ROUND_SEAL) open
+ * round `round` in one transaction. An UPDATE that changed no row says why
+ * from the round's state: no such round, or closed already; a sealed round
+ * sealed again is no change (STRATA_OK). */
+static int round_update(sq_store *s, int id, uint32_t round, const char *summary_json,
+                        strata_diag *diag)
 {
-    sq_store *s = (sq_store *)base;
+    int closing = id == S_ROUND_CLOSE;
     int rc = strata__store_tx_begin(s, diag);
     if (rc < 0)
         return rc;
-    sqlite3_stmt *st = strata__store_stmt(s, S_ROUND_CLOSE);
+    sqlite3_stmt *st = strata__store_stmt(s, id);
     sqlite3_bind_int64(st, 1, round);
     sqlite3_bind_int64(st, 2, strata__store_now_ms());
-    if (summary_json != NULL)
+    if (closing && summary_json != NULL)
         sqlite3_bind_text(st, 3, summary_json, -1, SQLITE_STATIC);
-    rc = strata__store_exec_stmt(s, S_ROUND_CLOSE, diag, "close round");
+    rc = strata__store_exec_stmt(s, id, diag, closing ? "close round" : "seal round");
     if (rc == STRATA_OK && sqlite3_changes(s->db) == 0) {
         int64_t state;
         int is_null;
         rc = strata__store_query_int(s, S_ROUND_STATE, 1, round, 0, &state, &is_null, "round state",
                                      diag);
-        if (rc == STRATA_OK)
-            rc = strata_diag_set(diag, STRATA_ESTATE, "cannot close round %" PRIu32 ": %s", round,
+        if (rc == STRATA_OK && (is_null || state == 1 || closing))
+            rc = strata_diag_set(diag, STRATA_ESTATE, "cannot %s round %" PRIu32 ": %s",
+                                 closing ? "close" : "seal", round,
                                  is_null ? "no such round" : "already closed");
     }
     if (rc == STRATA_OK)
@@ -192,30 +197,15 @@ int strata__sqlite_round_close(strata_store *base, uint32_t round, const char *s
     return rc;
 }
 
+int strata__sqlite_round_close(strata_store *base, uint32_t round, const char *summary_json,
+                               strata_diag *diag)
+{
+    return round_update((sq_store *)base, S_ROUND_CLOSE, round, summary_json, diag);
+}
+
 int strata__sqlite_round_seal(strata_store *base, uint32_t round, strata_diag *diag)
 {
-    sq_store *s = (sq_store *)base;
-    int rc = strata__store_tx_begin(s, diag);
-    if (rc < 0)
-        return rc;
-    sqlite3_stmt *st = strata__store_stmt(s, S_ROUND_SEAL);
-    sqlite3_bind_int64(st, 1, round);
-    sqlite3_bind_int64(st, 2, strata__store_now_ms());
-    rc = strata__store_exec_stmt(s, S_ROUND_SEAL, diag, "seal round");
-    if (rc == STRATA_OK && sqlite3_changes(s->db) == 0) {
-        int64_t state;
-        int is_null;
-        rc = strata__store_query_int(s, S_ROUND_STATE, 1, round, 0, &state, &is_null, "round state",
-                                     diag);
-        if (rc == STRATA_OK && (is_null || state == 1))
-            rc = strata_diag_set(diag, STRATA_ESTATE, "cannot seal round %" PRIu32 ": %s", round,
-                                 is_null ? "no such round" : "already closed");
-    }
-    if (rc == STRATA_OK)
-        rc = strata__store_tx_commit(s, diag);
-    if (rc < 0)
-        strata__store_tx_rollback(s);
-    return rc;
+    return round_update((sq_store *)base, S_ROUND_SEAL, round, NULL, diag);
 }
 
 int strata__sqlite_last_round(strata_store *base, uint32_t *round, int *found, strata_diag *diag)

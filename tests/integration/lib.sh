@@ -142,3 +142,26 @@ stored_payload() {
 stored_count() {
     store_query "$1" "SELECT count(*) FROM updates u JOIN payloads p ON p.seq = u.seq${2:+ WHERE u.round = $2}"
 }
+
+# haproxy_coordinators LOG FRONT_PORT PORT...: starts HAProxy (appended to
+# PIDS; LOG its log, the config beside it) on 127.0.0.1:FRONT_PORT, sending
+# requests round robin to every coordinator on 127.0.0.1:PORT whose GET
+# /v1/health answers 200 (checked every 200 ms; one failed check takes it
+# out, one passed check puts it back).
+haproxy_coordinators() {
+    local log=$1 front=$2 port i=0
+    shift 2
+    {
+        printf '%s\n' "defaults" "    mode http" "    timeout connect 1s" "    timeout client 60s" \
+            "    timeout server 60s" "    timeout check 1s" "    retries 3" "    option redispatch" \
+            "frontend coordinators" "    bind 127.0.0.1:$front" "    default_backend coordinators" \
+            "backend coordinators" "    balance roundrobin" "    option httpchk GET /v1/health" \
+            "    http-check expect status 200" "    default-server inter 200ms fall 1 rise 1"
+        for port in "$@"; do
+            i=$((i + 1))
+            echo "    server c$i 127.0.0.1:$port check"
+        done
+    } >"$log.cfg"
+    haproxy -f "$log.cfg" -db >"$log" 2>&1 &
+    PIDS+=($!)
+}

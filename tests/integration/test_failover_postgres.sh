@@ -68,27 +68,7 @@ wait_until 30 "A's listening line" grep -q "listening on" "$WORK/a1.out"
 start_coordinator B "$PB" b
 B=$CPID
 wait_until 30 "B following" logged b "following: A leads"
-cat >"$WORK/haproxy.cfg" <<EOF
-defaults
-    mode http
-    timeout connect 1s
-    timeout client 60s
-    timeout server 40s
-    timeout check 1s
-    retries 3
-    option redispatch
-frontend coordinators
-    bind 127.0.0.1:$PF
-    default_backend coordinators
-backend coordinators
-    option httpchk GET /v1/health
-    http-check expect status 200
-    default-server inter 200ms fall 1 rise 1
-    server a 127.0.0.1:$PA check
-    server b 127.0.0.1:$PB check
-EOF
-haproxy -f "$WORK/haproxy.cfg" -db >"$WORK/haproxy.log" 2>&1 &
-PIDS+=($!)
+haproxy_coordinators "$WORK/haproxy.log" "$PF" "$PA" "$PB"
 wait_until 30 "HAProxy routing to A" leader_is A
 
 "$BENCH" --server "http://127.0.0.1:$PF" --clients $NC --rounds 100000 --secret "$SECRET" \

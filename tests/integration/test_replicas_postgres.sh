@@ -102,29 +102,7 @@ for n in B C; do wait_until 60 "$n following" logged "$n" "following: A leads"; 
 for n in A B C; do wait_until 30 "$n ready" healthy "$n"; done
 json_field "$("${C[@]}" "http://127.0.0.1:${PORT[B]}/v1/health")" leader | grep -qx false ||
     die "B's health does not say it follows"
-cat >"$WORK/haproxy.cfg" <<EOF
-defaults
-    mode http
-    timeout connect 1s
-    timeout client 60s
-    timeout server 60s
-    timeout check 1s
-    retries 3
-    option redispatch
-frontend coordinators
-    bind 127.0.0.1:$PF
-    default_backend coordinators
-backend coordinators
-    balance roundrobin
-    option httpchk GET /v1/health
-    http-check expect status 200
-    default-server inter 200ms fall 1 rise 1
-    server a 127.0.0.1:${PORT[A]} check
-    server b 127.0.0.1:${PORT[B]} check
-    server c 127.0.0.1:${PORT[C]} check
-EOF
-haproxy -f "$WORK/haproxy.cfg" -db >"$WORK/haproxy.log" 2>&1 &
-PIDS+=($!)
+haproxy_coordinators "$WORK/haproxy.log" "$PF" "${PORT[A]}" "${PORT[B]}" "${PORT[C]}"
 
 CPIDS=()
 for ((i = 0; i < NC; i++)); do
