@@ -27,7 +27,11 @@
 #   0.5, uniform 1%): wall time and peak RSS of strata-sim, the coordinator,
 #   the largest trained and the largest idle client; median of 3 runs
 #   (tests/bench/sim_scale.sh).
-# Usage: scripts/bench.sh [all|train|payload|topk|memory|load|sim]
+#   replicas: 1000 simulated clients x 4 rounds through HAProxy to three
+#   coordinators on one PostgreSQL store, against one on SQLite: uploads/s,
+#   p99, errors, CPU per upload of the leader, the followers, HAProxy and
+#   PostgreSQL; median and spread of 3 runs (tests/bench/replicas.sh).
+# Usage: scripts/bench.sh [all|train|payload|topk|memory|load|sim|replicas]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -160,4 +164,9 @@ fi
 if [ "$what" = all ] || [ "$what" = sim ]; then
     echo "== strata-sim at scale (100 clients, 10 per round, 20 rounds; peak RSS in kB)"
     STRATA_DATA_DIR="$DATA" bash tests/bench/sim_scale.sh build 20 3
+fi
+
+if [ "$what" = all ] || [ "$what" = replicas ]; then
+    echo "== three coordinators on PostgreSQL behind HAProxy against one on SQLite (1000 clients)"
+    STRATA_DATA_DIR="$DATA" bash tests/bench/replicas.sh build
 fi
