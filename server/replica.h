@@ -10,11 +10,16 @@
  *   a follower          the published model version (srv__models_follow),
  *                       the open round (srv__round_mirror) and who reported
  *                       in it (srv__round_mirror_updates), then wakes
- *                       its parked long-polls; it also bids for the lead
- *                       every REPLICA_BID_MS and, once it leads, asks the
+ *                       its parked long-polls; every REPLICA_BID_MS it
+ *                       reads the leader row and bids for the lead when the
+ *                       lease ran out or nobody holds the leader's lock;
+ *                       once it leads, it renews the lease and asks the
  *                       process to open its engine again as the leader
  *                       (SIGUSR1; main.c), handing over the store and the
  *                       lease (srv__replica_take_lead).
+ *
+ * Without a notification for REPLICA_REREAD_MS the view is read again in
+ * full (a listening connection may be cut without an error).
  *
  * Owns srv_replica: the listening connection, the thread, the lead a
  * follower took. May call: the store, lease, registry, round, models,
