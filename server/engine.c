@@ -277,6 +277,12 @@ static int open_admin(srv_engine *e, strata_diag *d)
     return rc;
 }
 
+/* --lease in milliseconds. */
+static long lease_ms(const srv_engine *e)
+{
+    return (long)(e->cfg->lease * 1000.0);
+}
+
 /* With a shared store: leads it when no other coordinator does; follows
  * the one that does once the store holds a model version; waits as a
  * standby before that (before any write; the connections opened afterwards
@@ -299,8 +305,7 @@ static int lead(srv_engine *e, srv_engine_lead *handed, strata_diag *d)
         return STRATA_OK;
     }
     volatile sig_atomic_t *stop = strata_stop_install();
-    int rc = srv__lease_acquire(e->store, e->holder, (long)(e->cfg->lease * 1000.0), stop, 1,
-                                &e->lease, d);
+    int rc = srv__lease_acquire(e->store, e->holder, lease_ms(e), stop, 1, &e->lease, d);
     if (rc == STRATA_ESTATE && !*stop && e->lease == NULL) {
         e->follower = 1;
         rc = STRATA_OK;
@@ -317,7 +322,7 @@ static int open_replica(srv_engine *e, strata_diag *d)
                              .store = e->store,
                              .mu = &e->mu,
                              .holder = e->holder,
-                             .lease_ms = (long)(e->cfg->lease * 1000.0),
+                             .lease_ms = lease_ms(e),
                              .reg = e->reg,
                              .rounds = e->rounds,
                              .models = e->models,
@@ -461,7 +466,7 @@ static int seal_due_round(srv_engine *e)
     strata_diag d = {{0}};
     int rc = strata_store_round_seal(e->rstore, r, &d);
     if (rc == 0)
-        rc = srv__round_adopt(e->rounds, e->rstore, NULL, &d);
+        rc = srv__round_adopt(e->rounds, e->rstore, &d);
     if (rc < 0 && !e->seal_failing)
         strata_log_warn("round %u: cannot seal it before its close: %s (trying again)", r,
                         strata_diag_msg(&d, rc));

@@ -85,7 +85,7 @@ static int apply(srv_replica *P, const strata_store_changes *ch, strata_diag *d)
     if (ch->clients)
         rc = srv__registry_sync(P->c.reg, d);
     if (rc == 0 && !P->c.follower && (ch->updates || ch->rounds))
-        rc = srv__round_adopt(P->c.rounds, P->lstore, NULL, d);
+        rc = srv__round_adopt(P->c.rounds, P->lstore, d);
     if (rc == 0 && P->c.follower && (ch->models || ch->rounds))
         rc = follow(P, d);
     if (rc == 0 && P->c.follower && ch->updates)

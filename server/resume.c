@@ -273,7 +273,7 @@ static ptrdiff_t lacking(const srv_rounds *R, uint32_t round, uint64_t client_id
     return k >= 0 && R->reported[k] != SRV_REPORT_UPDATE ? k : -1;
 }
 
-int srv__round_adopt(srv_rounds *R, strata_store *st, size_t *adopted, strata_diag *d)
+int srv__round_adopt(srv_rounds *R, strata_store *st, strata_diag *d)
 {
     size_t n_adopted = 0;
     pthread_mutex_lock(R->c.mu);
@@ -326,8 +326,6 @@ int srv__round_adopt(srv_rounds *R, strata_store *st, size_t *adopted, strata_di
     if (n_adopted > 0 && srv__round_full(R))
         pthread_cond_broadcast(R->c.wake);
     pthread_mutex_unlock(R->c.mu);
-    if (adopted != NULL)
-        *adopted = n_adopted;
     return rc;
 }
 

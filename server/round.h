@@ -125,11 +125,10 @@ void srv__round_catch_up(srv_rounds *R, uint32_t round);
  * accepted (aggregated, counted) as if it had been uploaded here; the
  * round thread is woken when the round is then full; a skip the client
  * sent here gives way to its stored update. Reads the store without the
- * lock (st is the caller's connection), takes it to accept. *adopted (may
- * be NULL) counts them. An update that does not decode here is logged and
- * left out. No-op for a mirror. Errors: the store's (a later call tries
- * again). */
-int srv__round_adopt(srv_rounds *R, strata_store *st, size_t *adopted, strata_diag *d);
+ * lock (st is the caller's connection), takes it to accept. An update
+ * that does not decode here is logged and left out. No-op for a mirror.
+ * Errors: the store's (a later call tries again). */
+int srv__round_adopt(srv_rounds *R, strata_store *st, strata_diag *d);
 
 /* ---- round.c: the round thread and the engine's composition ---- */
 
